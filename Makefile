@@ -1,0 +1,40 @@
+# The README's two commands: `make run` (the default study) and `make test` (what CI runs).
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: run test setup lint dryrun pytest bench clean
+
+run: $(STAMP)
+	$(BIN)/snakemake
+
+test: $(STAMP) lint dryrun pytest
+
+# Pinned environment in .venv/ (torch==2.13.0 comes from the local CPU wheel; pip caches the rest).
+setup: $(STAMP)
+$(STAMP): requirements.txt pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install --disable-pip-version-check -q -r requirements.txt
+	$(BIN)/pip install --disable-pip-version-check -q --no-deps -e .
+	touch $@
+
+lint: $(STAMP)
+	$(BIN)/ruff check workflow tests benchmarks
+	$(BIN)/ruff format --check workflow tests benchmarks
+	$(BIN)/snakefmt --check Snakefile workflow
+	$(BIN)/snakemake --lint
+
+dryrun: $(STAMP)
+	$(BIN)/snakemake -n --quiet rules
+	for c in .test/*.yaml; do $(BIN)/snakemake -n --quiet rules --configfile $$c || exit 1; done
+
+pytest: $(STAMP)
+	$(BIN)/python -m pytest -q -rs $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/harness_overhead.py
+
+clean:
+	rm -rf results logs .snakemake

@@ -1,0 +1,61 @@
+"""Shared test helpers: the repo root, a validated config, and a way to run a worker for real."""
+
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+SCHEMA = ROOT / "workflow" / "schemas" / "config.schema.yaml"
+PYTHON = sys.executable
+
+
+def validated(cfg: dict) -> dict:
+    """Validate and fill defaults exactly as the Snakefile does (snakemake.utils.validate)."""
+    from snakemake.utils import validate
+
+    cfg = copy.deepcopy(cfg)
+    validate(cfg, str(SCHEMA))
+    return cfg
+
+
+def base_config(**matrix) -> dict:
+    m = {"strategy": ["torch"], "model": ["seed-small"], "dataset": ["digits"]}
+    m.update(matrix)
+    return validated({"study": "t", "matrix": m})
+
+
+def run_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(ROOT / "workflow"), env.get("PYTHONPATH")])
+    )
+    env.update(extra)
+    return env
+
+
+def launch(spec, out: Path, timeout: float = 300, **env: str) -> subprocess.CompletedProcess:
+    """Run one spec through the real supervisor (python -m trainscale.launch)."""
+    return subprocess.run(
+        [PYTHON, "-m", "trainscale.launch", "--spec", spec.to_json(), "--out", str(out)],
+        cwd=ROOT,
+        env=run_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.fixture
+def root() -> Path:
+    return ROOT
+
+
+def load_yaml(path: Path) -> dict:
+    return yaml.safe_load(path.read_text())

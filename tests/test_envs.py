@@ -1,0 +1,35 @@
+"""envs/*.yaml (conda) pin the same versions as requirements.txt (the .venv)."""
+
+import re
+
+import pytest
+
+from conftest import ROOT, load_yaml
+
+
+def pins(lines) -> dict[str, str]:
+    out = {}
+    for line in lines:
+        m = re.match(r"^\s*([A-Za-z0-9_.-]+)==([^\s;#]+)", line)
+        if m:
+            out[m.group(1).lower()] = m.group(2)
+    return out
+
+
+VENV = pins((ROOT / "requirements.txt").read_text().splitlines())
+
+
+@pytest.mark.parametrize("env", sorted((ROOT / "envs").glob("*.yaml")), ids=lambda p: p.name)
+def test_conda_env_pins_match_the_venv(env):
+    deps = load_yaml(env)["dependencies"]
+    pip = next(d["pip"] for d in deps if isinstance(d, dict) and "pip" in d)
+    conda_pins = pins(pip)
+    assert conda_pins, f"{env.name} pins nothing"
+    for name, version in conda_pins.items():
+        assert name in VENV, f"{env.name} pins {name} which requirements.txt does not"
+        assert VENV[name] == version, f"{env.name}: {name}=={version}, venv has {VENV[name]}"
+    assert "python=3.11" in deps
+
+
+def test_torch_is_pinned_everywhere():
+    assert VENV["torch"] == "2.13.0"

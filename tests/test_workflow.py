@@ -1,0 +1,109 @@
+"""The workflow as a user runs it: snakemake dry-runs, bad configs, and a real small study."""
+
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from trainscale import metrics
+
+from conftest import ROOT
+
+SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
+
+
+def snakemake(workdir: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [SNAKEMAKE, "-s", str(ROOT / "Snakefile"), "--directory", str(workdir), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def write_config(tmp_path: Path, **overrides) -> Path:
+    cfg = yaml.safe_load((ROOT / ".test" / "config.yaml").read_text())
+    cfg.update(overrides)
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+@pytest.mark.parametrize("config", ["config.yaml", ".test/config.yaml"])
+def test_dry_run_of_shipped_configs(tmp_path, config):
+    p = snakemake(tmp_path, "-n", "--configfile", str(ROOT / config))
+    assert p.returncode == 0, p.stderr
+    assert "trainscale: study" in p.stderr and "train " in p.stdout
+
+
+def test_real_dataset_runs_depend_on_the_download_rule(tmp_path):
+    cfg = write_config(
+        tmp_path,
+        matrix={"strategy": ["torch"], "model": ["seed-small"], "dataset": ["mnist", "digits"]},
+    )
+    p = snakemake(tmp_path, "-n", "--configfile", str(cfg))
+    assert p.returncode == 0, p.stderr
+    assert "download_mnist" in p.stdout and "download_cifar10" not in p.stdout
+
+
+@pytest.mark.parametrize(
+    "matrix, needle",
+    [
+        (
+            {"strategy": ["torch", "tf"], "model": ["seed-small"], "dataset": ["digits"]},
+            "tf not implemented",
+        ),
+        (
+            {
+                "strategy": ["torch-ddp"],
+                "model": ["seed-small"],
+                "dataset": ["digits"],
+                "workers": [3],
+                "batch_size": [64],
+            },
+            "does not split over 3 workers",
+        ),
+        ({"strategy": ["torch"], "model": ["seed-smal"], "dataset": ["digits"]}, "seed-smal"),
+    ],
+)
+def test_bad_config_fails_before_any_job_with_a_message(tmp_path, matrix, needle):
+    p = snakemake(tmp_path, "-n", "--configfile", str(write_config(tmp_path, matrix=matrix)))
+    assert p.returncode != 0
+    assert needle in p.stderr + p.stdout
+    assert not (tmp_path / "results").exists()
+
+
+@pytest.mark.slow
+def test_real_study_through_snakemake(tmp_path):
+    """`.test/config.yaml`: torch and torch-ddp on 1 and 2 workers, digits, for real."""
+    p = snakemake(tmp_path, "--cores", "2", "--configfile", str(ROOT / ".test" / "config.yaml"))
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    results = tmp_path / "results" / "ci-torch"
+    files = sorted(results.glob("runs/**/metrics.json"))
+    assert len(files) == 3  # torch w1, torch-ddp w1, torch-ddp w2
+    for f in files:
+        rec = metrics.read(f)
+        assert rec["status"] == "ok", rec["error"]
+        assert rec["throughput"] > 0 and rec["first_epoch_seconds"] > 0
+        assert rec["test"]["accuracy"] > 0.3  # chance is 0.1; 2 epochs of digits reach ~0.9
+        assert rec["epochs"][1]["train_loss"] < rec["epochs"][0]["train_loss"]
+        log = (
+            tmp_path
+            / "logs"
+            / "ci-torch"
+            / "runs"
+            / (f.parent.relative_to(results / "runs").as_posix() + ".log")
+        )
+        assert "trainscale: launching:" in log.read_text()
+    rows = list(csv.DictReader((results / "runs.csv").open()))
+    assert len(rows) == 3 and {r["status"] for r in rows} == {"ok"}
+    assert {r["spec.world_size"] for r in rows} == {"1", "2"}
+    assert "results of study 'ci-torch' are in results/ci-torch/" in p.stdout + p.stderr
+    # nothing to do the second time: every result is kept
+    again = snakemake(
+        tmp_path, "--cores", "2", "-n", "--configfile", str(ROOT / ".test" / "config.yaml")
+    )
+    assert "Nothing to be done" in again.stdout + again.stderr

@@ -1,0 +1,84 @@
+import os
+import sys
+from pathlib import Path
+
+# The trainscale package lives in workflow/: import it here, and let every job import it and
+# run with the interpreter that runs Snakemake (the project's .venv) unless a conda env is
+# activated in front of it (see trainscale.launch.job_environment).
+sys.path.insert(0, str(Path(workflow.basedir) / "workflow"))
+
+from trainscale.launch import job_environment
+
+os.environ.update(job_environment(Path(workflow.basedir) / "workflow", sys.executable))
+
+from trainscale import data as ts_data
+from trainscale import matrix as ts_matrix
+
+STUDY = config["study"]
+RESULTS = f"results/{STUDY}"
+ACCELERATOR = ts_matrix.detect_accelerator(config["accelerator"])
+
+try:
+    RUNS, DROPPED = ts_matrix.build_runs(config, ACCELERATOR)
+except ts_matrix.ConfigError as e:
+    raise ValueError(f"config: {e}") from None
+RUN_BY_PATH = {r.path: r for r in RUNS}
+print(
+    f"trainscale: study {STUDY!r}: {ts_matrix.summary(RUNS, DROPPED)}", file=sys.stderr
+)
+
+
+wildcard_constraints:
+    run=r"strategy~[A-Za-z0-9.-]+(/[a-z_]+~[A-Za-z0-9.-]+)+",
+
+
+def run_of(wildcards):
+    """The frozen RunSpec behind a run path (the only place a path becomes a spec)."""
+    try:
+        return RUN_BY_PATH[wildcards.run]
+    except KeyError:
+        raise ValueError(
+            f"{wildcards.run} is not a run of study {STUDY!r} as config.yaml defines it"
+        ) from None
+
+
+def run_spec_json(wildcards):
+    return run_of(wildcards).to_json()
+
+
+def run_threads(wildcards):
+    """Cores one run occupies on its node: workers × threads_per_worker."""
+    spec = run_of(wildcards)
+    return spec.workers * spec.threads_per_worker
+
+
+def run_conda_env(wildcards):
+    return f"../../envs/{run_of(wildcards).framework}.yaml"
+
+
+def dataset_files(wildcards):
+    """Real dataset files a run reads: missing ones are fetched by the `download` rules."""
+    spec = run_of(wildcards)
+    return [str(Path(spec.data_dir) / f) for f in ts_data.info(spec.dataset).files]
+
+
+def all_metrics():
+    return [f"{RESULTS}/runs/{r.path}/metrics.json" for r in RUNS]
+
+
+def print_results_location():
+    print(
+        f"\ntrainscale: results of study {STUDY!r} are in {RESULTS}/\n"
+        f"  summary:  {RESULTS}/summary.txt\n"
+        f"  per run:  {RESULTS}/runs.csv  and  {RESULTS}/runs/**/metrics.json\n"
+    )
+    summary = Path(RESULTS) / "summary.txt"
+    if summary.exists():
+        print(summary.read_text())
+
+
+def data_dir_of(path):
+    """The data_dir a dataset file lives in (files are data_dir/<dataset>/...)."""
+    return str(
+        Path(path).parents[len(Path(path).relative_to(config["data_dir"]).parts) - 1]
+    )

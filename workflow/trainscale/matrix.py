@@ -1,0 +1,281 @@
+"""The experiment matrix: config -> frozen run specifications.
+
+`build_runs` is a pure function of the (schema-validated) config. Each `RunSpec` it returns is
+the single source of a run's output path (`RunSpec.path`), of the launcher's argument
+(`RunSpec.to_json`) and of the metrics' `spec` (`RunSpec.to_dict`): nothing downstream derives
+these again. This module imports neither torch nor TensorFlow, so the Snakefile stays fast.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from collections import Counter
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+from trainscale import data
+
+#: Matrix keys in path order. `repeat` follows them in the path.
+MATRIX_KEYS: tuple[str, ...] = (
+    "strategy",
+    "model",
+    "dataset",
+    "scale",
+    "batch_size",
+    "batch_mode",
+    "workers",
+    "nodes",
+    "precision",
+)
+
+#: Strategy -> framework. The vocabulary is fixed; `IMPLEMENTED` says which run in this version.
+FRAMEWORK: dict[str, str] = {
+    "torch": "torch",
+    "torch-dp": "torch",
+    "torch-ddp": "torch",
+    "torch-fsdp": "torch",
+    "torch-pipeline": "torch",
+    "tf": "tensorflow",
+    "tf-mirrored": "tensorflow",
+    "tf-multiworker": "tensorflow",
+    "horovod-torch": "horovod",
+    "horovod-keras": "horovod",
+    "horovod-torch-elastic": "horovod",
+    "deepspeed-zero0": "deepspeed",
+    "deepspeed-zero1": "deepspeed",
+    "deepspeed-zero2": "deepspeed",
+    "deepspeed-zero3": "deepspeed",
+}
+IMPLEMENTED: frozenset[str] = frozenset({"torch", "torch-dp", "torch-ddp"})
+
+#: Smallest square input side each model accepts (spatial sizes must stay >= 1 through the
+#: network). Checked against real meta-device forwards in tests/test_models.py.
+MODEL_MIN_SIDE: dict[str, int] = {
+    "seed-small": 2,
+    "seed-large": 8,
+    "mnist-convnet": 16,
+    "vgg19": 32,
+    "resnet50": 1,
+    "alexnet": 63,
+    "googlenet": 15,
+}
+
+
+#: Models with BatchNorm: training needs at least 2 samples per worker.
+BATCHNORM_MODELS: frozenset[str] = frozenset({"resnet50", "googlenet"})
+
+
+class ConfigError(ValueError):
+    """A config that cannot become a run set; the message names the key and the fix."""
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Everything one training run needs, fixed before it starts."""
+
+    study: str
+    strategy: str
+    model: str
+    dataset: str
+    scale: int
+    batch_size: int
+    batch_mode: str
+    workers: int
+    nodes: int
+    precision: str
+    repeat: int
+    seed: int
+    epochs: int
+    optimizer: str
+    lr: float
+    base_lr: float
+    lr_scaling: str
+    betas: tuple[float, float]
+    eps: float
+    weight_decay: float
+    momentum: float
+    global_batch_size: int
+    per_worker_batch_size: int
+    world_size: int
+    threads_per_worker: int
+    timeout_minutes: float
+    target_accuracy: float | None
+    data_dir: str
+
+    @property
+    def framework(self) -> str:
+        return FRAMEWORK[self.strategy]
+
+    @property
+    def path(self) -> str:
+        """Run id and output sub-path: `key~value` segments, as Snakemake's Paramspace writes."""
+        parts = [f"{k}~{getattr(self, k)}" for k in MATRIX_KEYS]
+        return "/".join([*parts, f"repeat~{self.repeat}"])
+
+    @property
+    def cell(self) -> tuple:
+        """Every matrix value but the repeat: the unit that scaling tables group by."""
+        return tuple(getattr(self, k) for k in MATRIX_KEYS)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["betas"] = list(self.betas)
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_dict(cls, d: dict) -> RunSpec:
+        names = {f.name for f in fields(cls)}
+        missing = names - set(d)
+        if missing:
+            raise ValueError(f"run spec lacks {sorted(missing)}")
+        kw = {k: d[k] for k in names}
+        kw["betas"] = tuple(kw["betas"])
+        return cls(**kw)
+
+    @classmethod
+    def from_json(cls, s: str) -> RunSpec:
+        return cls.from_dict(json.loads(s))
+
+
+@dataclass(frozen=True)
+class Dropped:
+    """A matrix combination that will not run, and why."""
+
+    values: dict
+    reason: str
+
+
+def effective_lr(lr: float, scaling: str, global_batch: int, base_batch: int) -> float:
+    """Learning rate after the configured batch-size scaling rule."""
+    if scaling == "linear":
+        return lr * global_batch / base_batch
+    if scaling == "sqrt":
+        return lr * math.sqrt(global_batch / base_batch)
+    return lr
+
+
+def why_not(values: dict, accelerator: str) -> str | None:
+    """The reason a strategy or model cannot do this combination, or None if it can."""
+    s, world = values["strategy"], values["workers"] * values["nodes"]
+    if s == "torch" and world > 1:
+        return "torch is one process on one device: needs workers=1, nodes=1"
+    if s == "torch-dp" and values["nodes"] > 1:
+        return "torch-dp (nn.DataParallel) is one process on one node: needs nodes=1"
+    if s == "torch-dp" and values["workers"] > 1 and accelerator != "cuda":
+        return (
+            "torch-dp with workers>1 needs GPUs: without them nn.DataParallel silently runs one "
+            "replica in one process, which is not parallel"
+        )
+    shape = data.info(values["dataset"]).shape
+    side = min(shape[1], shape[2])
+    need = MODEL_MIN_SIDE[values["model"]]
+    if side < need:
+        ds = values["dataset"]
+        return f"{values['model']} needs inputs of at least {need}×{need}; {ds} is {side}×{side}"
+    return None
+
+
+def _excluded(values: dict, exclude: list[dict]) -> bool:
+    return any(all(values.get(k) == v for k, v in rule.items()) for rule in exclude)
+
+
+def batch_sizes(batch_size: int, mode: str, world: int) -> tuple[int, int]:
+    """(global, per-worker) batch for a batch mode; raises ConfigError if it does not split."""
+    if mode == "per_worker":
+        return batch_size * world, batch_size
+    if batch_size % world:
+        raise ConfigError(
+            f"matrix.batch_size {batch_size} in batch_mode 'global' does not split over "
+            f"{world} workers (workers × nodes); choose a multiple of {world} or add "
+            f"'exclude: [{{batch_size: {batch_size}, workers: …}}]' to matrix"
+        )
+    return batch_size, batch_size // world
+
+
+def build_runs(config: dict, accelerator: str = "cpu") -> tuple[list[RunSpec], list[Dropped]]:
+    """Expand a validated config into run specs (cartesian product minus exclusions).
+
+    `accelerator` is "cpu" or "cuda": what the workers will run on, used only to drop
+    combinations that cannot be parallel there (e.g. DataParallel without GPUs).
+    """
+    m = config["matrix"]
+    not_yet = [s for s in m["strategy"] if s not in IMPLEMENTED]
+    if not_yet:
+        raise ConfigError(
+            f"matrix.strategy: {', '.join(not_yet)} not implemented in this version of trainscale "
+            f"(available: {', '.join(sorted(IMPLEMENTED))}); remove it from matrix.strategy"
+        )
+    opt = config["optimizer"]
+    runs: list[RunSpec] = []
+    dropped: list[Dropped] = []
+    for combo in itertools.product(*(m[k] for k in MATRIX_KEYS)):
+        values = dict(zip(MATRIX_KEYS, combo, strict=True))
+        if _excluded(values, m.get("exclude", [])):
+            dropped.append(Dropped(values, "excluded by matrix.exclude"))
+            continue
+        reason = why_not(values, accelerator)
+        if reason:
+            dropped.append(Dropped(values, reason))
+            continue
+        world = values["workers"] * values["nodes"]
+        gbs, pwbs = batch_sizes(values["batch_size"], values["batch_mode"], world)
+        if pwbs < 2 and values["model"] in BATCHNORM_MODELS:
+            reason = f"{values['model']} has BatchNorm: needs at least 2 samples per worker"
+            dropped.append(Dropped(values, reason))
+            continue
+        lr = effective_lr(opt["lr"], config["lr_scaling"], gbs, config["base_batch_size"])
+        for repeat in range(config["repeats"]):
+            runs.append(
+                RunSpec(
+                    study=config["study"],
+                    **values,
+                    repeat=repeat,
+                    seed=config["seed"] + repeat,
+                    epochs=config["epochs"],
+                    optimizer=opt["name"],
+                    lr=lr,
+                    base_lr=opt["lr"],
+                    lr_scaling=config["lr_scaling"],
+                    betas=tuple(opt["betas"]),
+                    eps=opt["eps"],
+                    weight_decay=opt["weight_decay"],
+                    momentum=opt["momentum"],
+                    global_batch_size=gbs,
+                    per_worker_batch_size=pwbs,
+                    world_size=world,
+                    threads_per_worker=config["threads_per_worker"],
+                    timeout_minutes=config["timeout_minutes"],
+                    target_accuracy=config.get("target_accuracy"),
+                    data_dir=config["data_dir"],
+                )
+            )
+    if not runs:
+        raise ConfigError(
+            "the matrix is empty after exclusions and impossible combinations: "
+            + summary(runs, dropped)
+            + "; widen matrix or shorten matrix.exclude"
+        )
+    return runs, dropped
+
+
+def summary(runs: list[RunSpec], dropped: list[Dropped]) -> str:
+    """One line: how many runs, and how many combinations were dropped for which reason."""
+    line = f"{len(runs)} runs"
+    if dropped:
+        reasons = Counter(d.reason for d in dropped)
+        parts = "; ".join(f"{n} × {r}" for r, n in reasons.most_common())
+        line += f", {len(dropped)} combinations dropped ({parts})"
+    return line
+
+
+def detect_accelerator(setting: str = "auto") -> str:
+    """Resolve config `accelerator`: 'auto' means 'cuda' when this host has NVIDIA GPUs."""
+    if setting != "auto":
+        return setting
+    gpus = Path("/proc/driver/nvidia/gpus")
+    return "cuda" if gpus.is_dir() and any(gpus.iterdir()) else "cpu"

@@ -1,0 +1,357 @@
+"""Run metrics: what is measured, how derived figures are computed, and how they are written.
+
+Every per-run figure in metrics.json is defined here, once:
+
+- epoch seconds: wall-clock time (`time.perf_counter`) of an epoch's training steps, from a
+  barrier before its first step to a barrier after its last (device synchronised), on rank 0.
+  Evaluation and data-order preparation are outside it.
+- first_epoch_seconds: epoch 1, which includes warm-up (first-iteration allocation, lazy
+  initialisation, communication buckets).
+- steady_epoch_seconds: mean seconds of epochs 2..E.
+- throughput: steady samples per second over all workers = sum(samples, epochs 2..E) /
+  sum(seconds, epochs 2..E); throughput_per_worker = throughput / world size.
+- step_seconds_p50/p95: percentiles of rank 0's per-step wall times within the epoch.
+- time_to_accuracy_seconds: cumulative epoch seconds until the first epoch whose test accuracy
+  reaches `target_accuracy` (null if never, or no target).
+- peak memory: max over ranks of each process's peak resident set size (getrusage ru_maxrss),
+  and of peak allocated device memory on GPU.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import functools
+import json
+import os
+import platform
+import resource
+import socket
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+import trainscale
+
+SCHEMA_ID = "trainscale.metrics/1"
+SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schemas" / "metrics.schema.yaml"
+STATUSES = ("ok", "failed", "oom", "timeout")
+
+
+class MetricsError(ValueError):
+    """A metrics file that is not valid JSON or does not follow the schema."""
+
+
+@functools.cache
+def _validator():
+    import jsonschema
+
+    schema = yaml.safe_load(SCHEMA_PATH.read_text())
+    return jsonschema.Draft202012Validator(schema)
+
+
+def validate(record: dict) -> None:
+    """Raise MetricsError listing every place `record` breaks the metrics schema."""
+    errors = sorted(_validator().iter_errors(record), key=lambda e: list(e.path))
+    if errors:
+        msgs = [f"{'/'.join(map(str, e.path)) or '<top>'}: {e.message}" for e in errors[:5]]
+        raise MetricsError("; ".join(msgs))
+
+
+def read(path: str | Path) -> dict:
+    """Load and validate one metrics file."""
+    path = Path(path)
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise MetricsError(f"{path}: not readable JSON ({e})") from e
+    try:
+        validate(record)
+    except MetricsError as e:
+        raise MetricsError(f"{path}: {e}") from e
+    return record
+
+
+def write(path: str | Path, record: dict) -> None:
+    """Validate, then write atomically (temp file in the same directory + rename).
+
+    A reader (or Snakemake after a crash) sees either the old file, no file, or the whole new
+    one, never a partial file.
+    """
+    validate(record)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".metrics.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(record, f, indent=1, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Linear-interpolated percentile (numpy's default method), q in [0, 100]."""
+    if not values:
+        return None
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident set size (Linux reports ru_maxrss in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def utc_now() -> str:
+    return _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def cpu_count() -> int:
+    """CPUs this process may run on (affinity, as SLURM and taskset restrict it)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - non-Linux
+        return os.cpu_count() or 1
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def oversubscribed(workers_per_node: int, threads_per_worker: int, cores: int) -> bool:
+    """True when a node's workers ask for more threads than it has cores."""
+    return workers_per_node * threads_per_worker > cores
+
+
+def environment(start_utc: str, frameworks: dict[str, str], hostnames: list[str]) -> dict:
+    """The `env` block: where and with what the run ran."""
+    return {
+        "hostnames": sorted(set(hostnames)),
+        "python": platform.python_version(),
+        "frameworks": frameworks,
+        "cuda": None,
+        "driver": None,
+        "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+        "cpu_count": cpu_count(),
+        "start_utc": start_utc,
+        "end_utc": utc_now(),
+        "trainscale": trainscale.__version__,
+    }
+
+
+def hostname() -> str:
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+
+
+def launch_info() -> dict:
+    """What the launcher told the workers about itself (TRAINSCALE_LAUNCH, set by launch.py)."""
+    raw = os.environ.get("TRAINSCALE_LAUNCH")
+    info = json.loads(raw) if raw else {}
+    return {"command": info.get("command"), "mode": info.get("mode"), "exit_code": None}
+
+
+class GpuMonitor:
+    """Samples NVML utilisation and energy in a background thread while training runs.
+
+    `read` returns (utilization percent, energy millijoules or None) for the devices watched;
+    on a machine without NVML `start()` finds nothing to watch and every result stays None.
+    """
+
+    def __init__(self, interval: float = 0.5, read=None) -> None:
+        self.interval = interval
+        self._read = read
+        self._samples: list[float] = []
+        self._energy0: float | None = None
+        self._energy1: float | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @staticmethod
+    def nvml_reader(device_index: int):
+        """A reader for one GPU through NVML, or None where NVML is absent."""
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            handle = pynvml.nvmlDeviceGetHandleByIndex(device_index)
+        except Exception:
+            return None
+
+        def read() -> tuple[float, float | None]:
+            util = float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+            try:
+                energy = float(pynvml.nvmlDeviceGetTotalEnergyConsumption(handle))
+            except Exception:
+                energy = None
+            return util, energy
+
+        return read
+
+    def start(self) -> GpuMonitor:
+        if self._read is None:
+            return self
+        _, self._energy0 = self._read()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            util, _ = self._read()
+            self._samples.append(util)
+
+    def stop(self) -> tuple[float | None, float | None]:
+        """(mean utilisation %, energy joules) since start; (None, None) without NVML."""
+        if self._read is None:
+            return None, None
+        self._stop.set()
+        if self._thread:
+            self._thread.join()
+        util, self._energy1 = self._read()
+        samples = self._samples or [util]
+        energy = None
+        if self._energy0 is not None and self._energy1 is not None:
+            energy = (self._energy1 - self._energy0) / 1000.0
+        return sum(samples) / len(samples), energy
+
+
+class Recorder:
+    """Collects a run's measurements on rank 0 and turns them into one metrics record."""
+
+    def __init__(self, spec: dict) -> None:
+        self.spec = spec
+        self.t0 = time.perf_counter()
+        self.start_utc = utc_now()
+        self.setup_seconds: float | None = None
+        self.epochs: list[dict] = []
+
+    def training_starts(self) -> None:
+        self.setup_seconds = time.perf_counter() - self.t0
+
+    def epoch(
+        self,
+        seconds: float,
+        samples: int,
+        steps: int,
+        train_loss: float | None,
+        step_seconds: list[float],
+        test_accuracy: float | None = None,
+        test_loss: float | None = None,
+    ) -> dict:
+        e = {
+            "epoch": len(self.epochs) + 1,
+            "seconds": seconds,
+            "samples": samples,
+            "steps": steps,
+            "samples_per_second": samples / seconds,
+            "train_loss": train_loss,
+            "step_seconds_p50": percentile(step_seconds, 50),
+            "step_seconds_p95": percentile(step_seconds, 95),
+            "test_accuracy": test_accuracy,
+            "test_loss": test_loss,
+        }
+        self.epochs.append(e)
+        return e
+
+    def record(self, **parts: Any) -> dict:
+        """The whole metrics record for a finished run; `parts` fill the measured blocks."""
+        rec = ok_record(self.spec, self.epochs, self.spec.get("target_accuracy"))
+        rec["setup_seconds"] = self.setup_seconds
+        rec["wall_seconds"] = time.perf_counter() - self.t0
+        rec.update(parts)
+        return rec
+
+
+def derived(epochs: list[dict], world_size: int, target_accuracy: float | None) -> dict:
+    """First/steady epoch time, throughput and time-to-accuracy from the epoch list."""
+    steady = epochs[1:]
+    first = epochs[0]["seconds"] if epochs else None
+    steady_seconds = sum(e["seconds"] for e in steady)
+    throughput = sum(e["samples"] for e in steady) / steady_seconds if steady else None
+    tta, elapsed = None, 0.0
+    for e in epochs:
+        elapsed += e["seconds"]
+        acc = e.get("test_accuracy")
+        if target_accuracy is not None and acc is not None and acc >= target_accuracy:
+            tta = elapsed
+            break
+    return {
+        "first_epoch_seconds": first,
+        "steady_epoch_seconds": steady_seconds / len(steady) if steady else None,
+        "throughput": throughput,
+        "throughput_per_worker": throughput / world_size if throughput is not None else None,
+        "time_to_accuracy_seconds": tta,
+    }
+
+
+def ok_record(spec: dict, epochs: list[dict], target_accuracy: float | None) -> dict:
+    base = empty_record(spec, "ok", None)
+    base["epochs"] = epochs
+    base.update(derived(epochs, spec["world_size"], target_accuracy))
+    return base
+
+
+def empty_record(spec: dict, status: str, error: str | None) -> dict:
+    """A record with every measured block empty: the shape a failed run is written in."""
+    return {
+        "schema": SCHEMA_ID,
+        "status": status,
+        "error": error,
+        "spec": spec,
+        "model": {"params": None},
+        "data": {"train_samples": None, "test_samples": None},
+        "epochs": [],
+        "first_epoch_seconds": None,
+        "steady_epoch_seconds": None,
+        "throughput": None,
+        "throughput_per_worker": None,
+        "setup_seconds": None,
+        "test": {"accuracy": None, "loss": None},
+        "time_to_accuracy_seconds": None,
+        "memory": {"peak_host_rss_bytes": None, "peak_device_bytes": None},
+        "device": {
+            "kind": None,
+            "name": None,
+            "count": None,
+            "utilization_mean": None,
+            "energy_joules": None,
+        },
+        "env": environment(utc_now(), {}, [hostname()]),
+        "oversubscribed": False,
+        "wall_seconds": None,
+        "launch": {"command": None, "mode": None, "exit_code": None},
+    }
+
+
+def failure_record(
+    spec: dict,
+    status: str,
+    error: str,
+    start_utc: str,
+    wall_seconds: float,
+    launch: dict,
+) -> dict:
+    """The record the launcher writes when a run ended without writing its own."""
+    rec = empty_record(spec, status, error)
+    rec["env"]["start_utc"] = start_utc
+    rec["wall_seconds"] = wall_seconds
+    rec["launch"] = launch
+    workers_node = spec["workers"]
+    rec["oversubscribed"] = oversubscribed(workers_node, spec["threads_per_worker"], cpu_count())
+    return rec

@@ -1,0 +1,275 @@
+"""PyTorch: one process (`torch`), nn.DataParallel (`torch-dp`), DistributedDataParallel
+(`torch-ddp`, launched by torchrun; gloo on CPU, NCCL on GPU).
+
+One loop for all three, in the style of PyTorch's DDP tutorial: rank from torchrun's
+environment, DistributedSampler shards, rank 0 writes. Every rank runs the same number of
+steps, so no rank ever waits in a collective for one that stopped on its own clock.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import warnings
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.elastic.multiprocessing.errors import record
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data.distributed import DistributedSampler
+
+from trainscale import data, metrics, models
+from trainscale.matrix import RunSpec
+from trainscale.runners.common import (
+    check_oversubscribed,
+    check_steps,
+    detect_rank,
+    fmt_rate,
+    steps_per_epoch,
+)
+
+# DDP warns when a 1-input-channel conv's weight gradient has other strides than its bucket
+# view; it costs one small copy per step, and the message would fill every log.
+warnings.filterwarnings("ignore", message="Grad strides do not match bucket view strides")
+
+DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def sync(device: torch.device) -> None:
+    """Wait for queued device work, so wall-clock time covers it (no-op on CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def barrier(distributed: bool, device: torch.device) -> None:
+    sync(device)
+    if distributed:
+        dist.barrier()
+
+
+def to_tensors(arrays: data.Arrays, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """Normalised float32 images and int64 labels, held in memory (on the GPU if there is one)
+    so that feeding a step is one index operation, never a bottleneck."""
+    mean = torch.tensor(arrays.mean).view(1, -1, 1, 1)
+    std = torch.tensor(arrays.std).view(1, -1, 1, 1)
+
+    def images(x: np.ndarray) -> torch.Tensor:
+        t = torch.from_numpy(x).float().div_(arrays.x_max).sub_(mean).div_(std)
+        return t.to(device)
+
+    return (
+        images(arrays.train_x),
+        torch.from_numpy(arrays.train_y).to(device),
+        images(arrays.test_x),
+        torch.from_numpy(arrays.test_y).to(device),
+    )
+
+
+def make_optimizer(spec: RunSpec, params) -> torch.optim.Optimizer:
+    if spec.optimizer == "adam":
+        return torch.optim.Adam(
+            params, lr=spec.lr, betas=spec.betas, eps=spec.eps, weight_decay=spec.weight_decay
+        )
+    return torch.optim.SGD(
+        params, lr=spec.lr, momentum=spec.momentum, weight_decay=spec.weight_decay
+    )
+
+
+class _Indexable:
+    """A length for DistributedSampler: the training set replicated `scale` times."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+
+@torch.no_grad()
+def evaluate(
+    model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, rank: int, world: int, dist_on: bool
+) -> tuple[float, float]:
+    """Test accuracy and mean loss; each rank scores its stride of the test set, then sum."""
+    model.eval()
+    xs, ys = x[rank::world], y[rank::world]
+    totals = torch.zeros(3, dtype=torch.float64, device=x.device)  # correct, loss sum, count
+    for i in range(0, len(xs), 1024):
+        out = model(xs[i : i + 1024]).float()
+        totals[0] += (out.argmax(1) == ys[i : i + 1024]).sum()
+        totals[1] += F.cross_entropy(out, ys[i : i + 1024], reduction="sum")
+        totals[2] += len(out)
+    if dist_on:
+        dist.all_reduce(totals)
+    model.train()
+    return (totals[0] / totals[2]).item(), (totals[1] / totals[2]).item()
+
+
+@record
+def main(spec: RunSpec, out: str) -> None:
+    rec = metrics.Recorder(spec.to_dict())
+    rk = detect_rank()
+    torch.set_num_threads(spec.threads_per_worker)
+    distributed = spec.strategy == "torch-ddp"
+    cuda = torch.cuda.is_available()
+    device = torch.device(f"cuda:{rk.local_rank}" if cuda else "cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    if distributed:
+        backend = "nccl" if cuda else "gloo"
+        dist.init_process_group(backend=backend, device_id=device if cuda else None)
+    if spec.strategy == "torch-dp" and spec.workers > max(1, torch.cuda.device_count()):
+        raise RuntimeError(
+            f"torch-dp with workers={spec.workers} needs {spec.workers} GPUs, "
+            f"found {torch.cuda.device_count()}"
+        )
+
+    arrays = data.load(spec.dataset, spec.data_dir, seed=spec.seed)
+    train_x, train_y, test_x, test_y = to_tensors(arrays, device)
+    n = len(train_y)
+    train_samples = n * spec.scale
+
+    torch.manual_seed(spec.seed)  # same fresh initial weights on every rank and every repeat
+    net = models.build(spec.model, arrays.info.shape, arrays.info.num_classes).to(device)
+    if distributed:
+        model: torch.nn.Module = DDP(net, device_ids=[device.index] if cuda else None)
+    elif spec.strategy == "torch-dp":
+        model = torch.nn.DataParallel(net, device_ids=list(range(spec.workers)) if cuda else None)
+    else:
+        model = net
+    opt = make_optimizer(spec, model.parameters())
+    dtype = DTYPES[spec.precision]
+    scaler = torch.amp.GradScaler(device.type, enabled=spec.precision == "fp16")
+
+    sampler = DistributedSampler(
+        _Indexable(train_samples),
+        num_replicas=rk.world_size,
+        rank=rk.rank,
+        shuffle=True,
+        seed=spec.seed,
+        drop_last=True,
+    )
+    b = spec.per_worker_batch_size
+    steps = steps_per_epoch(train_samples, rk.world_size, b)
+    check_steps(steps, spec.path, train_samples, spec.global_batch_size)
+    evaluate_every_epoch = spec.target_accuracy is not None and not arrays.info.synthetic
+    gpu = metrics.GpuMonitor(read=metrics.GpuMonitor.nvml_reader(device.index) if cuda else None)
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+    model.train()
+    rec.training_starts()
+    gpu.start()
+    test_acc = test_loss = None
+    for epoch in range(1, spec.epochs + 1):
+        sampler.set_epoch(epoch)
+        order = torch.tensor(list(sampler), device=device) % n  # this rank's shard, scale folded
+        loss_sum = torch.zeros((), device=device)
+        step_seconds = []
+        barrier(distributed, device)
+        t_epoch = time.perf_counter()
+        for step in range(steps):
+            t_step = time.perf_counter()
+            idx = order[step * b : (step + 1) * b]
+            x, y = train_x[idx], train_y[idx]
+            with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+                loss = F.cross_entropy(model(x), y)
+            opt.zero_grad(set_to_none=True)
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            loss_sum += loss.detach().float()
+            sync(device)
+            step_seconds.append(time.perf_counter() - t_step)
+        barrier(distributed, device)
+        seconds = time.perf_counter() - t_epoch
+        if distributed:
+            dist.all_reduce(loss_sum)
+        train_loss = (loss_sum / (steps * rk.world_size)).item()
+        if evaluate_every_epoch or epoch == spec.epochs:
+            test_acc, test_loss = evaluate(net, test_x, test_y, rk.rank, rk.world_size, distributed)
+        e = rec.epoch(
+            seconds,
+            samples=steps * spec.global_batch_size,
+            steps=steps,
+            train_loss=train_loss,
+            step_seconds=step_seconds,
+            test_accuracy=test_acc if evaluate_every_epoch or epoch == spec.epochs else None,
+            test_loss=test_loss if evaluate_every_epoch or epoch == spec.epochs else None,
+        )
+        if rk.is_main:
+            print(
+                f"epoch {epoch}/{spec.epochs}: {seconds:.3f} s, "
+                f"{fmt_rate(e['samples_per_second'])} samples/s, loss {train_loss:.4f}",
+                flush=True,
+            )
+    utilization, energy = gpu.stop()
+
+    # Peak memory, utilisation and energy: the max (or sum) over ranks; host names of all ranks.
+    peaks = torch.tensor(
+        [metrics.peak_rss_bytes(), torch.cuda.max_memory_allocated(device) if cuda else 0],
+        dtype=torch.float64,
+        device=device,
+    )
+    hosts = [metrics.hostname()]
+    if distributed:
+        dist.all_reduce(peaks, op=dist.ReduceOp.MAX)
+        hosts_all: list = [None] * rk.world_size
+        dist.all_gather_object(hosts_all, hosts[0])
+        hosts = hosts_all
+        energy_t = torch.tensor([energy or 0.0, utilization or 0.0], device=device)
+        dist.all_reduce(energy_t)
+        if cuda:
+            energy, utilization = energy_t[0].item(), energy_t[1].item() / rk.world_size
+
+    if rk.is_main:
+        env = metrics.environment(rec.start_utc, {"torch": torch.__version__}, hosts)
+        env["cuda"] = torch.version.cuda if cuda else None
+        env["driver"] = _driver_version() if cuda else None
+        synthetic = arrays.info.synthetic
+        result = rec.record(
+            model={"params": models.param_count(net)},
+            data={"train_samples": train_samples, "test_samples": len(test_y)},
+            test={
+                "accuracy": None if synthetic else test_acc,
+                "loss": None if synthetic else test_loss,
+            },
+            memory={
+                "peak_host_rss_bytes": int(peaks[0].item()),
+                "peak_device_bytes": int(peaks[1].item()) if cuda else None,
+            },
+            device={
+                "kind": device.type,
+                "name": torch.cuda.get_device_name(device) if cuda else metrics.cpu_name(),
+                "count": spec.world_size if distributed else spec.workers,
+                "utilization_mean": utilization,
+                "energy_joules": energy,
+            },
+            env=env,
+            oversubscribed=check_oversubscribed(spec.workers, spec.threads_per_worker),
+            launch=metrics.launch_info(),
+        )
+        if synthetic:
+            for ep in result["epochs"]:
+                ep["test_accuracy"] = ep["test_loss"] = None
+        metrics.write(out, result)
+        if os.environ.get("TRAINSCALE_SAVE_WEIGHTS"):  # final weights, for equivalence tests
+            torch.save(net.state_dict(), os.environ["TRAINSCALE_SAVE_WEIGHTS"])
+        print(
+            f"trainscale: ok, throughput {fmt_rate(result['throughput'])} samples/s, "
+            f"test accuracy {test_acc if not synthetic else 'n/a'}; wrote {out}",
+            flush=True,
+        )
+    if distributed:
+        dist.destroy_process_group()
+
+
+def _driver_version() -> str | None:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        v = pynvml.nvmlSystemGetDriverVersion()
+        return v.decode() if isinstance(v, bytes) else v
+    except Exception:
+        return None

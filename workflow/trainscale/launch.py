@@ -23,14 +23,12 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from trainscale import metrics
 from trainscale.matrix import RunSpec
-
-TORCHRUN_STRATEGIES = frozenset({"torch-ddp"})
-SINGLE_PROCESS_STRATEGIES = frozenset({"torch", "torch-dp"})
 
 
 @dataclass(frozen=True)
@@ -54,42 +52,66 @@ def worker_env(spec: RunSpec) -> dict[str, str]:
     return {"OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n, "OPENBLAS_NUM_THREADS": n}
 
 
+def single_process(spec: RunSpec, env: Environment, worker: list[str]) -> list[str]:
+    """One process (it may drive several GPUs itself, as nn.DataParallel does)."""
+    return [env.python, *worker]
+
+
+def torchrun(spec: RunSpec, env: Environment, worker: list[str]) -> list[str]:
+    """torchrun with a c10d rendezvous; across SLURM nodes, srun starts one torchrun per node.
+
+    Locally the endpoint's port is 0: the rendezvous store binds a port the OS picks, so
+    several runs on one host never clash. Across nodes the supervisor picks a free port on
+    the first node (where the batch script runs) and every node's torchrun dials it.
+    """
+    rdzv_id = f"{spec.study}-{hashlib.sha1(spec.path.encode()).hexdigest()[:12]}"
+    if env.job_id:
+        rdzv_id = f"slurm-{env.job_id}"
+    cmd = [
+        env.python,
+        "-m",
+        "torch.distributed.run",
+        f"--nnodes={spec.nodes}",
+        f"--nproc-per-node={spec.workers}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={env.head}:{env.port}",
+        f"--rdzv-id={rdzv_id}",
+        "--max-restarts=0",
+        *worker,
+    ]
+    if spec.nodes == 1:
+        return cmd
+    if env.mode != "slurm":
+        raise ValueError(
+            f"{spec.strategy} with nodes={spec.nodes} needs a SLURM allocation of that many"
+        )
+    srun = [
+        "srun",
+        f"--nodes={spec.nodes}",
+        f"--ntasks={spec.nodes}",
+        "--ntasks-per-node=1",
+        "--kill-on-bad-exit=1",
+    ]
+    return [*srun, *cmd]
+
+
+#: strategy -> function building its launcher's command line (the one place to add one)
+LAUNCHERS: dict[str, Callable[[RunSpec, Environment, list[str]], list[str]]] = {
+    "torch": single_process,
+    "torch-dp": single_process,
+    "torch-ddp": torchrun,
+}
+
+
 def command(spec: RunSpec, env: Environment, out: str) -> list[str]:
     """The command line that runs `spec` in `env` and writes metrics to `out`."""
+    try:
+        launcher = LAUNCHERS[spec.strategy]
+    except KeyError:
+        raise ValueError(f"strategy {spec.strategy!r} has no launcher in this version") from None
     worker = ["-m", "trainscale.runners", "--spec", spec.to_json(), "--out", out]
     prefix = ["env", *(f"{k}={v}" for k, v in sorted(worker_env(spec).items()))]
-    s = spec.strategy
-    if s in SINGLE_PROCESS_STRATEGIES:
-        return [*prefix, env.python, *worker]
-    if s in TORCHRUN_STRATEGIES:
-        rdzv_id = f"{spec.study}-{hashlib.sha1(spec.path.encode()).hexdigest()[:12]}"
-        if env.job_id:
-            rdzv_id = f"slurm-{env.job_id}"
-        torchrun = [
-            env.python,
-            "-m",
-            "torch.distributed.run",
-            f"--nnodes={spec.nodes}",
-            f"--nproc-per-node={spec.workers}",
-            "--rdzv-backend=c10d",
-            f"--rdzv-endpoint={env.head}:{env.port}",
-            f"--rdzv-id={rdzv_id}",
-            "--max-restarts=0",
-            *worker,
-        ]
-        if spec.nodes == 1:
-            return [*prefix, *torchrun]
-        if env.mode != "slurm":
-            raise ValueError(f"{s} with nodes={spec.nodes} needs a SLURM allocation of that many")
-        srun = [
-            "srun",
-            f"--nodes={spec.nodes}",
-            f"--ntasks={spec.nodes}",
-            "--ntasks-per-node=1",
-            "--kill-on-bad-exit=1",
-        ]
-        return [*prefix, *srun, *torchrun]
-    raise ValueError(f"strategy {s!r} has no launcher in this version")
+    return [*prefix, *launcher(spec, env, worker)]
 
 
 def job_environment(package_dir: str | os.PathLike, python: str) -> dict[str, str]:

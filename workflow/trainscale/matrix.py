@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from trainscale import data
+from trainscale.runners import RUNNER_MODULES
 
 #: Matrix keys in path order. `repeat` follows them in the path.
 MATRIX_KEYS: tuple[str, ...] = (
@@ -48,7 +49,7 @@ FRAMEWORK: dict[str, str] = {
     "deepspeed-zero2": "deepspeed",
     "deepspeed-zero3": "deepspeed",
 }
-IMPLEMENTED: frozenset[str] = frozenset({"torch", "torch-dp", "torch-ddp"})
+IMPLEMENTED: frozenset[str] = frozenset(RUNNER_MODULES)
 
 #: Smallest square input side each model accepts (spatial sizes must stay >= 1 through the
 #: network). Checked against real meta-device forwards in tests/test_models.py.

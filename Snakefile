@@ -8,6 +8,9 @@ min_version("9.0")
 configfile: "config.yaml"
 
 
+report: "reports/workflow.rst"
+
+
 validate(config, "workflow/schemas/config.schema.yaml")
 
 
@@ -15,6 +18,7 @@ include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/aggregate.smk"
+include: "workflow/rules/report.smk"
 
 
 rule all:
@@ -22,6 +26,8 @@ rule all:
     input:
         f"{RESULTS}/runs.csv",
         f"{RESULTS}/summary.txt",
+        f"{RESULTS}/scaling.csv",
+        f"{RESULTS}/report.html",
 
 
 onsuccess:

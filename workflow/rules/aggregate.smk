@@ -8,11 +8,34 @@ rule runs_table:
             category="Tables",
             labels={"table": "runs"},
         ),
-        summary=f"{RESULTS}/summary.txt",
+        epochs=f"{RESULTS}/epochs.csv",
+        invalid=f"{RESULTS}/invalid.csv",
     log:
         f"logs/{STUDY}/runs_table.log",
     localrule: True
     conda:
         "../../envs/torch.yaml"
+    threads: 4  # processes validating metrics files (capped at --cores)
     script:
-        "../scripts/runs_table.py"
+        "../scripts/tables.py"
+
+
+rule scaling_table:
+    input:
+        runs=rules.runs_table.output.csv,
+        invalid=rules.runs_table.output.invalid,
+    output:
+        csv=report(
+            f"{RESULTS}/scaling.csv",
+            caption="../../reports/scaling.rst",
+            category="Tables",
+            labels={"table": "scaling"},
+        ),
+        summary=f"{RESULTS}/summary.txt",
+    log:
+        f"logs/{STUDY}/scaling_table.log",
+    localrule: True
+    conda:
+        "../../envs/torch.yaml"
+    script:
+        "../scripts/scaling_table.py"

@@ -1,0 +1,388 @@
+"""Figures and the HTML report: every figure drawn or explained, a self-contained escaped report,
+the `python -m trainscale.report` command line, headless Chromium, and the Snakemake rules
+(including `snakemake --report`) on metrics files copied in from elsewhere."""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import re
+import shutil
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+import zipfile
+from pathlib import Path
+
+import pytest
+import yaml
+from test_aggregate import failed_record, ok_record, spec_for, write
+
+from trainscale import aggregate, metrics, plots, report
+from trainscale.matrix import build_runs
+
+from conftest import ROOT, validated
+
+PNG = b"\x89PNG\r\n\x1a\n"
+XSS = "<script>alert('x')</script> & <b>bold</b>"
+
+
+def rich_study(runs: Path) -> list[Path]:
+    """Every figure has data: 2 strategies, N = 1, 2, two batch sizes, scales and batch modes,
+    2 repeats, an oversubscribed run, a failed run whose error holds HTML, an invalid file."""
+    paths = []
+    for strategy in ("torch", "torch-ddp"):
+        for workers in (1, 2) if strategy == "torch-ddp" else (1,):
+            for batch in (64, 128):
+                for scale in (1, 2):
+                    for mode in ("global", "per_worker"):
+                        for r in range(2):
+                            s = spec_for(
+                                strategy,
+                                workers,
+                                repeat=r,
+                                batch_size=batch,
+                                scale=scale,
+                                batch_mode=mode,
+                            )
+                            t = 0.5 * scale / workers**0.8 * (1 + 0.05 * r) * 64 / batch
+                            rec = ok_record(
+                                s,
+                                [t, t * 1.02],
+                                first=t * 1.5,
+                                samples=1000 * scale,
+                                oversubscribed=workers == 2 and r == 1,
+                            )
+                            paths.append(write(runs, s, rec))
+    s = spec_for("torch-ddp", 2, repeat=2)
+    paths.append(write(runs, s, failed_record(s, "failed", f"RuntimeError: {XSS}\nTraceback")))
+    bad = runs / "strategy~torch" / "corrupt" / "metrics.json"
+    bad.parent.mkdir(parents=True)
+    bad.write_text('{"schema": "trainscale.metrics/1", "status": "ok"')
+    return paths
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> tuple[Path, aggregate.Study]:
+    """The whole report made by the command line from a directory of metrics files."""
+    root = tmp_path_factory.mktemp("rich")
+    rich_study(root / "runs")
+    rc = report.main(["--runs-dir", str(root / "runs"), "--out", str(root / "out"), "--jobs", "2"])
+    assert rc == 0  # invalid files are listed, not fatal
+    out = root / "out"
+    study = aggregate.read_study(
+        out / "runs.csv", out / "epochs.csv", out / "scaling.csv", out / "invalid.csv"
+    )
+    return out, study
+
+
+# --------------------------------------------------------------------------------------------
+# command line
+
+
+def test_cli_writes_tables_figures_and_report(built):
+    out, study = built
+    for f in ("runs.csv", "epochs.csv", "scaling.csv", "invalid.csv", "summary.txt", "report.html"):
+        assert (out / f).stat().st_size > 0, f
+    assert len(study.runs) == 2 * 2 * 2 * 2 + 2 * 2 * 2 * 2 * 2 + 1  # torch + ddp + failed
+    assert len(study.scaling) == 8 + 16
+    assert [Path(p).parent.name for p, _ in study.invalid] == ["corrupt"]
+    summary = (out / "summary.txt").read_text()
+    assert "invalid metrics files (not counted)" in summary and "corrupt" in summary
+    assert "fastest strategy per model, dataset and N" in summary
+
+
+def test_cli_help_documents_usage():
+    p = subprocess.run(
+        [sys.executable, "-m", "trainscale.report", "--help"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert p.returncode == 0
+    for needle in ("--runs-dir", "--out", "metrics schema", "report.html", "scaling.csv"):
+        assert needle in p.stdout
+
+
+def test_cli_exit_codes(tmp_path, capsys):
+    assert report.main(["--runs-dir", str(tmp_path / "nothing"), "--out", str(tmp_path)]) == 2
+    assert "no metrics.json" in capsys.readouterr().err
+    runs = tmp_path / "runs"
+    s = spec_for("torch", 1)
+    write(runs, s, ok_record(s, [1.0, 1.0]))
+    (runs / "x").mkdir()
+    (runs / "x" / "metrics.json").write_text("[]")
+    args = ["--runs-dir", str(runs), "--out", str(tmp_path / "out"), "--jobs", "1"]
+    assert report.main([*args, "--strict"]) == 1
+    assert (tmp_path / "out" / "report.html").exists()
+
+
+# --------------------------------------------------------------------------------------------
+# figures
+
+
+def test_figure_kinds_are_listed_once():
+    assert set(plots.FIGURES) == set(plots.DRAW) == set(plots.DATA)
+    for name, info in plots.FIGURES.items():
+        assert {"title", "category"} <= set(info), name
+        assert (ROOT / "reports" / "figures" / f"{name}.rst").read_text().strip(), name
+    smk = (ROOT / "workflow" / "rules" / "report.smk").read_text()
+    assert "figures.yaml" in smk
+
+
+def test_every_figure_is_drawn_for_a_rich_study(built):
+    out, study = built
+    notes = {name: plots.why_absent(name, study) for name in plots.FIGURES}
+    assert notes == dict.fromkeys(plots.FIGURES), notes
+    for name in plots.FIGURES:
+        assert (out / "figures" / f"{name}.png").read_bytes().startswith(PNG)
+        svg = ET.parse(out / "figures" / f"{name}.svg").getroot()
+        assert svg.tag.endswith("svg")
+        assert "no data in this study" not in (out / "figures" / f"{name}.svg").read_text()
+
+
+def test_absent_data_gives_a_note_image_not_an_empty_plot(tmp_path):
+    runs = tmp_path / "runs"
+    paths = []
+    for r in range(2):  # one strategy, N = 1 only, one batch size and scale
+        s = spec_for("torch", 1, repeat=r)
+        paths.append(write(runs, s, ok_record(s, [1.0, 1.0])))
+    s = spec_for("torch-ddp", 2)  # a 2-worker cell whose N=1 baseline was never run
+    paths.append(write(runs, s, ok_record(s, [0.6, 0.6])))
+    study = aggregate.build(paths)
+    notes = plots.render_all(study, tmp_path / "figures")
+    absent = {n for n, note in notes.items() if note}
+    assert absent == {
+        "speedup",
+        "efficiency",
+        "efficiency_heatmap",
+        "throughput_scale",
+        "throughput_batch",
+    }
+    assert "no N=1 run of torch-ddp" in notes["speedup"]
+    assert "more than one dataset scale" in notes["throughput_scale"]
+    for name in plots.FIGURES:
+        svg = (tmp_path / "figures" / f"{name}.svg").read_text()
+        assert (tmp_path / "figures" / f"{name}.png").read_bytes().startswith(PNG)
+        assert ("no data in this study" in svg) == (name in absent), name
+    page = report.render_html(report.context(study, tmp_path / "figures", notes))
+    for name in absent:
+        assert f"Not drawn: {html.escape(notes[name])}" in page
+    nothing = aggregate.build([])
+    assert all(plots.why_absent(n, nothing) for n in plots.FIGURES)
+
+
+# --------------------------------------------------------------------------------------------
+# the HTML report
+
+
+def test_report_is_self_contained_escaped_and_complete(built):
+    out, study = built
+    page = (out / "report.html").read_text()
+    srcs = re.findall(r'<img src="([^"]+)"', page)
+    assert len(srcs) == len(plots.FIGURES)
+    for src in srcs:
+        assert src.startswith("data:image/png;base64,")
+        assert base64.b64decode(src.split(",", 1)[1]).startswith(PNG)
+    assert not re.search(r"""(src|href)=["']?(https?:|//|file:)""", page)
+    assert "Content-Security-Policy" in page and "<script" not in page.split("</head>")[1]
+    assert "&lt;script&gt;alert(" in page and XSS not in page  # autoescaped error text
+    for section in (
+        "Summary",
+        "Figures",
+        "Scaling table",
+        "Failed runs",
+        "Environment",
+        "Study config",
+        "Methods",
+    ):
+        assert f">{section}" in page, section
+    assert "oversubscribed" in page and "corrupt" in page
+    # Methods quotes the docstrings that define the metrics (the single source)
+    for doc in (metrics.__doc__, aggregate.__doc__):
+        for term, _ in report.definitions(doc)[1]:
+            assert f"<dt>{html.escape(term)}</dt>" in page, term
+    assert "includes warm-up" in page and "t1 / (N · tN)" in page and "X(N) / (N · X(1))" in page
+    assert "torch-ddp with N = 1" in page
+    # numbers for people: 3 significant digits and units
+    assert re.search(r"\d,\d{3} ± [\d.,]+ samples/s", page)
+
+
+def test_numbers_are_formatted_for_people():
+    assert report.with_ci(12721.4, 338.2, "samples/s") == "12,700 ± 338 samples/s"
+    assert report.with_ci(0.51338, float("nan"), "s") == "0.513 s"
+    assert report.with_ci(None, None) == "–"
+    assert report.mib(459522048) == "438 MiB" and report.mib(3 * 2**30) == "3.00 GiB"
+    assert report.pct(0.4231) == "42.3 %" and report.ratio(1.1875) == "1.19×"
+
+
+def test_definitions_come_from_the_docstrings():
+    intro, items = report.definitions(metrics.__doc__)
+    terms = dict(items)
+    assert "first_epoch_seconds" in terms and "throughput" in terms
+    text = "".join(seg for seg, _ in terms["first_epoch_seconds"])
+    assert "warm-up" in text
+    _, items = report.definitions(aggregate.__doc__)
+    terms = {t: "".join(seg for seg, _ in x) for t, x in items}
+    assert terms["speedup"].startswith("S(N) = X(N) / X(1)")
+    assert "t1 / (N · tN)" in terms["strong-scaling efficiency"]
+    assert "X(N) / (N · X(1))" in terms["weak-scaling efficiency"]
+
+
+# --------------------------------------------------------------------------------------------
+# headless Chromium
+
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+CHECK = """<script>
+window.addEventListener("load", () => {
+  const imgs = Array.from(document.images);
+  const broken = imgs.filter((i) => !(i.complete && i.naturalWidth > 0)).length;
+  console.log("trainscale-check images=" + imgs.length + " broken=" + broken);
+});
+</script>"""
+
+
+def chromium() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def run_chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    profile = tmp_path / f"profile-{len(list(tmp_path.glob('profile-*')))}"
+    return subprocess.run(
+        [chromium(), *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+
+
+@pytest.mark.skipif(
+    chromium() is None,
+    reason="needs Debian's `chromium` (apt-get install -y chromium) to render the report headless",
+)
+def test_report_renders_in_headless_chromium(built, tmp_path):
+    out, _ = built
+    page = (out / "report.html").read_text()
+    # a copy that may run one inline script counting loaded images; the report itself has none
+    checked = page.replace("default-src 'none';", "default-src 'none'; script-src 'unsafe-inline';")
+    checked = checked.replace("</body>", CHECK + "</body>")
+    (tmp_path / "checked.html").write_text(checked)
+    p = run_chromium(
+        tmp_path,
+        "--enable-logging=stderr",
+        "--v=0",
+        "--virtual-time-budget=5000",
+        "--dump-dom",
+        (tmp_path / "checked.html").as_uri(),
+    )
+    assert p.returncode == 0, p.stderr[-2000:]
+    console = [line for line in p.stderr.splitlines() if ":CONSOLE" in line]
+    assert any("trainscale-check" in line for line in console), p.stderr[-3000:]
+    check = next(line for line in console if "trainscale-check" in line)
+    assert f"images={len(plots.FIGURES)} broken=0" in check
+    errors = [line for line in console if "trainscale-check" not in line]
+    assert errors == [], errors  # no CSP violations, failed loads or script errors
+    shot = out / "report-screenshot.png"
+    p = run_chromium(
+        tmp_path,
+        f"--screenshot={shot}",
+        "--window-size=1280,2400",
+        "--hide-scrollbars",
+        (out / "report.html").as_uri(),
+    )
+    assert p.returncode == 0 and shot.exists(), p.stderr[-2000:]
+    from PIL import Image
+
+    img = Image.open(shot).convert("RGB")
+    assert img.size == (1280, 2400)
+    colours = img.resize((320, 600)).getcolors(maxcolors=1 << 16) or []
+    assert len(colours) > 200  # text, tables and a figure, not a blank or error page
+    white = max(n for n, c in colours if c == (255, 255, 255)) / (320 * 600)
+    assert 0.3 < white < 0.97
+    shutil.copy(shot, tmp_path / "screenshot.png")
+
+
+# --------------------------------------------------------------------------------------------
+# Snakemake: aggregation and report on metrics files gathered from elsewhere
+
+
+SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
+
+
+@pytest.mark.slow
+def test_snakemake_reports_copied_results_without_training(tmp_path):
+    cfg = validated(
+        {
+            "study": "copied",
+            "epochs": 3,
+            "repeats": 2,
+            "target_accuracy": 0.6,
+            "matrix": {
+                "strategy": ["torch", "torch-ddp"],
+                "model": ["seed-small"],
+                "dataset": ["digits"],
+                "batch_size": [64],
+                "workers": [1, 2],
+            },
+        }
+    )
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
+    runs, _ = build_runs(cfg, accelerator="cpu")
+    results = tmp_path / "results" / "copied"
+    for spec in runs:
+        t = 0.5 / spec.world_size**0.7
+        write(results / "runs", spec, ok_record(spec, [t, t], first=2 * t))
+    broken = results / "runs" / runs[-1].path / "metrics.json"
+    broken.write_text(json.dumps({"schema": "trainscale.metrics/1", "status": "weird"}))
+
+    def snakemake(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [
+                SNAKEMAKE,
+                "-s",
+                str(ROOT / "Snakefile"),
+                "--directory",
+                str(tmp_path),
+                "--configfile",
+                str(tmp_path / "cfg.yaml"),
+                *args,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+
+    p = snakemake("--cores", "2")
+    log = p.stdout + p.stderr
+    assert p.returncode == 0, log[-4000:]
+    assert not re.search(r"^\s*(local)?rule train:", log, re.M), "training must not re-run"
+    page = (results / "report.html").read_text()
+    assert html.escape(broken.relative_to(tmp_path).as_posix()) in page
+    summary = (results / "summary.txt").read_text()
+    assert "invalid metrics files (not counted)" in summary and runs[-1].path in summary
+    assert (results / "scaling.csv").exists()
+    for name in plots.FIGURES:
+        assert (results / "figures" / f"{name}.svg").exists(), name
+    assert "study: copied" in page  # the study config as Snakemake ran it
+    # snakemake --report: categories and labels for every figure, and the custom report
+    p = snakemake("--report", str(results / "report.zip"))
+    assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
+    with zipfile.ZipFile(results / "report.zip") as z:
+        names = z.namelist()
+        index = z.read(next(n for n in names if n.endswith("report/report.html"))).decode()
+    assert any(n.endswith("/report.html") and "/data/raw/" in n for n in names)
+    for name, info in plots.FIGURES.items():
+        assert any(n.endswith(f"/{name}.svg") for n in names), name
+        assert info["title"] in index and info["category"] in index
+    assert '"strategy": "torch, torch-ddp"' in index and '"model": "seed-small"' in index

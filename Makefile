@@ -16,7 +16,7 @@ test: $(STAMP) lint dryrun pytest
 setup: $(STAMP)
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install --disable-pip-version-check -q -r requirements.txt
+	DS_BUILD_OPS=0 $(BIN)/pip install --disable-pip-version-check -q -r requirements.txt
 	$(BIN)/pip install --disable-pip-version-check -q --no-deps -e .
 	touch $@
 

@@ -5,7 +5,13 @@ loop in benchmarks/minimal_ddp.py on the same model, data, batch, worker and thr
 alternating A/B for several rounds in one process so drift hits both alike, and prints the
 steady-throughput ratio runner / minimal (1.0 = no overhead; the bar is >= 0.95).
 
+The `deepspeed-zero2` row compares the DeepSpeed runner (ZeRO-2, with DeepSpeed's
+wall_clock_breakdown on, as the runner always runs) with benchmarks/minimal_deepspeed.py.
+The `tf-mirrored` row does the same for the TensorFlow runner (MirroredStrategy; on CPU over
+`--workers` logical devices) against the minimal model.fit in benchmarks/minimal_keras.py.
+
     .venv/bin/python benchmarks/harness_overhead.py [--rounds 3] [--workers 2]
+        [--strategy torch-ddp|tf-mirrored|deepspeed-zero2]   (default: every row)
 """
 
 from __future__ import annotations
@@ -27,9 +33,9 @@ from trainscale.launch import detect, supervise, worker_env  # noqa: E402
 from trainscale.matrix import RunSpec  # noqa: E402
 
 
-def spec(a: argparse.Namespace) -> RunSpec:
+def spec(a: argparse.Namespace, strategy: str = "torch-ddp") -> RunSpec:
     return RunSpec(
-        study="bench", strategy="torch-ddp", model=a.model, dataset=a.dataset, scale=a.scale,
+        study="bench", strategy=strategy, model=a.model, dataset=a.dataset, scale=a.scale,
         batch_size=a.batch, batch_mode="global", workers=a.workers, nodes=1, precision="fp32",
         repeat=0, seed=0, epochs=a.epochs, optimizer="adam", lr=1e-3, base_lr=1e-3,
         lr_scaling="none", betas=(0.9, 0.999), eps=1e-7, weight_decay=0.0, momentum=0.0,
@@ -40,6 +46,10 @@ def spec(a: argparse.Namespace) -> RunSpec:
 
 
 def runner(s: RunSpec, tmp: Path) -> float:
+    return runner_record(s, tmp)["throughput"]
+
+
+def runner_record(s: RunSpec, tmp: Path) -> dict:
     out = tmp / "metrics.json"
     out.unlink(missing_ok=True)
     with open(tmp / "runner.log", "w") as log:
@@ -49,7 +59,7 @@ def runner(s: RunSpec, tmp: Path) -> float:
         finally:
             sys.stdout = stdout
     assert status == "ok", (tmp / "runner.log").read_text()[-2000:]
-    return metrics.read(out)["throughput"]
+    return metrics.read(out)
 
 
 def minimal(s: RunSpec) -> float:
@@ -65,6 +75,41 @@ def minimal(s: RunSpec) -> float:
     return json.loads(p.stdout.strip().splitlines()[-1])["throughput"]
 
 
+def minimal_keras(s: RunSpec) -> dict:
+    cmd = [
+        sys.executable, str(ROOT / "benchmarks" / "minimal_keras.py"), f"--model={s.model}",
+        f"--dataset={s.dataset}", f"--scale={s.scale}", f"--batch={s.batch_size}",
+        f"--epochs={s.epochs}", f"--workers={s.workers}",
+    ]  # fmt: skip
+    env = {**os.environ, **worker_env(s), "PYTHONPATH": str(ROOT / "workflow")}
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def minimal_deepspeed(s: RunSpec) -> float:
+    stage = s.strategy.removeprefix("deepspeed-zero")
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--nnodes=1",
+        f"--nproc-per-node={s.workers}", "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:0",
+        str(ROOT / "benchmarks" / "minimal_deepspeed.py"), f"--model={s.model}",
+        f"--dataset={s.dataset}", f"--scale={s.scale}", f"--batch={s.batch_size}",
+        f"--epochs={s.epochs}", f"--stage={stage}",
+    ]  # fmt: skip
+    env = {**os.environ, **worker_env(s), "PYTHONPATH": str(ROOT / "workflow")}
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])["throughput"]
+
+
+#: strategy -> (the minimal yardstick, how the row is described)
+BASELINES = {
+    "torch-ddp": (minimal, "minimal DDP loop"),
+    "tf-mirrored": (minimal_keras, "minimal Keras model.fit"),
+    "deepspeed-zero2": (minimal_deepspeed, "minimal DeepSpeed loop"),
+}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="seed-small")
@@ -74,10 +119,54 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--strategy", choices=sorted(BASELINES), help="one row (default: all)")
     a = p.parse_args()
-    s = spec(a)
+    for strategy in [a.strategy] if a.strategy else list(BASELINES):
+        if strategy == "tf-mirrored":
+            tf_row(a)
+        else:
+            row(a, strategy)
+
+
+def tf_row(a: argparse.Namespace) -> None:
+    """The tf-mirrored row: the same ratio, and the ratio of each side's best steady epoch, which
+    a burst of load from other processes on a shared machine disturbs less than the mean."""
+    s = spec(a, "tf-mirrored")
     print(
-        f"torch-ddp, {a.workers} workers × 1 thread, {a.model} on {a.dataset} ×{a.scale}, "
+        f"tf-mirrored, {a.workers} devices (logical CPU devices when there is no GPU) × 1 thread, "
+        f"{a.model} on {a.dataset} ×{a.scale}, global batch {a.batch}, {a.epochs} epochs "
+        f"(steady = epochs 2..{a.epochs})"
+    )
+    print(
+        f"{'round':>5} {'runner samples/s':>17} {'minimal samples/s':>18} {'ratio':>7}"
+        f" {'best-epoch ratio':>17}"
+    )
+    ratios, best = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(a.rounds):
+            rec = runner_record(s, Path(tmp))
+            mini = minimal_keras(s)
+            ratios.append(rec["throughput"] / mini["throughput"])
+            fastest = max(e["samples_per_second"] for e in rec["epochs"][1:])
+            best.append(fastest / mini["best"])
+            print(
+                f"{i + 1:>5} {rec['throughput']:>17,.0f} {mini['throughput']:>18,.0f} "
+                f"{ratios[-1]:>7.3f} {best[-1]:>17.3f}",
+                flush=True,
+            )
+    print(
+        f"tf-mirrored runner / minimal Keras model.fit: median ratio "
+        f"{statistics.median(ratios):.3f} (min {min(ratios):.3f}, max {max(ratios):.3f}); "
+        f"best-epoch ratio median {statistics.median(best):.3f}; {a.rounds} rounds"
+    )
+
+
+def row(a: argparse.Namespace, strategy: str) -> None:
+    s = spec(a, strategy)
+    baseline, what = BASELINES[strategy]
+    workers = f"{a.workers} workers × 1 thread"
+    print(
+        f"{strategy}, {workers}, {a.model} on {a.dataset} ×{a.scale}, "
         f"global batch {a.batch}, {a.epochs} epochs (steady = epochs 2..{a.epochs})"
     )
     print(f"{'round':>5} {'runner samples/s':>17} {'minimal samples/s':>18} {'ratio':>7}")
@@ -85,11 +174,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(a.rounds):
             x_runner = runner(s, Path(tmp))
-            x_min = minimal(s)
+            x_min = baseline(s)
             ratios.append(x_runner / x_min)
             print(f"{i + 1:>5} {x_runner:>17,.0f} {x_min:>18,.0f} {ratios[-1]:>7.3f}", flush=True)
     print(
-        f"torch-ddp runner / minimal DDP loop: median ratio {statistics.median(ratios):.3f} "
+        f"{strategy} runner / {what}: median ratio {statistics.median(ratios):.3f} "
         f"(min {min(ratios):.3f}, max {max(ratios):.3f}, {a.rounds} rounds)"
     )
 

@@ -106,7 +106,7 @@ def test_thread_budget_follows_spec():
 
 def test_unlaunchable_strategy_raises():
     s = spec("torch")
-    object.__setattr__(s, "strategy", "tf")
+    object.__setattr__(s, "strategy", "horovod-torch")
     with pytest.raises(ValueError, match="no launcher"):
         command(s, LOCAL, "m.json")
 
@@ -156,3 +156,86 @@ def test_exception_lines_finds_the_root_cause_not_the_wrapper():
         "trainscale.data.DataError: missing files for mnist:",
         "ValueError",
     ]
+
+
+# --- TensorFlow: tf, tf-mirrored (one process), tf-multiworker (tfrun locally, srun on SLURM) ---
+
+TF_THREADS = [*THREADS, "TF_CPP_MIN_LOG_LEVEL=1", "TF_USE_LEGACY_KERAS=1"]
+
+
+@pytest.mark.parametrize(
+    "strategy, workers",
+    [("tf", 1), ("tf-mirrored", 1), ("tf-mirrored", 4)],
+    ids=["tf", "tf-mirrored-1", "tf-mirrored-4-gpus"],
+)
+def test_tf_one_process_strategies(strategy, workers):
+    """tf-mirrored drives all of a node's GPUs (or logical CPU devices) from one process."""
+    s = spec(strategy, workers=[workers])
+    assert s.workers == workers
+    argv = command(s, LOCAL, "out/metrics.json")
+    assert argv == [
+        *TF_THREADS,
+        "/venv/bin/python",
+        "-m",
+        "trainscale.runners",
+        "--spec",
+        s.to_json(),
+        "--out",
+        "out/metrics.json",
+    ]
+
+
+@pytest.mark.parametrize("workers", [2, 8])
+def test_tf_multiworker_on_one_node_is_tfrun_with_a_process_per_worker(workers):
+    """Locally (CPU processes or one process per GPU) trainscale.tfrun sets TF_CONFIG."""
+    s = spec("tf-multiworker", workers=[workers])
+    argv = command(s, LOCAL, "m.json")
+    assert argv == [
+        *TF_THREADS,
+        "/venv/bin/python",
+        "-m",
+        "trainscale.tfrun",
+        f"--nproc={workers}",
+        "--",
+        "-m",
+        "trainscale.runners",
+        "--spec",
+        s.to_json(),
+        "--out",
+        "m.json",
+    ]
+
+
+def test_tf_multiworker_multi_node_on_slurm_is_srun_one_task_per_worker():
+    s = spec("tf-multiworker", workers=[4], nodes=[2])
+    env = Environment(
+        mode="slurm", python="python", nodes=("gpu01", "gpu02"), port=29411, job_id="123"
+    )
+    argv = command(s, env, "m.json")
+    line = shlex.join(argv)
+    assert (
+        "srun --nodes=2 --ntasks=8 --ntasks-per-node=4 --kill-on-bad-exit=1 "
+        "env TRAINSCALE_TF_CLUSTER=slurm TRAINSCALE_TF_PORT=29411 "
+        "python -m trainscale.runners --spec"
+    ) in line
+    assert argv[: len(TF_THREADS)] == TF_THREADS
+    assert "trainscale.tfrun" not in line and "torch.distributed.run" not in line
+
+
+def test_tf_multiworker_multi_node_without_slurm_is_refused():
+    s = spec("tf-multiworker", workers=[1], nodes=[2])
+    with pytest.raises(ValueError, match="SLURM allocation"):
+        command(s, LOCAL, "m.json")
+
+
+def test_tf_multiworker_single_node_inside_slurm_keeps_tfrun():
+    s = spec("tf-multiworker", workers=[2])
+    env = Environment(mode="slurm", python="python", nodes=("n1",), job_id="9")
+    argv = command(s, env, "m.json")
+    assert "srun" not in argv and "trainscale.tfrun" in argv
+
+
+def test_tf_environment_is_set_for_tf_strategies_only():
+    assert "TF_USE_LEGACY_KERAS=1" in command(spec("tf"), LOCAL, "m.json")
+    for strategy in ("torch", "torch-ddp"):
+        assert not any(a.startswith("TF_") for a in command(spec(strategy), LOCAL, "m.json"))

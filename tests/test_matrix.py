@@ -180,8 +180,8 @@ def test_empty_matrix_is_an_error():
 
 
 def test_unimplemented_strategy_is_an_error():
-    cfg = base_config(strategy=["torch", "tf"])
-    with pytest.raises(ConfigError, match=r"matrix.strategy: tf not implemented"):
+    cfg = base_config(strategy=["torch", "horovod-torch"])
+    with pytest.raises(ConfigError, match=r"matrix.strategy: horovod-torch not implemented"):
         build_runs(cfg)
 
 

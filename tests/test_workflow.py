@@ -53,8 +53,12 @@ def test_real_dataset_runs_depend_on_the_download_rule(tmp_path):
     "matrix, needle",
     [
         (
-            {"strategy": ["torch", "tf"], "model": ["seed-small"], "dataset": ["digits"]},
-            "tf not implemented",
+            {
+                "strategy": ["torch", "horovod-torch"],
+                "model": ["seed-small"],
+                "dataset": ["digits"],
+            },
+            "horovod-torch not implemented",
         ),
         (
             {

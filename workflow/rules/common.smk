@@ -16,6 +16,7 @@ from trainscale import matrix as ts_matrix
 
 STUDY = config["study"]
 RESULTS = f"results/{STUDY}"
+DEEPSPEED_OPS = ".cache/torch_extensions/deepspeed-ops.done"
 ACCELERATOR = ts_matrix.detect_accelerator(config["accelerator"])
 
 try:
@@ -56,10 +57,16 @@ def run_conda_env(wildcards):
     return f"../../envs/{run_of(wildcards).framework}.yaml"
 
 
-def dataset_files(wildcards):
-    """Real dataset files a run reads: missing ones are fetched by the `download` rules."""
+def run_inputs(wildcards):
+    """Files a run needs: its real dataset's files (fetched by the `download_*` rules), and for
+    DeepSpeed the once-built ops and the user's ds_config fragment."""
     spec = run_of(wildcards)
-    return [str(Path(spec.data_dir) / f) for f in ts_data.info(spec.dataset).files]
+    files = [str(Path(spec.data_dir) / f) for f in ts_data.info(spec.dataset).files]
+    if spec.framework == "deepspeed":
+        files.append(DEEPSPEED_OPS)
+        if spec.deepspeed_config:
+            files.append(spec.deepspeed_config)
+    return files
 
 
 def all_metrics():

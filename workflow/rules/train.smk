@@ -1,6 +1,6 @@
 rule train:
     input:
-        dataset_files,
+        run_inputs,
     output:
         metrics=f"{RESULTS}/runs/{{run}}/metrics.json",
     log:
@@ -13,3 +13,15 @@ rule train:
     shell:
         "python -m trainscale.launch --spec {params.spec:q} --out {output.metrics:q}"
         " > {log:q} 2>&1"
+
+
+rule deepspeed_ops:
+    output:
+        touch(DEEPSPEED_OPS),
+    log:
+        "logs/deepspeed_ops.log",
+    conda:
+        "../../envs/deepspeed.yaml"
+    shell:
+        "TORCH_EXTENSIONS_DIR=.cache/torch_extensions"
+        " python -m trainscale.runners.deepspeed_zero --build-ops > {log:q} 2>&1"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import hashlib
 import json
 import os
@@ -40,16 +41,24 @@ class Environment:
     nodes: tuple[str, ...] = ()  # SLURM host names, first = rendezvous host
     port: int = 0  # rendezvous port; 0 = the OS picks a free one (single node only)
     job_id: str | None = None
+    cache_dir: str = ".cache"  # persistent build caches (DeepSpeed's JIT-compiled ops)
 
     @property
     def head(self) -> str:
         return self.nodes[0] if self.nodes else "127.0.0.1"
 
 
-def worker_env(spec: RunSpec) -> dict[str, str]:
-    """Environment every worker process gets: its thread budget (a worker is a fixed unit)."""
+def worker_env(spec: RunSpec, env: Environment | None = None) -> dict[str, str]:
+    """Environment every worker process gets: its thread budget (a worker is a fixed unit),
+    and for DeepSpeed a persistent cache for the ops it JIT-compiles (built once, not per run)."""
     n = str(spec.threads_per_worker)
-    return {"OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n, "OPENBLAS_NUM_THREADS": n}
+    out = {"OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n, "OPENBLAS_NUM_THREADS": n}
+    if spec.framework == "deepspeed":
+        cache = env.cache_dir if env else ".cache"
+        out["TORCH_EXTENSIONS_DIR"] = f"{cache}/torch_extensions"
+    if spec.framework == "tensorflow":
+        out.update(TF_ENV)
+    return out
 
 
 def single_process(spec: RunSpec, env: Environment, worker: list[str]) -> list[str]:
@@ -95,11 +104,51 @@ def torchrun(spec: RunSpec, env: Environment, worker: list[str]) -> list[str]:
     return [*srun, *cmd]
 
 
+#: What every TensorFlow worker needs: tf-keras 2 as tf.keras for every TF strategy (Keras 3's
+#: fit fails under MultiWorkerMirroredStrategy), and TensorFlow's C++ INFO lines silenced.
+TF_ENV = {"TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "1"}
+
+
+def tfrun(spec: RunSpec, env: Environment, worker: list[str]) -> list[str]:
+    """tf-multiworker: one process per worker, MultiWorkerMirroredStrategy between them.
+
+    On one node `python -m trainscale.tfrun` starts the workers with TF_CONFIG on free
+    127.0.0.1 ports (and stops them all when one fails). Across SLURM nodes srun starts one
+    task per worker and the runner resolves the cluster with SlurmClusterResolver, each node's
+    workers listening on the port the supervisor picked on the first node, +1, ...
+    """
+    if spec.nodes == 1:
+        return [env.python, "-m", "trainscale.tfrun", f"--nproc={spec.workers}", "--", *worker]
+    if env.mode != "slurm":
+        raise ValueError(
+            f"{spec.strategy} with nodes={spec.nodes} needs a SLURM allocation of that many"
+        )
+    srun = [
+        "srun",
+        f"--nodes={spec.nodes}",
+        f"--ntasks={spec.world_size}",
+        f"--ntasks-per-node={spec.workers}",
+        "--kill-on-bad-exit=1",
+    ]
+    cluster = ["env", "TRAINSCALE_TF_CLUSTER=slurm", f"TRAINSCALE_TF_PORT={env.port}"]
+    return [*srun, *cluster, env.python, *worker]
+
+
 #: strategy -> function building its launcher's command line (the one place to add one)
 LAUNCHERS: dict[str, Callable[[RunSpec, Environment, list[str]], list[str]]] = {
     "torch": single_process,
     "torch-dp": single_process,
     "torch-ddp": torchrun,
+    # DeepSpeed through torchrun, not the `deepspeed` launcher: that one always rendezvouses
+    # on port 29500 (runs side by side clash) and needs a hostfile for multi-node; torchrun
+    # gives free ports locally and the same srun form as torch-ddp across SLURM nodes.
+    "deepspeed-zero0": torchrun,
+    "deepspeed-zero1": torchrun,
+    "deepspeed-zero2": torchrun,
+    "deepspeed-zero3": torchrun,
+    "tf": single_process,
+    "tf-mirrored": single_process,
+    "tf-multiworker": tfrun,
 }
 
 
@@ -110,7 +159,7 @@ def command(spec: RunSpec, env: Environment, out: str) -> list[str]:
     except KeyError:
         raise ValueError(f"strategy {spec.strategy!r} has no launcher in this version") from None
     worker = ["-m", "trainscale.runners", "--spec", spec.to_json(), "--out", out]
-    prefix = ["env", *(f"{k}={v}" for k, v in sorted(worker_env(spec).items()))]
+    prefix = ["env", *(f"{k}={v}" for k, v in sorted(worker_env(spec, env).items()))]
     return [*prefix, *launcher(spec, env, worker)]
 
 
@@ -150,10 +199,13 @@ def detect(environ: dict[str, str] | None = None) -> Environment:
     """Local host, or the SLURM allocation this process runs in (SLURM_JOB_ID is set)."""
     environ = dict(os.environ if environ is None else environ)
     job = environ.get("SLURM_JOB_ID")
+    cache = str(Path.cwd() / ".cache")  # the workflow's working directory
     if not job:
-        return Environment(mode="local", python=sys.executable)
+        return Environment(mode="local", python=sys.executable, cache_dir=cache)
     nodes = expand_nodelist(environ.get("SLURM_JOB_NODELIST", ""))
-    return Environment(mode="slurm", python=sys.executable, nodes=nodes, job_id=job)
+    return Environment(
+        mode="slurm", python=sys.executable, nodes=nodes, job_id=job, cache_dir=cache
+    )
 
 
 OOM_PATTERNS = ("OutOfMemoryError", "CUDA out of memory", "MemoryError", "Cannot allocate memory")
@@ -194,7 +246,7 @@ def _pump(stream, sink, tail: collections.deque) -> None:
 def supervise(spec: RunSpec, out: Path, env: Environment, grace: float = 10.0) -> str:
     """Run `spec`, stream its output, enforce its timeout; return the final status."""
     if env.mode == "slurm" and spec.nodes > 1 and not env.port:
-        env = Environment(env.mode, env.python, env.nodes, free_port(), env.job_id)
+        env = dataclasses.replace(env, port=free_port())
     argv = command(spec, env, str(out))
     cmdline = shlex.join(argv)
     print(f"trainscale: {spec.path}\ntrainscale: launching: {cmdline}", flush=True)

@@ -12,7 +12,7 @@ import itertools
 import json
 import math
 from collections import Counter
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 
 from trainscale import data
@@ -104,6 +104,8 @@ class RunSpec:
     timeout_minutes: float
     target_accuracy: float | None
     data_dir: str
+    grad_accum: int = 1
+    deepspeed_config: str | None = None
 
     @property
     def framework(self) -> str:
@@ -131,10 +133,10 @@ class RunSpec:
     @classmethod
     def from_dict(cls, d: dict) -> RunSpec:
         names = {f.name for f in fields(cls)}
-        missing = names - set(d)
+        missing = {f.name for f in fields(cls) if f.default is MISSING} - set(d)
         if missing:
             raise ValueError(f"run spec lacks {sorted(missing)}")
-        kw = {k: d[k] for k in names}
+        kw = {k: d[k] for k in names if k in d}
         kw["betas"] = tuple(kw["betas"])
         return cls(**kw)
 
@@ -172,6 +174,12 @@ def why_not(values: dict, accelerator: str) -> str | None:
             "torch-dp with workers>1 needs GPUs: without them nn.DataParallel silently runs one "
             "replica in one process, which is not parallel"
         )
+    if s == "tf" and world > 1:
+        return "tf is one process on one device: needs workers=1, nodes=1"
+    if s == "tf-mirrored" and values["nodes"] > 1:
+        return "tf-mirrored (MirroredStrategy) is one process on one node: needs nodes=1"
+    # tf-mirrored with workers>1 and no GPUs runs that many logical CPU devices in one process:
+    # kept (it exercises the strategy's code path), and its metrics say device.logical = true
     shape = data.info(values["dataset"]).shape
     side = min(shape[1], shape[2])
     need = MODEL_MIN_SIDE[values["model"]]
@@ -212,6 +220,14 @@ def build_runs(config: dict, accelerator: str = "cpu") -> tuple[list[RunSpec], l
             f"(available: {', '.join(sorted(IMPLEMENTED))}); remove it from matrix.strategy"
         )
     opt = config["optimizer"]
+    ds_fragment = config.get("deepspeed_config")
+    uses_deepspeed = any(FRAMEWORK[s] == "deepspeed" for s in m["strategy"])
+    if uses_deepspeed and ds_fragment and not Path(ds_fragment).is_file():
+        raise ConfigError(
+            f"deepspeed_config: {ds_fragment} does not exist; give the path of a DeepSpeed "
+            "config fragment (JSON or YAML), relative to the directory Snakemake runs in, or "
+            "remove the key"
+        )
     runs: list[RunSpec] = []
     dropped: list[Dropped] = []
     for combo in itertools.product(*(m[k] for k in MATRIX_KEYS)):
@@ -230,6 +246,14 @@ def build_runs(config: dict, accelerator: str = "cpu") -> tuple[list[RunSpec], l
             dropped.append(Dropped(values, reason))
             continue
         lr = effective_lr(opt["lr"], config["lr_scaling"], gbs, config["base_batch_size"])
+        is_ds = FRAMEWORK[values["strategy"]] == "deepspeed"
+        grad_accum = config.get("grad_accum", 1) if is_ds else 1
+        if pwbs % grad_accum:
+            raise ConfigError(
+                f"grad_accum {grad_accum} does not divide the per-worker batch {pwbs} of "
+                f"{values['strategy']} with batch_size {values['batch_size']} on {world} "
+                "workers; choose a grad_accum that divides it or exclude the cell"
+            )
         for repeat in range(config["repeats"]):
             runs.append(
                 RunSpec(
@@ -253,6 +277,8 @@ def build_runs(config: dict, accelerator: str = "cpu") -> tuple[list[RunSpec], l
                     timeout_minutes=config["timeout_minutes"],
                     target_accuracy=config.get("target_accuracy"),
                     data_dir=config["data_dir"],
+                    grad_accum=grad_accum,
+                    deepspeed_config=ds_fragment if is_ds else None,
                 )
             )
     if not runs:

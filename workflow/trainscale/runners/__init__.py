@@ -9,4 +9,11 @@ RUNNER_MODULES: dict[str, str] = {
     "torch": "pytorch",
     "torch-dp": "pytorch",
     "torch-ddp": "pytorch",
+    "tf": "tf",
+    "tf-mirrored": "tf",
+    "tf-multiworker": "tf",
+    "deepspeed-zero0": "deepspeed_zero",
+    "deepspeed-zero1": "deepspeed_zero",
+    "deepspeed-zero2": "deepspeed_zero",
+    "deepspeed-zero3": "deepspeed_zero",
 }

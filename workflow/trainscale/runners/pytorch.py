@@ -89,17 +89,34 @@ class _Indexable:
 
 @torch.no_grad()
 def evaluate(
-    model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, rank: int, world: int, dist_on: bool
+    model: torch.nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    rank: int,
+    world: int,
+    dist_on: bool,
+    input_dtype: torch.dtype | None = None,
 ) -> tuple[float, float]:
-    """Test accuracy and mean loss; each rank scores its stride of the test set, then sum."""
+    """Test accuracy and mean loss; each rank scores its stride of the test set, then sum.
+
+    Every rank runs the same number of equal-sized forward passes (the last stride is padded
+    with a repeated sample that is not counted), because with sharded parameters (ZeRO-3,
+    FSDP) each forward is a collective that all ranks must join.
+    """
     model.eval()
-    xs, ys = x[rank::world], y[rank::world]
+    n = len(y)
+    per_rank = -(-n // world)
+    idx = rank + world * torch.arange(per_rank, device=y.device)
+    counted = (idx < n).double()
+    idx = idx.clamp(max=n - 1)
     totals = torch.zeros(3, dtype=torch.float64, device=x.device)  # correct, loss sum, count
-    for i in range(0, len(xs), 1024):
-        out = model(xs[i : i + 1024]).float()
-        totals[0] += (out.argmax(1) == ys[i : i + 1024]).sum()
-        totals[1] += F.cross_entropy(out, ys[i : i + 1024], reduction="sum")
-        totals[2] += len(out)
+    for i in range(0, per_rank, 1024):
+        sel, w = idx[i : i + 1024], counted[i : i + 1024]
+        xb = x[sel] if input_dtype is None else x[sel].to(input_dtype)
+        out = model(xb).float()
+        totals[0] += ((out.argmax(1) == y[sel]).double() * w).sum()
+        totals[1] += (F.cross_entropy(out, y[sel], reduction="none").double() * w).sum()
+        totals[2] += w.sum()
     if dist_on:
         dist.all_reduce(totals)
     model.train()

@@ -1,0 +1,145 @@
+"""DeepSpeed ZeRO 0-3: generated config, launch forms, and real 2-rank runs on CPU (gloo)."""
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from trainscale import metrics
+from trainscale.launch import Environment, command
+from trainscale.matrix import ConfigError, build_runs
+from trainscale.runners.deepspeed_zero import ds_config, load_fragment, merge
+
+from conftest import ROOT, launch, validated
+
+
+def make(strategy="deepspeed-zero2", workers=2, batch=64, precision="fp32", **kw):
+    m = {
+        "strategy": [strategy],
+        "model": ["seed-small"],
+        "dataset": ["digits"],
+        "workers": [workers],
+        "batch_size": [batch],
+        "precision": [precision],
+    }
+    runs, _ = build_runs(validated({"study": "t", "matrix": m, **kw}))
+    return runs[0]
+
+
+def test_ds_config_follows_the_spec():
+    s = make("deepspeed-zero3", workers=4, batch=64, precision="bf16", grad_accum=2)
+    c = ds_config(s)
+    assert c["train_batch_size"] == 64
+    assert c["train_micro_batch_size_per_gpu"] == 8  # 64 / 4 workers / 2 accumulation steps
+    assert c["gradient_accumulation_steps"] == 2
+    assert c["zero_optimization"] == {"stage": 3}
+    assert c["bf16"] == {"enabled": True} and c["fp16"]["enabled"] is False
+    assert c["gradient_clipping"] == 0.0 and "optimizer" not in c
+    fp16 = ds_config(make("deepspeed-zero0", precision="fp16"))
+    assert fp16["fp16"]["enabled"] and fp16["fp16"]["loss_scale"] == 0  # dynamic scaling
+
+
+def test_fragment_is_merged_on_top_and_may_not_touch_the_study(tmp_path):
+    assert merge({"a": {"b": 1, "c": 2}}, {"a": {"c": 3}, "d": 4}) == {
+        "a": {"b": 1, "c": 3},
+        "d": 4,
+    }
+    frag = tmp_path / "ds.yaml"
+    frag.write_text("zero_optimization: {overlap_comm: true}\ngradient_clipping: 1.0\n")
+    c = ds_config(make("deepspeed-zero2"), load_fragment(str(frag)))
+    assert c["zero_optimization"] == {"stage": 2, "overlap_comm": True}
+    assert c["gradient_clipping"] == 1.0
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"train_batch_size": 8, "optimizer": {"type": "Adam"}}))
+    with pytest.raises(ValueError, match="train_batch_size, optimizer"):
+        load_fragment(str(bad))
+
+
+def test_grad_accum_must_divide_the_per_worker_batch():
+    with pytest.raises(ConfigError, match="grad_accum 3 does not divide the per-worker batch 32"):
+        make("deepspeed-zero1", grad_accum=3)
+    assert make("torch-ddp", grad_accum=3).grad_accum == 1  # DeepSpeed strategies only
+
+
+def test_missing_deepspeed_config_is_an_error_before_any_job(tmp_path):
+    with pytest.raises(ConfigError, match=r"deepspeed_config: .*nope.yaml does not exist"):
+        make(deepspeed_config=str(tmp_path / "nope.yaml"))
+
+
+def test_launch_forms():
+    s = make("deepspeed-zero3", workers=4)
+    local = command(s, Environment(mode="local", python="py", cache_dir="/w/.cache"), "m.json")
+    assert "TORCH_EXTENSIONS_DIR=/w/.cache/torch_extensions" in local
+    assert "--nproc-per-node=4" in local and "--rdzv-endpoint=127.0.0.1:0" in local
+    multi = dataclasses.replace(s, nodes=2, world_size=8)
+    slurm = Environment(mode="slurm", python="py", nodes=("g1", "g2"), port=2950, job_id="7")
+    argv = command(multi, slurm, "m.json")
+    i = argv.index("srun")
+    assert argv[i : i + 5] == [
+        "srun",
+        "--nodes=2",
+        "--ntasks=2",
+        "--ntasks-per-node=1",
+        "--kill-on-bad-exit=1",
+    ]
+    assert "--rdzv-endpoint=g1:2950" in argv and "--nnodes=2" in argv
+
+
+@pytest.mark.slow
+def test_zero_1_and_2_train_the_same_weights_as_zero_0(tmp_path):
+    """ZeRO partitions optimizer state and gradients; it must not change the optimisation."""
+    weights = {}
+    for stage in (0, 1, 2):
+        s = make(f"deepspeed-zero{stage}")
+        out = tmp_path / f"z{stage}" / "metrics.json"
+        w = tmp_path / f"z{stage}.pt"
+        p = launch(s, out, TRAINSCALE_SAVE_WEIGHTS=str(w))
+        assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+        rec = metrics.read(out)
+        assert rec["status"] == "ok", rec["error"]
+        assert rec["deepspeed"]["config"]["zero_optimization"]["stage"] == stage
+        assert rec["memory"]["zero_estimate_bytes"] > 0
+        weights[stage] = torch.load(w, weights_only=True)
+    for stage in (1, 2):
+        for k, v in weights[0].items():
+            torch.testing.assert_close(weights[stage][k], v, rtol=1e-4, atol=1e-5, msg=k)
+
+
+@pytest.mark.slow
+def test_zero3_bf16_with_accumulation_and_a_fragment(tmp_path):
+    frag = tmp_path / "frag.yaml"
+    frag.write_text("zero_optimization:\n  stage3_param_persistence_threshold: 0\n")
+    s = make("deepspeed-zero3", precision="bf16", grad_accum=2, deepspeed_config=str(frag))
+    out = tmp_path / "metrics.json"
+    p = launch(s, out)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rec = metrics.read(out)
+    assert rec["status"] == "ok", rec["error"]
+    ds = rec["deepspeed"]
+    assert ds["fragment"] == str(frag)
+    assert ds["config"]["zero_optimization"] == {
+        "stage": 3,
+        "stage3_param_persistence_threshold": 0,
+    }
+    assert ds["config"]["gradient_accumulation_steps"] == 2 and ds["config"]["bf16"]["enabled"]
+    assert all(ds["breakdown_ms"][k] > 0 for k in ("forward", "backward", "step"))
+    assert rec["test"]["accuracy"] > 0.3 and rec["throughput"] > 0
+    assert rec["env"]["frameworks"]["deepspeed"] == "0.19.8"
+    # stage 3 with 2 ranks: the estimate divides model states over the 2 devices
+    assert rec["memory"]["zero_estimate_bytes"] < 20 * rec["model"]["params"]
+
+
+@pytest.mark.slow
+def test_deepspeed_study_through_snakemake(tmp_path):
+    from test_workflow import snakemake
+
+    p = snakemake(tmp_path, "--cores", "2", "--configfile", str(ROOT / ".test/deepspeed.yaml"))
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    files = sorted((tmp_path / "results" / "ci-deepspeed").glob("runs/**/metrics.json"))
+    assert len(files) == 8
+    for f in files:
+        rec = metrics.read(f)
+        assert rec["status"] == "ok", (f, rec["error"])
+        assert rec["spec"]["grad_accum"] == 2
+    assert (tmp_path / ".cache" / "torch_extensions" / "deepspeed-ops.done").exists()

@@ -138,3 +138,24 @@ def test_gpu_monitor_arithmetic_with_a_reader():
 def test_oversubscription():
     assert not metrics.oversubscribed(2, 1, 2)
     assert metrics.oversubscribed(2, 2, 2)
+
+
+def test_recorder_reports_no_accuracy_for_synthetic_data():
+    """Synthetic labels are random: accuracy is not applicable, whatever the runner measured."""
+    for dataset, expect_none in (("synthetic-mnist", True), ("digits", False)):
+        rec = metrics.Recorder(spec_dict(dataset=[dataset]))
+        rec.training_starts()
+        for e in epochs():
+            rec.epoch(
+                e["seconds"],
+                e["samples"],
+                e["steps"],
+                e["train_loss"],
+                [0.1, 0.2],
+                test_accuracy=0.5,
+                test_loss=1.0,
+            )
+        out = rec.record(test={"accuracy": 0.5, "loss": 1.0}, model={"params": 1})
+        assert (out["test"]["accuracy"] is None) is expect_none
+        assert (out["epochs"][-1]["test_accuracy"] is None) is expect_none
+        metrics.validate(out)

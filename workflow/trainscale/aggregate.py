@@ -47,6 +47,7 @@ import numpy as np
 import pandas as pd
 
 from trainscale import metrics
+from trainscale.matrix import MATRIX_KEYS
 
 #: Columns first in runs.csv, in this order; every other flattened field follows.
 LEAD = [
@@ -76,20 +77,10 @@ LEAD = [
     "error",
 ]
 
-#: A cell: every matrix value but the repeat (trainscale.matrix.MATRIX_KEYS).
-CELL = [
-    "strategy",
-    "model",
-    "dataset",
-    "scale",
-    "batch_size",
-    "batch_mode",
-    "workers",
-    "nodes",
-    "precision",
-]
+#: A cell: every matrix value but the repeat.
+CELL = list(MATRIX_KEYS)
 #: What a cell shares with its N = 1 baseline (all of CELL but workers and nodes).
-BASELINE = ["strategy", "model", "dataset", "scale", "batch_size", "batch_mode", "precision"]
+BASELINE = [k for k in CELL if k not in ("workers", "nodes")]
 #: What a cell shares with the best single-process cell of any strategy.
 SINGLE = BASELINE[1:]
 

@@ -35,6 +35,7 @@ from typing import Any
 import yaml
 
 import trainscale
+from trainscale import data
 
 SCHEMA_ID = "trainscale.metrics/1"
 SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schemas" / "metrics.schema.yaml"
@@ -295,6 +296,10 @@ class Recorder:
         rec["setup_seconds"] = self.setup_seconds
         rec["wall_seconds"] = time.perf_counter() - self.t0
         rec.update(parts)
+        if data.info(self.spec["dataset"]).synthetic:  # random labels: accuracy means nothing
+            rec["test"] = {"accuracy": None, "loss": None}
+            for e in rec["epochs"]:
+                e["test_accuracy"] = e["test_loss"] = None
         return rec
 
 

@@ -257,14 +257,10 @@ def main(spec: RunSpec, out: str) -> None:
             rec.start_utc, {"torch": torch.__version__, "deepspeed": deepspeed.__version__}, hosts
         )
         env["cuda"] = torch.version.cuda if cuda else None
-        synthetic = arrays.info.synthetic
         result = rec.record(
             model={"params": params},
             data={"train_samples": train_samples, "test_samples": len(test_y)},
-            test={
-                "accuracy": None if synthetic else test_acc,
-                "loss": None if synthetic else test_loss,
-            },
+            test={"accuracy": test_acc, "loss": test_loss},
             memory={
                 "peak_host_rss_bytes": int(peaks[0].item()),
                 "peak_device_bytes": int(peaks[1].item()) if cuda else None,
@@ -287,9 +283,6 @@ def main(spec: RunSpec, out: str) -> None:
                 "breakdown_ms": breakdown,
             },
         )
-        if synthetic:
-            for ep in result["epochs"]:
-                ep["test_accuracy"] = ep["test_loss"] = None
         metrics.write(out, result)
         if weights_path:
             torch.save({k: v.float() for k, v in weights.items()}, weights_path)

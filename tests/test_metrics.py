@@ -159,3 +159,12 @@ def test_recorder_reports_no_accuracy_for_synthetic_data():
         assert (out["test"]["accuracy"] is None) is expect_none
         assert (out["epochs"][-1]["test_accuracy"] is None) is expect_none
         metrics.validate(out)
+
+
+def test_driver_version_comes_from_nvml_where_there_is_a_driver():
+    import pathlib
+
+    has_driver = pathlib.Path("/proc/driver/nvidia/version").exists()
+    version = metrics.driver_version()
+    assert (version is not None) is has_driver
+    assert version is None or version[0].isdigit()

@@ -180,6 +180,18 @@ def hostname() -> str:
     return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
 
 
+def driver_version() -> str | None:
+    """The NVIDIA driver version through NVML, or None where there is none."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        v = pynvml.nvmlSystemGetDriverVersion()
+        return v.decode() if isinstance(v, bytes) else v
+    except Exception:
+        return None
+
+
 def launch_info() -> dict:
     """What the launcher told the workers about itself (TRAINSCALE_LAUNCH, set by launch.py)."""
     raw = os.environ.get("TRAINSCALE_LAUNCH")

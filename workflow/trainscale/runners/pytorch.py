@@ -242,7 +242,7 @@ def main(spec: RunSpec, out: str) -> None:
     if rk.is_main:
         env = metrics.environment(rec.start_utc, {"torch": torch.__version__}, hosts)
         env["cuda"] = torch.version.cuda if cuda else None
-        env["driver"] = _driver_version() if cuda else None
+        env["driver"] = metrics.driver_version() if cuda else None
         result = rec.record(
             model={"params": models.param_count(net)},
             data={"train_samples": train_samples, "test_samples": len(test_y)},
@@ -272,14 +272,3 @@ def main(spec: RunSpec, out: str) -> None:
         )
     if distributed:
         dist.destroy_process_group()
-
-
-def _driver_version() -> str | None:
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        v = pynvml.nvmlSystemGetDriverVersion()
-        return v.decode() if isinstance(v, bytes) else v
-    except Exception:
-        return None

@@ -303,17 +303,6 @@ def device_peak_bytes(gpu: bool, replicas: int) -> int | None:
     return max(tf.config.experimental.get_memory_info(f"GPU:{i}")["peak"] for i in range(replicas))
 
 
-def _driver_version() -> str | None:
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        v = pynvml.nvmlSystemGetDriverVersion()
-        return v.decode() if isinstance(v, bytes) else v
-    except Exception:
-        return None
-
-
 # --- the run -----------------------------------------------------------------------------------
 
 
@@ -401,7 +390,7 @@ def main(spec: RunSpec, out: str) -> None:
     )
     if facts["gpu"]:
         env["cuda"] = tf.sysconfig.get_build_info().get("cuda_version")
-        env["driver"] = _driver_version()
+        env["driver"] = metrics.driver_version()
         details = tf.config.experimental.get_device_details(tf.config.get_visible_devices("GPU")[0])
         name = details.get("device_name", "GPU")
     else:

@@ -14,6 +14,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = ROOT / "workflow" / "schemas" / "config.schema.yaml"
 PYTHON = sys.executable
+SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
 
 
 def validated(cfg: dict) -> dict:
@@ -46,6 +47,16 @@ def launch(spec, out: Path, timeout: float = 300, **env: str) -> subprocess.Comp
         [PYTHON, "-m", "trainscale.launch", "--spec", spec.to_json(), "--out", str(out)],
         cwd=ROOT,
         env=run_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def snakemake(workdir: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    """Run the workflow as a user would, in `workdir` (so the repo's results/ stay untouched)."""
+    return subprocess.run(
+        [SNAKEMAKE, "-s", str(ROOT / "Snakefile"), "--directory", str(workdir), *args],
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -11,7 +11,7 @@ from trainscale.launch import Environment, command
 from trainscale.matrix import ConfigError, build_runs
 from trainscale.runners.deepspeed_zero import ds_config, load_fragment, merge
 
-from conftest import ROOT, launch, validated
+from conftest import ROOT, launch, snakemake, validated
 
 
 def make(strategy="deepspeed-zero2", workers=2, batch=64, precision="fp32", **kw):
@@ -132,8 +132,6 @@ def test_zero3_bf16_with_accumulation_and_a_fragment(tmp_path):
 
 @pytest.mark.slow
 def test_deepspeed_study_through_snakemake(tmp_path):
-    from test_workflow import snakemake
-
     p = snakemake(tmp_path, "--cores", "2", "--configfile", str(ROOT / ".test/deepspeed.yaml"))
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     files = sorted((tmp_path / "results" / "ci-deepspeed").glob("runs/**/metrics.json"))

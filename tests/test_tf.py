@@ -7,9 +7,7 @@ import csv
 import dataclasses
 import json
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,9 +16,7 @@ import torch
 from trainscale import metrics, tfrun
 from trainscale.matrix import build_runs
 
-from conftest import PYTHON, ROOT, base_config, launch, load_yaml, run_env, validated
-
-SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
+from conftest import PYTHON, ROOT, base_config, launch, load_yaml, run_env, snakemake, validated
 
 #: Convergence parity: |test accuracy(tf) - test accuracy(torch)| on digits, same data, seed,
 #: epochs and hyper-parameters. Why 0.03: the two frameworks draw different initial weights and
@@ -244,20 +240,11 @@ def test_a_failing_worker_fails_the_run_and_is_recorded(tmp_path):
     assert rec["launch"]["exit_code"] not in (0, None)
 
 
-def _snakemake(workdir: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [SNAKEMAKE, "-s", str(ROOT / "Snakefile"), "--directory", str(workdir), *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
 @pytest.fixture(scope="module")
 def study(tmp_path_factory) -> dict[str, dict]:
     """`.test/tf.yaml` through Snakemake, for real: metrics records by strategy."""
     workdir = tmp_path_factory.mktemp("tf-study")
-    p = _snakemake(workdir, "--cores", "2", "--configfile", str(ROOT / ".test" / "tf.yaml"))
+    p = snakemake(workdir, "--cores", "2", "--configfile", str(ROOT / ".test" / "tf.yaml"))
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     results = workdir / "results" / "ci-tf"
     recs = {}

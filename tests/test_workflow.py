@@ -1,8 +1,6 @@
 """The workflow as a user runs it: snakemake dry-runs, bad configs, and a real small study."""
 
 import csv
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -10,18 +8,7 @@ import yaml
 
 from trainscale import metrics
 
-from conftest import ROOT
-
-SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
-
-
-def snakemake(workdir: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [SNAKEMAKE, "-s", str(ROOT / "Snakefile"), "--directory", str(workdir), *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+from conftest import ROOT, snakemake
 
 
 def write_config(tmp_path: Path, **overrides) -> Path:

@@ -143,6 +143,23 @@ def test_every_figure_is_drawn_for_a_rich_study(built):
         assert "no data in this study" not in (out / "figures" / f"{name}.svg").read_text()
 
 
+def test_every_line_fits_its_facet(built):
+    """A row of facets shares its y axis: the range must hold every facet's data, including
+    the facets drawn last (a limit fixed too early once cut the larger lines off)."""
+    _, study = built
+    for name in plots.FIGURES:
+        d = plots.DATA[name](study)
+        if name == "efficiency_heatmap":
+            continue  # images, not lines
+        fig = plots.DRAW[name](d)
+        for ax in fig.axes:
+            lo, hi = ax.get_ylim()
+            for line in ax.get_lines():
+                ys = [y for y in line.get_ydata() if y == y]
+                if ys:
+                    assert lo <= min(ys) and max(ys) <= hi, (name, ax.get_title(), ys, hi)
+
+
 def test_absent_data_gives_a_note_image_not_an_empty_plot(tmp_path):
     runs = tmp_path / "runs"
     paths = []

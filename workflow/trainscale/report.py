@@ -417,8 +417,7 @@ def build(
     default = Path(runs_dir).resolve().parent.name if Path(runs_dir).name == "runs" else "study"
     study = aggregate.build(paths, name=name, jobs=jobs, default_name=default)
     out = Path(out)
-    study.write(out)
-    notes = plots.render_all(study, out / "figures", jobs=jobs)
+    notes = plots.render_all(study, out / "figures", jobs=jobs, meanwhile=lambda: study.write(out))
     write_html(study, out / "report.html", out / "figures", config=config, notes=notes)
     return study
 

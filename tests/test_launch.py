@@ -2,6 +2,7 @@
 GPU and multi-node forms this CPU machine cannot run."""
 
 import shlex
+from pathlib import Path
 
 import pytest
 
@@ -104,6 +105,13 @@ def test_thread_budget_follows_spec():
     ]
 
 
+def test_one_process_strategies_are_the_single_process_launches():
+    from trainscale.matrix import IMPLEMENTED, ONE_PROCESS
+
+    single = {s for s in IMPLEMENTED if launch.LAUNCHERS[s] is launch.single_process}
+    assert single == ONE_PROCESS & IMPLEMENTED
+
+
 def test_unlaunchable_strategy_raises():
     s = spec("torch")
     object.__setattr__(s, "strategy", "horovod-torch")
@@ -141,6 +149,19 @@ def test_classify():
     assert launch.classify(1, "torch.OutOfMemoryError: CUDA out of memory", False) == "oom"
     assert launch.classify(1, "MemoryError", False) == "oom"
     assert launch.classify(1, "ValueError: x", False) == "failed"
+    tf_oom = "tensorflow.python.framework.errors_impl.ResourceExhaustedError: OOM when allocating"
+    assert launch.classify(1, tf_oom, False) == "oom"
+    # SIGKILL: out of memory when the OOM killer struck, or when that cannot be known
+    assert launch.classify(-9, "", False, oom_killed=True) == "oom"
+    assert launch.classify(-9, "", False, oom_killed=None) == "oom"
+    assert launch.classify(-9, "", False, oom_killed=False) == "failed"  # a lost node, say
+
+
+def test_oom_kill_counter_is_read_from_the_cgroup_where_there_is_one():
+    n = launch.oom_kills()
+    assert n is None or n >= 0
+    if Path("/sys/fs/cgroup/memory.events").exists() or Path("/sys/fs/cgroup/memory").is_dir():
+        assert n is not None
 
 
 def test_exception_lines_finds_the_root_cause_not_the_wrapper():

@@ -10,9 +10,10 @@ rule train:
     threads: run_threads
     params:
         spec=run_spec_json,
+        on_failure=config["on_failure"],
     shell:
         "python -m trainscale.launch --spec {params.spec:q} --out {output.metrics:q}"
-        " > {log:q} 2>&1"
+        " --on-failure {params.on_failure} > {log:q} 2>&1"
 
 
 rule deepspeed_ops:

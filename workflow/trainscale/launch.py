@@ -208,16 +208,57 @@ def detect(environ: dict[str, str] | None = None) -> Environment:
     )
 
 
-OOM_PATTERNS = ("OutOfMemoryError", "CUDA out of memory", "MemoryError", "Cannot allocate memory")
+OOM_PATTERNS = (
+    "OutOfMemoryError",  # torch.OutOfMemoryError (CUDA)
+    "CUDA out of memory",
+    "MemoryError",  # Python/numpy on the host
+    "Cannot allocate memory",
+    "DefaultCPUAllocator: can't allocate memory",  # PyTorch on the host
+    "ResourceExhaustedError",  # TensorFlow: "OOM when allocating tensor"
+)
 
 
-def classify(returncode: int | None, tail: str, timed_out: bool) -> str:
-    """Status of a run that wrote no metrics: timeout, oom or failed."""
+def classify(
+    returncode: int | None, tail: str, timed_out: bool, oom_killed: bool | None = None
+) -> str:
+    """Status of a run that wrote no metrics: timeout, oom or failed.
+
+    `oom_killed`: whether the kernel's OOM killer struck in this run's cgroup meanwhile (None:
+    unknown). A SIGKILL counts as out of memory only then, or when that is unknown; otherwise
+    something else killed the process (a lost node, an operator, SLURM)."""
     if timed_out:
         return "timeout"
-    if any(p in tail for p in OOM_PATTERNS) or returncode in (-signal.SIGKILL, 137):
+    if any(p in tail for p in OOM_PATTERNS) or oom_killed:
+        return "oom"
+    if returncode in (-signal.SIGKILL, 137) and oom_killed is None:
         return "oom"
     return "failed"
+
+
+def oom_kills() -> int | None:
+    """How many processes the kernel's OOM killer has killed in this process's cgroup (cgroup
+    v2 memory.events, v1 memory.oom_control), or None where that cannot be read."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    files = []
+    for line in lines:
+        _, controllers, rel = line.split(":", 2)
+        if controllers == "":  # cgroup v2
+            files.append(Path("/sys/fs/cgroup") / rel.lstrip("/") / "memory.events")
+        elif "memory" in controllers.split(","):  # cgroup v1
+            files.append(Path("/sys/fs/cgroup/memory") / rel.lstrip("/") / "memory.oom_control")
+            files.append(Path("/sys/fs/cgroup/memory/memory.oom_control"))  # a container's own
+    for path in files:
+        try:
+            for row in path.read_text().splitlines():
+                key, _, value = row.partition(" ")
+                if key == "oom_kill":
+                    return int(value)
+        except (OSError, ValueError):
+            continue
+    return None
 
 
 _EXC_LINE = re.compile(
@@ -251,6 +292,7 @@ def supervise(spec: RunSpec, out: Path, env: Environment, grace: float = 10.0) -
     cmdline = shlex.join(argv)
     print(f"trainscale: {spec.path}\ntrainscale: launching: {cmdline}", flush=True)
     start_utc, t0 = metrics.utc_now(), time.perf_counter()
+    kills_before = oom_kills()
     launch = {"command": cmdline, "mode": env.mode, "exit_code": None}
     child_env = {**os.environ, "TRAINSCALE_LAUNCH": json.dumps(launch), "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
@@ -286,12 +328,17 @@ def supervise(spec: RunSpec, out: Path, env: Environment, grace: float = 10.0) -
         except metrics.MetricsError as e:
             tail.append(f"metrics written by the run are invalid: {e}\n")
             out.unlink()
-    status = classify(proc.returncode, "".join(tail), timed_out)
+    kills_after = oom_kills()
+    oom_killed = None if None in (kills_before, kills_after) else kills_after > kills_before
+    status = classify(proc.returncode, "".join(tail), timed_out, oom_killed)
+    how = f"exited with code {proc.returncode}"
+    if proc.returncode is not None and -proc.returncode in signal.valid_signals():
+        how = f"was killed by {signal.Signals(-proc.returncode).name}"
     reason = {
         "timeout": f"timeout: no result after timeout_minutes={spec.timeout_minutes}; "
         "the run's process group was killed",
-        "oom": "out of memory",
-        "failed": f"the run exited with code {proc.returncode} before writing metrics",
+        "oom": "out of memory" + (" (the kernel's OOM killer struck)" if oom_killed else ""),
+        "failed": f"the run {how} before writing metrics",
     }[status]
     lines = list(tail)
     exc = exception_lines(lines)

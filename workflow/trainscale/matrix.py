@@ -50,6 +50,8 @@ FRAMEWORK: dict[str, str] = {
     "deepspeed-zero3": "deepspeed",
 }
 IMPLEMENTED: frozenset[str] = frozenset(RUNNER_MODULES)
+#: Strategies that run as one process (which may drive several devices): process rank 0 only.
+ONE_PROCESS: frozenset[str] = frozenset({"torch", "torch-dp", "tf", "tf-mirrored"})
 
 #: Smallest square input side each model accepts (spatial sizes must stay >= 1 through the
 #: network). Checked against real meta-device forwards in tests/test_models.py.
@@ -70,6 +72,15 @@ BATCHNORM_MODELS: frozenset[str] = frozenset({"resnet50", "googlenet"})
 
 class ConfigError(ValueError):
     """A config that cannot become a run set; the message names the key and the fix."""
+
+
+@dataclass(frozen=True)
+class Fault:
+    """A fault injected on purpose (config `faults`): `kind` on rank `rank` in epoch `epoch`."""
+
+    kind: str
+    rank: int = 0
+    epoch: int = 1
 
 
 @dataclass(frozen=True)
@@ -106,6 +117,7 @@ class RunSpec:
     data_dir: str
     grad_accum: int = 1
     deepspeed_config: str | None = None
+    fault: Fault | None = None
 
     @property
     def framework(self) -> str:
@@ -138,6 +150,8 @@ class RunSpec:
             raise ValueError(f"run spec lacks {sorted(missing)}")
         kw = {k: d[k] for k in names if k in d}
         kw["betas"] = tuple(kw["betas"])
+        if kw.get("fault"):
+            kw["fault"] = Fault(**kw["fault"])
         return cls(**kw)
 
     @classmethod
@@ -191,6 +205,36 @@ def why_not(values: dict, accelerator: str) -> str | None:
 
 def _excluded(values: dict, exclude: list[dict]) -> bool:
     return any(all(values.get(k) == v for k, v in rule.items()) for rule in exclude)
+
+
+def fault_for(values: dict, repeat: int, faults: list[dict]) -> Fault | None:
+    """The first configured fault whose `match` fits this run, if any."""
+    for f in faults:
+        if all({**values, "repeat": repeat}.get(k) == v for k, v in f["match"].items()):
+            return Fault(f["kind"], f.get("rank", 0), f.get("epoch", 1))
+    return None
+
+
+def _check_faults(faults: list[dict], runs: list[RunSpec]) -> None:
+    for i, f in enumerate(faults):
+        hit = [r for r in runs if r.fault is not None and fault_for(r.to_dict(), r.repeat, [f])]
+        if not hit:
+            raise ConfigError(
+                f"faults[{i}].match {f['match']} matches no run of the matrix; fix its values "
+                "or remove the entry"
+            )
+        for r in hit:
+            processes = 1 if r.strategy in ONE_PROCESS else r.world_size
+            if r.fault.rank >= processes:
+                raise ConfigError(
+                    f"faults[{i}].rank {r.fault.rank} does not exist in {r.path} "
+                    f"({processes} processes); use a rank below {processes}"
+                )
+            if r.fault.epoch > r.epochs:
+                raise ConfigError(
+                    f"faults[{i}].epoch {r.fault.epoch} is after the last epoch ({r.epochs}); "
+                    "use an epoch between 1 and epochs"
+                )
 
 
 def batch_sizes(batch_size: int, mode: str, world: int) -> tuple[int, int]:
@@ -279,6 +323,7 @@ def build_runs(config: dict, accelerator: str = "cpu") -> tuple[list[RunSpec], l
                     data_dir=config["data_dir"],
                     grad_accum=grad_accum,
                     deepspeed_config=ds_fragment if is_ds else None,
+                    fault=fault_for(values, repeat, config.get("faults", [])),
                 )
             )
     if not runs:
@@ -287,6 +332,7 @@ def build_runs(config: dict, accelerator: str = "cpu") -> tuple[list[RunSpec], l
             + summary(runs, dropped)
             + "; widen matrix or shorten matrix.exclude"
         )
+    _check_faults(config.get("faults", []), runs)
     return runs, dropped
 
 

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import math
 import os
+import resource
+import signal
+import sys
+import time
 from dataclasses import dataclass
 
 from trainscale import metrics
+from trainscale.matrix import RunSpec
 
 
 @dataclass(frozen=True)
@@ -62,3 +67,39 @@ def check_steps(steps: int, spec_path: str, train_samples: int, global_batch: in
 
 def fmt_rate(x: float) -> str:
     return f"{x:,.0f}" if x >= 100 else f"{x:.3g}" if math.isfinite(x) else str(x)
+
+
+def maybe_fault(spec: RunSpec, rank: int, epoch: int) -> None:
+    """Cause the run's injected fault (config `faults`) if this is its rank and epoch. Every
+    runner calls this half-way through each epoch, so the fault strikes mid-epoch, between
+    collectives, as real ones do."""
+    f = spec.fault
+    if f is None or f.rank != rank or f.epoch != epoch:
+        return
+    print(f"trainscale: injecting fault {f.kind!r} on rank {rank} in epoch {epoch}", flush=True)
+    if f.kind == "raise":
+        raise RuntimeError(f"injected fault: rank {rank} raised in epoch {epoch}")
+    if f.kind == "kill":  # as when the node is lost: no exception, no clean-up
+        os.kill(os.getpid(), signal.SIGKILL)
+    if f.kind == "hang":  # the other ranks wait in their next collective until the timeout
+        while True:
+            time.sleep(3600)
+    if f.kind == "oom":
+        exhaust_memory()
+
+
+def exhaust_memory() -> None:
+    """Allocate past the memory there is: past free device memory on a GPU (PyTorch raises
+    torch.OutOfMemoryError), else past a cap on this process's address space (RLIMIT_AS, set
+    here to its current size + 256 MiB) so the host is never really exhausted (MemoryError)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        free, _ = torch.cuda.mem_get_info()
+        torch.empty(free + 2**30, dtype=torch.uint8, device="cuda")
+    import numpy as np
+    import psutil
+
+    cap = psutil.Process().memory_info().vms + 2**28
+    resource.setrlimit(resource.RLIMIT_AS, (cap, resource.getrlimit(resource.RLIMIT_AS)[1]))
+    np.ones(2**29, dtype=np.uint8)  # 512 MiB: past the cap
+    raise MemoryError("allocated past RLIMIT_AS without an error")  # not reached

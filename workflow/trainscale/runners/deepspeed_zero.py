@@ -29,6 +29,7 @@ from trainscale.runners.common import (
     check_steps,
     detect_rank,
     fmt_rate,
+    maybe_fault,
     steps_per_epoch,
 )
 from trainscale.runners.pytorch import (
@@ -195,6 +196,8 @@ def main(spec: RunSpec, out: str) -> None:
         barrier(True, device)
         t_epoch = time.perf_counter()
         for step in range(steps):
+            if step == steps // 2:
+                maybe_fault(spec, rk.rank, epoch)
             t_step = time.perf_counter()
             for m in range(ga):  # DeepSpeed steps the optimizer at the accumulation boundary
                 idx = order[step * b + m * micro : step * b + (m + 1) * micro]

@@ -27,6 +27,7 @@ from trainscale.runners.common import (
     check_steps,
     detect_rank,
     fmt_rate,
+    maybe_fault,
     steps_per_epoch,
 )
 
@@ -186,6 +187,8 @@ def main(spec: RunSpec, out: str) -> None:
         barrier(distributed, device)
         t_epoch = time.perf_counter()
         for step in range(steps):
+            if step == steps // 2:
+                maybe_fault(spec, rk.rank, epoch)
             t_step = time.perf_counter()
             idx = order[step * b : (step + 1) * b]
             x, y = train_x[idx], train_y[idx]

@@ -39,6 +39,7 @@ from trainscale.runners.common import (  # noqa: E402
     check_oversubscribed,
     check_steps,
     fmt_rate,
+    maybe_fault,
     steps_per_epoch,
 )
 
@@ -243,17 +244,22 @@ class EpochClock(keras.callbacks.Callback):
     `after_epoch(epoch, seconds, step_seconds, logs)` runs after the clock stops.
     """
 
-    def __init__(self, after_epoch) -> None:
+    def __init__(self, after_epoch, mid_epoch=None, steps: int = 0) -> None:
         super().__init__()
         self.after_epoch = after_epoch
+        self.mid_epoch, self.half = mid_epoch, steps // 2  # mid_epoch(epoch) at that step
+        self._epoch = 0
         self._t_epoch = self._t_step = 0.0
         self._steps: list[float] = []
 
     def on_epoch_begin(self, epoch, logs=None) -> None:
+        self._epoch = epoch + 1
         self._steps = []
         self._t_epoch = time.perf_counter()
 
     def on_train_batch_begin(self, batch, logs=None) -> None:
+        if self.mid_epoch and batch == self.half:
+            self.mid_epoch(self._epoch)
         self._t_step = time.perf_counter()
 
     def on_train_batch_end(self, batch, logs=None) -> None:
@@ -364,7 +370,7 @@ def main(spec: RunSpec, out: str) -> None:
         train_ds,
         epochs=spec.epochs,
         steps_per_epoch=steps,
-        callbacks=[EpochClock(after_epoch)],
+        callbacks=[EpochClock(after_epoch, lambda e: maybe_fault(spec, facts["task"], e), steps)],
         verbose=0,
     )
     utilization, energy = gpu.stop()

@@ -1,0 +1,221 @@
+"""Faults caused for real (exceptions, memory caps, hangs, SIGKILL) never lose a result.
+
+Each fault is injected through the config key `faults` (trainscale.runners.common.maybe_fault)
+into real multi-process runs, or caused from outside (SIGKILL of a whole job); the tests check
+the failure record, that no process of the run is left behind, that other runs' metrics are
+intact, and that the report still renders.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from trainscale import aggregate, metrics, report
+from trainscale.matrix import Fault, build_runs
+
+from conftest import PYTHON, ROOT, SNAKEMAKE, launch, load_yaml, run_env, snakemake, validated
+
+pytestmark = pytest.mark.slow
+
+
+def make(strategy: str, workers: int = 1, fault: Fault | None = None, **kw):
+    m = {
+        "strategy": [strategy],
+        "model": ["seed-small"],
+        "dataset": ["digits"],
+        "workers": [workers],
+        "batch_size": [64],
+    }
+    runs, _ = build_runs(validated({"study": "t", "matrix": m, "epochs": 2, **kw}))
+    return dataclasses.replace(runs[0], fault=fault)
+
+
+def leftovers(marker: str) -> list[str]:
+    """Processes still running whose command line mentions `marker` (a test's tmp path)."""
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if marker in cmd and p.pid != os.getpid():
+            found.append(cmd[:200])
+    return found
+
+
+def run_fault(tmp_path: Path, spec, timeout: float = 300) -> tuple[dict, float]:
+    out = tmp_path / "metrics.json"
+    t = time.perf_counter()
+    p = launch(spec, out, timeout=timeout)
+    wall = time.perf_counter() - t
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]  # a failure is a result
+    rec = metrics.read(out)
+    assert rec["spec"] == spec.to_dict()
+    assert rec["spec"]["fault"] == dataclasses.asdict(spec.fault)
+    time.sleep(1)
+    assert not leftovers(str(out)), "processes of the run were left running"
+    return rec, wall
+
+
+def test_a_worker_that_raises_mid_epoch_fails_the_run_with_its_traceback(tmp_path):
+    spec = make("torch-ddp", 2, Fault("raise", rank=1, epoch=2))
+    rec, wall = run_fault(tmp_path, spec)
+    assert rec["status"] == "failed"
+    assert "RuntimeError: injected fault: rank 1 raised in epoch 2" in rec["error"]
+    assert wall < 120  # the other rank did not hang in its next all-reduce
+
+
+def test_tf_multiworker_worker_that_raises_fails_the_run(tmp_path):
+    spec = make("tf-multiworker", 2, Fault("raise", rank=1, epoch=1))
+    rec, _ = run_fault(tmp_path, spec)
+    assert rec["status"] == "failed"
+    assert "injected fault: rank 1 raised in epoch 1" in rec["error"]
+
+
+@pytest.mark.parametrize("strategy, workers", [("torch", 1), ("torch-ddp", 2)])
+def test_allocating_past_a_memory_cap_is_recorded_as_oom(tmp_path, strategy, workers):
+    spec = make(strategy, workers, Fault("oom", rank=workers - 1, epoch=1))
+    rec, _ = run_fault(tmp_path, spec)
+    assert rec["status"] == "oom", rec["error"]
+    assert "MemoryError" in rec["error"]
+
+
+def test_a_hung_collective_is_ended_by_the_timeout_watchdog(tmp_path):
+    spec = make("torch-ddp", 2, Fault("hang", rank=1, epoch=1), timeout_minutes=0.3)
+    rec, wall = run_fault(tmp_path, spec)
+    assert rec["status"] == "timeout"
+    assert "timeout_minutes=0.3" in rec["error"]
+    assert 18 <= rec["wall_seconds"] < 18 + 15 and wall < 60  # the group was killed promptly
+
+
+def test_a_lost_worker_fails_the_run_and_stops_the_others(tmp_path):
+    spec = make("torch-ddp", 2, Fault("kill", rank=1, epoch=2))
+    rec, wall = run_fault(tmp_path, spec)
+    # torchrun reports the worker's SIGKILL and ends the other rank; no OOM killer was involved
+    assert rec["status"] == "failed", rec["error"]
+    assert "SIGKILL" in rec["error"] or "Signal 9" in rec["error"]
+    assert wall < 120
+
+
+def test_sigkill_while_writing_metrics_never_leaves_a_partial_file(tmp_path):
+    """Kill a process that rewrites a large metrics file in a loop, many times, at random
+    moments: the file is always absent or whole and valid, never partial."""
+    out = tmp_path / "metrics.json"
+    spec = make("torch")
+    rec = metrics.ok_record(
+        spec.to_dict(),
+        [
+            {"epoch": e, "seconds": 1.0, "samples": 10, "steps": 1, "samples_per_second": 10.0}
+            for e in (1, 2)
+        ],
+        None,
+    )
+    rec["error"] = "x" * 2_000_000  # ~2 MB: the write takes a while
+    src = tmp_path / "rec.json"
+    src.write_text(json.dumps(rec))
+    writer = (
+        "import json, sys; from trainscale import metrics\n"
+        f"r = json.load(open({str(src)!r}))\n"
+        f"while True: metrics.write({str(out)!r}, r)\n"
+    )
+    for i in range(8):
+        p = subprocess.Popen([PYTHON, "-c", writer], cwd=ROOT, env=run_env())
+        time.sleep(0.4 + 0.13 * i)
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        if out.exists():
+            assert metrics.read(out)["error"] == rec["error"]
+    assert not [f for f in tmp_path.iterdir() if f.name.endswith("metrics.json") and f != out]
+
+
+def test_killed_workflow_reruns_the_incomplete_run_and_keeps_finished_ones(tmp_path):
+    """SIGKILL Snakemake and every process of its running job, as a crashed node would;
+    `--rerun-incomplete` then redoes only the interrupted run."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(
+        "study: crash\nepochs: 3\nrepeats: 2\nmatrix:\n  strategy: [torch]\n"
+        "  model: [seed-small]\n  dataset: [digits]\n  scale: [6]\n  exclude: []\n"
+    )
+    runs = tmp_path / "results" / "crash" / "runs"
+    cmd = [SNAKEMAKE, "-s", str(ROOT / "Snakefile"), "--directory", str(tmp_path)]
+    job = subprocess.Popen(
+        [*cmd, "--cores", "1", "--configfile", str(cfg)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    deadline = time.time() + 300
+    while time.time() < deadline:  # one run done, the other under way
+        done = list(runs.rglob("metrics.json"))
+        logs = list((tmp_path / "logs" / "crash" / "runs").rglob("*.log"))
+        if len(done) == 1 and len(logs) == 2:
+            break
+        time.sleep(0.2)
+    else:
+        pytest.fail("the first run did not finish in time")
+    time.sleep(1.0)
+    victims = [psutil.Process(job.pid), *psutil.Process(job.pid).children(recursive=True)]
+    for p in victims:  # the training runs in its own session: kill it explicitly too
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
+    job.wait()
+    first = done[0]
+    before = first.stat().st_mtime_ns
+    assert len(list(runs.rglob("metrics.json"))) == 1  # no partial file for the killed run
+
+    p = subprocess.run([*cmd, "-n", "--configfile", str(cfg)], capture_output=True, text=True)
+    assert p.returncode != 0 and "incomplete" in (p.stdout + p.stderr).lower()
+    p = subprocess.run(
+        [*cmd, "--cores", "1", "--configfile", str(cfg), "--rerun-incomplete"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert len(list(runs.rglob("metrics.json"))) == 2
+    assert first.stat().st_mtime_ns == before  # the finished run was not redone
+    study = aggregate.read_study(tmp_path / "results" / "crash" / "runs.csv")
+    assert list(study.runs["status"]) == ["ok", "ok"]
+
+
+def test_fault_study_runs_end_to_end_with_concurrent_jobs(tmp_path):
+    """`.test/faults.yaml`: good and deliberately failing 2-worker runs of several frameworks,
+    4 jobs at once on this machine (oversubscribed on purpose: --cores 8): no run collides on
+    ports or files, every good run is ok, every faulty one recorded, and the report lists them."""
+    conf = ROOT / ".test" / "faults.yaml"
+    p = snakemake(tmp_path, "--cores", "8", "--keep-going", "--configfile", str(conf))
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    cfg = load_yaml(conf)
+    res = tmp_path / "results" / cfg["study"]
+    study = aggregate.read_study(res / "runs.csv")
+    faulty = {(f["match"]["strategy"], f["match"]["batch_size"]): f["kind"] for f in cfg["faults"]}
+    expect = {"raise": "failed", "hang": "timeout", "oom": "oom", "kill": "failed"}
+    for _, row in study.runs.iterrows():
+        kind = faulty.get((row["strategy"], row["batch_size"]))
+        assert row["status"] == (expect[kind] if kind else "ok"), (row["run"], row["error"])
+    assert (study.runs["status"] == "ok").sum() >= 4
+    html = (res / "report.html").read_text()
+    for kind in set(faulty.values()):
+        assert expect[kind] in html
+    assert "injected fault" in html
+
+
+def test_report_renders_with_failed_runs(tmp_path):
+    runs = tmp_path / "runs"
+    for spec, fault in (
+        (make("torch"), None),
+        (make("torch-ddp", 2), Fault("raise", 1, 1)),
+    ):
+        s = spec if fault is None else dataclasses.replace(spec, fault=fault)
+        out = runs / s.path / "metrics.json"
+        assert launch(s, out).returncode == 0
+    assert report.main(["--runs-dir", str(runs), "--out", str(tmp_path / "out")]) == 0
+    html = (tmp_path / "out" / "report.html").read_text()
+    assert "injected fault: rank 1 raised in epoch 1" in html

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # A throw-away 2-node SLURM cluster on this machine, to try `--profile slurm` and for the tests.
 #
-#   scripts/local-slurm.sh start     # install Debian's packages if missing, start, print the env
-#   scripts/local-slurm.sh env       # the `export SLURM_CONF=...` line to use it from a shell
+#   scripts/local-slurm.sh start     # install Debian's packages if missing, start (about 10 s)
 #   scripts/local-slurm.sh status    # sinfo of the cluster, exit 1 when it is not up
 #   scripts/local-slurm.sh stop      # stop exactly the daemons `start` started, nothing else
 #
-# Root only, loopback only, nothing under /etc/slurm is touched: every file lives in
-# $TRAINSCALE_SLURM_DIR (default /tmp/trainscale-slurm) and clients find the cluster through
-# SLURM_CONF. NNODES slurmd daemons n1..nN run on this host (Debian builds slurm with
+# Root only, loopback only. State, logs and the database live in $TRAINSCALE_SLURM_DIR (default
+# /tmp/trainscale-slurm); the configuration goes to /etc/slurm (slurm.conf, gres.conf,
+# slurmdbd.conf), where every SLURM client looks: Snakemake's jobstep executor drops SLURM_*
+# variables, SLURM_CONF included, before its srun. A /etc/slurm/slurm.conf this script did not
+# write is never overwritten, and `stop` removes the files it wrote. NNODES slurmd daemons n1..nN run on this host (Debian builds slurm with
 # MULTIPLE_SLURMD), each with GPUS fake GPUs (gres File= symlinks to /dev/null: SLURM allocates
 # and exports them, no program can use them), and slurmdbd on a socket-only MariaDB gives
 # `sacct`, which snakemake-executor-plugin-slurm checks job states with. Node names resolve
@@ -19,7 +20,8 @@ D=${TRAINSCALE_SLURM_DIR:-/tmp/trainscale-slurm}
 NNODES=${NNODES:-2}; CPUS=${CPUS:-$(nproc)}; GPUS=${GPUS:-2}
 ACCT=${SLURM_ACCOUNT:-trainscale}; PORT_BASE=${PORT_BASE:-16817}
 CTLD_PORT=$PORT_BASE; DBD_PORT=$((PORT_BASE + 2)); NODE_PORT=$((PORT_BASE + 100))
-export SLURM_CONF=$D/etc/slurm.conf MYSQL_UNIX_PORT=$D/mysql/mysqld.sock
+ETC=/etc/slurm; MARK="# written by trainscale scripts/local-slurm.sh"
+export MYSQL_UNIX_PORT=$D/mysql/mysqld.sock
 PKGS="slurm-wlm munge slurmdbd mariadb-server"
 
 die() { echo "local-slurm: $*" >&2; exit 1; }
@@ -70,22 +72,27 @@ stop() {
   # shellcheck disable=SC2086
   [ -z "$alive" ] || kill -9 $alive
   rm -f "$D/pids"
+  local f
+  for f in slurm.conf gres.conf slurmdbd.conf; do ours "$ETC/$f" && rm -f "$ETC/$f"; done
+  return 0
 }
+
+ours() { [ -f "$1" ] && head -1 "$1" | grep -qxF "$MARK"; }
 
 write_config() {
   local host mem n g
   host=$(hostname -s)
   mem=$(($(awk '/MemTotal/{print int($2/1024)}' /proc/meminfo) * 8 / 10 / NNODES))
-  : > "$D/etc/gres.conf"
+  echo "$MARK" > "$ETC/gres.conf"
   if [ "$GPUS" -gt 0 ]; then
-    echo "AutoDetect=off" > "$D/etc/gres.conf"
+    printf '%s\nAutoDetect=off\n' "$MARK" > "$ETC/gres.conf"
     for n in $(seq "$NNODES"); do
       for g in $(seq 0 $((GPUS - 1))); do ln -sf /dev/null "$D/gpu/n$n-gpu$g"; done
-      echo "NodeName=n$n Name=gpu File=$D/gpu/n$n-gpu[0-$((GPUS - 1))]" >> "$D/etc/gres.conf"
+      echo "NodeName=n$n Name=gpu File=$D/gpu/n$n-gpu[0-$((GPUS - 1))]" >> "$ETC/gres.conf"
     done
   fi
-  cat > "$D/etc/slurm.conf" <<EOF
-# written by trainscale scripts/local-slurm.sh; removed by its next start
+  cat > "$ETC/slurm.conf" <<EOF
+$MARK
 ClusterName=trainscale
 SlurmctldHost=localhost
 SlurmUser=root
@@ -116,7 +123,8 @@ $([ "$GPUS" -gt 0 ] && echo GresTypes=gpu)
 NodeName=n[1-$NNODES] NodeHostname=$host NodeAddr=127.0.0.1 Port=[$NODE_PORT-$((NODE_PORT + NNODES - 1))] CPUs=$CPUS RealMemory=$mem $([ "$GPUS" -gt 0 ] && echo "Gres=gpu:$GPUS") State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 EOF
-  cat > "$D/etc/slurmdbd.conf" <<EOF
+  cat > "$ETC/slurmdbd.conf" <<EOF
+$MARK
 AuthType=auth/munge
 DbdHost=localhost
 DbdAddr=127.0.0.1
@@ -129,7 +137,7 @@ StorageLoc=trainscale_slurm_acct
 LogFile=$D/log/slurmdbd.log
 PidFile=$D/run/slurmdbd.pid
 EOF
-  chmod 600 "$D/etc/slurmdbd.conf"
+  chmod 600 "$ETC/slurmdbd.conf"
 }
 
 start() {
@@ -137,7 +145,10 @@ start() {
   local t0; t0=$(date +%s%N)
   install_packages
   stop >/dev/null
-  rm -rf "$D"; mkdir -p "$D"/{etc,state/ctld,log,run,gpu,mysql}; : > "$D/pids"
+  if [ -e "$ETC/slurm.conf" ] && ! ours "$ETC/slurm.conf"; then
+    die "$ETC/slurm.conf exists and was not written by this script: a SLURM is configured here"
+  fi
+  rm -rf "$D"; mkdir -p "$ETC" "$D"/{state/ctld,log,run,gpu,mysql}; : > "$D/pids"
   write_config
 
   # munge: reuse one that answers (it is shared by every SLURM on the host), else start one
@@ -171,13 +182,12 @@ start() {
   sacctmgr -i -Q add user root account="$ACCT" >/dev/null
   sinfo -N -o "%N %t %c %m %G"
   echo "local-slurm: up in $((($(date +%s%N) - t0) / 1000000)) ms; account $ACCT, partition debug"
-  echo "local-slurm: use it with: export SLURM_CONF=$SLURM_CONF; stop it with: $0 stop"
+  echo "local-slurm: sbatch/squeue/sacct and snakemake --profile slurm use it; stop: $0 stop"
 }
 
 case "${1:-}" in
   start) start ;;
   stop) stop ;;
-  env) echo "export SLURM_CONF=$SLURM_CONF" ;;
   status) [ -f "$D/pids" ] && sinfo -N -o "%N %t %c %m %G" || die "not running" ;;
-  *) die "usage: $0 start|stop|status|env" ;;
+  *) die "usage: $0 start|stop|status" ;;
 esac

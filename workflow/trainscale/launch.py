@@ -92,6 +92,8 @@ def torchrun(spec: RunSpec, env: Environment, worker: list[str]) -> list[str]:
     rdzv_id = f"{spec.study}-{hashlib.sha1(spec.path.encode()).hexdigest()[:12]}"
     if env.job_id:
         rdzv_id = f"slurm-{env.job_id}"
+    # one node (inside SLURM too): the local form, whatever the allocation's node name is
+    endpoint = f"{env.head}:{env.port}" if spec.nodes > 1 else "127.0.0.1:0"
     cmd = [
         env.python,
         "-m",
@@ -99,7 +101,7 @@ def torchrun(spec: RunSpec, env: Environment, worker: list[str]) -> list[str]:
         f"--nnodes={spec.nodes}",
         f"--nproc-per-node={spec.workers}",
         "--rdzv-backend=c10d",
-        f"--rdzv-endpoint={env.head}:{env.port}",
+        f"--rdzv-endpoint={endpoint}",
         f"--rdzv-id={rdzv_id}",
         "--max-restarts=0",
         *worker,

@@ -29,7 +29,8 @@ def torch_devices() -> str:
         return "torch not importable"
     n = torch.cuda.device_count() if torch.cuda.is_available() else 0
     names = [torch.cuda.get_device_name(i) for i in range(n)]
-    return f"{n} cuda device(s)" + (f" {names}" if names else f", cpus {len(os.sched_getaffinity(0))}")
+    cpus = len(os.sched_getaffinity(0))
+    return f"{n} cuda device(s)" + (f" {names}" if names else f", {cpus} cpus")
 
 
 def describe(environ: dict[str, str] | None = None) -> str:

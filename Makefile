@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test setup lint dryrun pytest bench clean
+.PHONY: run test setup lint dryrun pytest bench clean slurm-profile slurm-start slurm-stop
 
 run: $(STAMP)
 	$(BIN)/snakemake
@@ -35,6 +35,22 @@ pytest: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/harness_overhead.py
+
+# `snakemake --profile slurm` finds profiles in ~/.config/snakemake (not in profiles/): install
+# ours there once, then set slurm_account/slurm_partition in it. An edited copy is never replaced.
+SLURM_PROFILE_DIR ?= $(or $(XDG_CONFIG_HOME),$(HOME)/.config)/snakemake/slurm
+slurm-profile:
+	@mkdir -p "$(SLURM_PROFILE_DIR)"
+	@if [ -e "$(SLURM_PROFILE_DIR)/config.yaml" ] && ! cmp -s profiles/slurm/config.yaml "$(SLURM_PROFILE_DIR)/config.yaml"; then \
+	  echo "kept your $(SLURM_PROFILE_DIR)/config.yaml (differs from profiles/slurm/config.yaml)"; \
+	else cp profiles/slurm/config.yaml "$(SLURM_PROFILE_DIR)/config.yaml"; \
+	  echo "installed $(SLURM_PROFILE_DIR)/config.yaml: set slurm_account/slurm_partition in it, then: snakemake --profile slurm"; fi
+
+# A throw-away 2-node SLURM on this machine (root; Debian packages installed if missing).
+slurm-start:
+	scripts/local-slurm.sh start
+slurm-stop:
+	scripts/local-slurm.sh stop
 
 clean:
 	rm -rf results logs .snakemake

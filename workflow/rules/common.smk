@@ -7,7 +7,7 @@ from pathlib import Path
 # activated in front of it (see trainscale.launch.job_environment).
 sys.path.insert(0, str(Path(workflow.basedir) / "workflow"))
 
-from trainscale.launch import job_environment
+from trainscale.launch import job_environment, slurm_resources
 
 os.environ.update(job_environment(Path(workflow.basedir) / "workflow", sys.executable))
 
@@ -51,6 +51,27 @@ def run_threads(wildcards):
     """Cores one run occupies on its node: workers × threads_per_worker."""
     spec = run_of(wildcards)
     return spec.workers * spec.threads_per_worker
+
+
+def run_resource(key):
+    """One SLURM resource of a run (nodes, tasks, cpus_per_task, mpi, gres, ...), computed from
+    its workers/nodes by trainscale.launch.slurm_resources; None (unset) where the run needs
+    none. Ignored by local runs; read by snakemake-executor-plugin-slurm (profiles/slurm).
+    """
+
+    def get(wildcards):
+        return slurm_resources(run_of(wildcards), ACCELERATOR).get(key)
+
+    return get
+
+
+def check_targets():
+    """One device probe per distinct SLURM allocation among the study's runs (the first run
+    of each shape stands for it)."""
+    shapes = {}
+    for r in RUNS:
+        shapes.setdefault(tuple(sorted(slurm_resources(r, ACCELERATOR).items())), r)
+    return [f"{RESULTS}/check/{r.path}.txt" for r in shapes.values()]
 
 
 def run_conda_env(wildcards):

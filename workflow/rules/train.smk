@@ -8,12 +8,57 @@ rule train:
     conda:
         run_conda_env
     threads: run_threads
+    resources:
+        nodes=run_resource("nodes"),
+        tasks=run_resource("tasks"),
+        cpus_per_task=run_resource("cpus_per_task"),
+        runtime=run_resource("runtime"),
+        mpi=run_resource("mpi"),
+        gres=run_resource("gres"),
+        tasks_per_gpu=run_resource("tasks_per_gpu"),
+        slurm_extra=run_resource("slurm_extra"),
     params:
         spec=run_spec_json,
         on_failure=config["on_failure"],
     shell:
         "python -m trainscale.launch --spec {params.spec:q} --out {output.metrics:q}"
         " --on-failure {params.on_failure} > {log:q} 2>&1"
+
+
+# `snakemake check --profile slurm`: what each task of each allocation shape sees (host,
+# CUDA_VISIBLE_DEVICES, nvidia-smi -L, torch's devices), launched exactly as its runs are.
+rule probe:
+    output:
+        f"{RESULTS}/check/{{run}}.txt",
+    log:
+        f"logs/{STUDY}/check/{{run}}.log",
+    conda:
+        "../../envs/torch.yaml"
+    threads: run_threads
+    resources:
+        nodes=run_resource("nodes"),
+        tasks=run_resource("tasks"),
+        cpus_per_task=run_resource("cpus_per_task"),
+        mpi=run_resource("mpi"),
+        gres=run_resource("gres"),
+        tasks_per_gpu=run_resource("tasks_per_gpu"),
+        slurm_extra=run_resource("slurm_extra"),
+    params:
+        spec=run_spec_json,
+    shell:
+        "python -m trainscale.launch --spec {params.spec:q} --probe > {output:q} 2> {log:q}"
+
+
+rule check:
+    input:
+        check_targets(),
+    log:
+        f"logs/{STUDY}/check.log",
+    localrule: True
+    conda:
+        "../../envs/torch.yaml"
+    shell:
+        "tail -n +1 {input:q} | tee {log:q}"
 
 
 rule deepspeed_ops:

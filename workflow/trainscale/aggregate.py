@@ -188,7 +188,7 @@ def runs_frame(records: list[dict]) -> pd.DataFrame:
         flat["train_loss_last"] = rec["epochs"][-1]["train_loss"] if rec["epochs"] else None
         rows.append(flat)
     df = pd.DataFrame.from_records(rows) if rows else pd.DataFrame(columns=LEAD)
-    for c in ("spec.betas", "env.hostnames"):
+    for c in ("spec.betas", "env.hostnames", "env.rank_hosts"):
         if c in df:
             df[c] = df[c].map(lambda v: " ".join(map(str, v)) if isinstance(v, list) else v)
     lead = [c for c in LEAD if c in df.columns]

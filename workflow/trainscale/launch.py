@@ -15,6 +15,7 @@ import collections
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import re
 import shlex
@@ -42,10 +43,14 @@ class Environment:
     port: int = 0  # rendezvous port; 0 = the OS picks a free one (single node only)
     job_id: str | None = None
     cache_dir: str = ".cache"  # persistent build caches (DeepSpeed's JIT-compiled ops)
+    addrs: tuple[str, ...] = ()  # SLURM NodeAddr of each node (how other nodes reach it)
+    time_limit: float | None = None  # the SLURM job's time limit, seconds
+    time_left: float | None = None  # seconds until it, when the run starts
 
     @property
     def head(self) -> str:
-        return self.nodes[0] if self.nodes else "127.0.0.1"
+        """Rendezvous host: the first node's SLURM NodeAddr, else its name, else loopback."""
+        return (self.addrs or self.nodes or ("127.0.0.1",))[0]
 
 
 def worker_env(spec: RunSpec, env: Environment | None = None) -> dict[str, str]:
@@ -66,6 +71,17 @@ def single_process(spec: RunSpec, env: Environment, worker: list[str]) -> list[s
     return [env.python, *worker]
 
 
+def srun(spec: RunSpec, tasks_per_node: int) -> list[str]:
+    """srun across the run's nodes; one failing task ends the step (no rank waits forever)."""
+    return [
+        "srun",
+        f"--nodes={spec.nodes}",
+        f"--ntasks={spec.nodes * tasks_per_node}",
+        f"--ntasks-per-node={tasks_per_node}",
+        "--kill-on-bad-exit=1",
+    ]
+
+
 def torchrun(spec: RunSpec, env: Environment, worker: list[str]) -> list[str]:
     """torchrun with a c10d rendezvous; across SLURM nodes, srun starts one torchrun per node.
 
@@ -76,6 +92,8 @@ def torchrun(spec: RunSpec, env: Environment, worker: list[str]) -> list[str]:
     rdzv_id = f"{spec.study}-{hashlib.sha1(spec.path.encode()).hexdigest()[:12]}"
     if env.job_id:
         rdzv_id = f"slurm-{env.job_id}"
+    # one node (inside SLURM too): the local form, whatever the allocation's node name is
+    endpoint = f"{env.head}:{env.port}" if spec.nodes > 1 else "127.0.0.1:0"
     cmd = [
         env.python,
         "-m",
@@ -83,7 +101,7 @@ def torchrun(spec: RunSpec, env: Environment, worker: list[str]) -> list[str]:
         f"--nnodes={spec.nodes}",
         f"--nproc-per-node={spec.workers}",
         "--rdzv-backend=c10d",
-        f"--rdzv-endpoint={env.head}:{env.port}",
+        f"--rdzv-endpoint={endpoint}",
         f"--rdzv-id={rdzv_id}",
         "--max-restarts=0",
         *worker,
@@ -94,14 +112,7 @@ def torchrun(spec: RunSpec, env: Environment, worker: list[str]) -> list[str]:
         raise ValueError(
             f"{spec.strategy} with nodes={spec.nodes} needs a SLURM allocation of that many"
         )
-    srun = [
-        "srun",
-        f"--nodes={spec.nodes}",
-        f"--ntasks={spec.nodes}",
-        "--ntasks-per-node=1",
-        "--kill-on-bad-exit=1",
-    ]
-    return [*srun, *cmd]
+    return [*srun(spec, tasks_per_node=1), *cmd]
 
 
 #: What every TensorFlow worker needs: tf-keras 2 as tf.keras for every TF strategy (Keras 3's
@@ -123,15 +134,11 @@ def tfrun(spec: RunSpec, env: Environment, worker: list[str]) -> list[str]:
         raise ValueError(
             f"{spec.strategy} with nodes={spec.nodes} needs a SLURM allocation of that many"
         )
-    srun = [
-        "srun",
-        f"--nodes={spec.nodes}",
-        f"--ntasks={spec.world_size}",
-        f"--ntasks-per-node={spec.workers}",
-        "--kill-on-bad-exit=1",
-    ]
     cluster = ["env", "TRAINSCALE_TF_CLUSTER=slurm", f"TRAINSCALE_TF_PORT={env.port}"]
-    return [*srun, *cluster, env.python, *worker]
+    if env.addrs:  # SlurmClusterResolver lists node names; workers dial their NodeAddr
+        pairs = ",".join(f"{n}={a}" for n, a in zip(env.nodes, env.addrs, strict=True))
+        cluster.append(f"TRAINSCALE_NODE_ADDRS={pairs}")
+    return [*srun(spec, tasks_per_node=spec.workers), *cluster, env.python, *worker]
 
 
 #: strategy -> function building its launcher's command line (the one place to add one)
@@ -161,6 +168,18 @@ def command(spec: RunSpec, env: Environment, out: str) -> list[str]:
     worker = ["-m", "trainscale.runners", "--spec", spec.to_json(), "--out", out]
     prefix = ["env", *(f"{k}={v}" for k, v in sorted(worker_env(spec, env).items()))]
     return [*prefix, *launcher(spec, env, worker)]
+
+
+def tasks_per_node(spec: RunSpec) -> int:
+    """SLURM tasks per node of a run: one per worker for tf-multiworker across nodes (srun
+    starts each worker), else one (torchrun or the runner starts the node's workers)."""
+    return spec.workers if LAUNCHERS.get(spec.strategy) is tfrun and spec.nodes > 1 else 1
+
+
+def probe_command(spec: RunSpec, env: Environment) -> list[str]:
+    """The device probe (trainscale.devices) in every task the run would have."""
+    argv = [env.python, "-m", "trainscale.devices"]
+    return [*srun(spec, tasks_per_node(spec)), *argv] if spec.nodes > 1 else argv
 
 
 def job_environment(package_dir: str | os.PathLike, python: str) -> dict[str, str]:
@@ -206,6 +225,99 @@ def detect(environ: dict[str, str] | None = None) -> Environment:
     return Environment(
         mode="slurm", python=sys.executable, nodes=nodes, job_id=job, cache_dir=cache
     )
+
+
+def scontrol_fields(text: str) -> dict[str, str]:
+    """`scontrol show ... -o` output (one `Key=Value` line per record) as a dict."""
+    return dict(m.groups() for m in re.finditer(r"(\w+)=(\S*)", text))
+
+
+def slurm_seconds(value: str) -> float | None:
+    """SLURM's `[days-][hours:]minutes:seconds` as seconds; None for UNLIMITED and the like."""
+    m = re.fullmatch(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)", value.strip())
+    if not m:
+        return None
+    d, h, mi, s = (int(x or 0) for x in m.groups())
+    return ((d * 24 + h) * 60 + mi) * 60 + s
+
+
+def _scontrol(*args: str) -> str:
+    try:
+        out = subprocess.run(
+            ["scontrol", *args], capture_output=True, text=True, timeout=30, check=True
+        )
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return out.stdout
+
+
+def in_allocation(env: Environment, spec: RunSpec, scontrol=_scontrol) -> Environment:
+    """Complete a SLURM environment from the controller: the job's nodes (Snakemake's jobstep
+    executor drops SLURM_JOB_NODELIST from the job's environment), their NodeAddr for
+    rendezvous across nodes, and the job's time left (so the run stops, and is recorded as a
+    timeout, before SLURM's time limit kills the job with nothing written)."""
+    if env.mode != "slurm" or not env.job_id:
+        return env
+    job = scontrol_fields(scontrol("show", "job", "-o", env.job_id))
+    nodes = env.nodes or expand_nodelist(job.get("NodeList", ""))
+    addrs: tuple[str, ...] = ()
+    if spec.nodes > 1 and nodes:
+        found = {}
+        for line in scontrol("show", "node", "-o", ",".join(nodes)).splitlines():
+            f = scontrol_fields(line)
+            found[f.get("NodeName")] = f.get("NodeAddr")
+        addrs = tuple(found.get(n) or n for n in nodes)
+    limit, ran = slurm_seconds(job.get("TimeLimit", "")), slurm_seconds(job.get("RunTime", ""))
+    left = limit - ran if limit is not None and ran is not None else None
+    return dataclasses.replace(env, nodes=nodes, addrs=addrs, time_limit=limit, time_left=left)
+
+
+#: Seconds before SLURM's time limit at which a run is stopped, to write its timeout record
+#: (the job then ends COMPLETED with that record, instead of TIMEOUT with no output).
+SLURM_MARGIN_SECONDS = 30
+
+
+def deadline(spec: RunSpec, env: Environment) -> tuple[float, str]:
+    """(seconds the run may take, why that long): the run's own timeout, or less where the
+    SLURM job it runs in ends sooner."""
+    own = spec.timeout_minutes * 60
+    why = f"timeout: no result after timeout_minutes={spec.timeout_minutes}"
+    if env.time_left is not None and env.time_left - SLURM_MARGIN_SECONDS < own:
+        limit = env.time_limit or 0
+        return max(env.time_left - SLURM_MARGIN_SECONDS, 1.0), (
+            f"timeout: SLURM time limit of job {env.job_id} (TimeLimit {limit / 60:g} min, "
+            f"sbatch -t / the `runtime` resource) reached before the run finished; stopped "
+            f"{SLURM_MARGIN_SECONDS} s before it so that this record could be written"
+        )
+    return own, why
+
+
+def slurm_resources(spec: RunSpec, accelerator: str) -> dict[str, int | str]:
+    """The snakemake-executor-plugin-slurm resources that allocate what `command` launches.
+
+    torchrun and single-process forms run one task per node holding all of the node's workers
+    (cpus_per_task = workers × threads_per_worker); tf-multiworker across nodes runs one task
+    per worker. A multi-node job runs its own `srun`, so it sets `mpi` (otherwise the jobstep
+    executor wraps it in `srun -n1` and the inner srun waits for CPUs until the time limit).
+    GPUs are requested per node (`gres`), one per worker, with `tasks_per_gpu=0` so the plugin
+    does not turn `tasks` into --ntasks-per-gpu. `runtime` is the run's own timeout plus start-up
+    slack, so the run's timeout fires first and is recorded.
+    """
+    per_node = tasks_per_node(spec)
+    res: dict[str, int | str] = {
+        "nodes": spec.nodes,
+        "tasks": spec.nodes * per_node,
+        "cpus_per_task": spec.threads_per_worker * spec.workers // per_node,
+        "runtime": math.ceil(spec.timeout_minutes) + 5,
+    }
+    if spec.nodes > 1:
+        res["mpi"] = "srun"
+        if per_node > 1:
+            res["slurm_extra"] = f"--ntasks-per-node={per_node}"
+    if accelerator == "cuda":
+        res["gres"] = f"gpu:{spec.workers}"
+        res["tasks_per_gpu"] = 0
+    return res
 
 
 OOM_PATTERNS = (
@@ -286,8 +398,10 @@ def _pump(stream, sink, tail: collections.deque) -> None:
 
 def supervise(spec: RunSpec, out: Path, env: Environment, grace: float = 10.0) -> str:
     """Run `spec`, stream its output, enforce its timeout; return the final status."""
+    env = in_allocation(env, spec)
     if env.mode == "slurm" and spec.nodes > 1 and not env.port:
         env = dataclasses.replace(env, port=free_port())
+    limit, timeout_reason = deadline(spec, env)
     argv = command(spec, env, str(out))
     cmdline = shlex.join(argv)
     print(f"trainscale: {spec.path}\ntrainscale: launching: {cmdline}", flush=True)
@@ -309,7 +423,7 @@ def supervise(spec: RunSpec, out: Path, env: Environment, grace: float = 10.0) -
     pump.start()
     timed_out = False
     try:
-        proc.wait(timeout=spec.timeout_minutes * 60)
+        proc.wait(timeout=limit)
     except subprocess.TimeoutExpired:
         timed_out = True
         _kill_group(proc, grace)
@@ -335,8 +449,7 @@ def supervise(spec: RunSpec, out: Path, env: Environment, grace: float = 10.0) -
     if proc.returncode is not None and -proc.returncode in signal.valid_signals():
         how = f"was killed by {signal.Signals(-proc.returncode).name}"
     reason = {
-        "timeout": f"timeout: no result after timeout_minutes={spec.timeout_minutes}; "
-        "the run's process group was killed",
+        "timeout": f"{timeout_reason}; the run's process group was killed",
         "oom": "out of memory" + (" (the kernel's OOM killer struck)" if oom_killed else ""),
         "failed": f"the run {how} before writing metrics",
     }[status]
@@ -369,7 +482,12 @@ def _kill_group(proc: subprocess.Popen, grace: float) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--spec", required=True, help="run spec as JSON (RunSpec.to_json)")
-    p.add_argument("--out", required=True, help="metrics.json to write")
+    p.add_argument("--out", help="metrics.json to write")
+    p.add_argument(
+        "--probe",
+        action="store_true",
+        help="instead of training, print what every task of the run sees (the check target)",
+    )
     p.add_argument(
         "--on-failure",
         choices=["record", "stop"],
@@ -379,6 +497,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     a = p.parse_args(argv)
     spec = RunSpec.from_json(a.spec)
+    if a.probe:
+        env = in_allocation(detect(), spec)
+        return subprocess.run(probe_command(spec, env), env=os.environ).returncode
+    if not a.out:
+        p.error("--out is required (except with --probe)")
     status = supervise(spec, Path(a.out), detect())
     return 1 if status != "ok" and a.on_failure == "stop" else 0
 

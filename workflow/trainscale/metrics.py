@@ -161,9 +161,12 @@ def oversubscribed(workers_per_node: int, threads_per_worker: int, cores: int) -
 
 
 def environment(start_utc: str, frameworks: dict[str, str], hostnames: list[str]) -> dict:
-    """The `env` block: where and with what the run ran."""
+    """The `env` block: where and with what the run ran. `hostnames` is one per rank, in rank
+    order (SLURM's node name under srun): kept as `rank_hosts`, and as the set of hosts."""
     return {
         "hostnames": sorted(set(hostnames)),
+        "rank_hosts": list(hostnames),
+        "slurm_nodelist": os.environ.get("SLURM_JOB_NODELIST"),
         "python": platform.python_version(),
         "frameworks": frameworks,
         "cuda": None,

@@ -51,6 +51,20 @@ HOST_BYTES = 64  # host names travel between workers as this many bytes
 # --- where this process sits: cluster, devices, threads ----------------------------------------
 
 
+def at_node_addrs(workers: list[str], pairs: str) -> list[str]:
+    """Worker `node:port` entries with SLURM node names replaced by their NodeAddr (`n1=addr,...`
+    from the launcher): node names need not resolve, NodeAddr is what SLURM itself dials. Where
+    several nodes share an address (slurmd daemons on one host), each worker gets its own port:
+    the first port + its index, the same on every worker."""
+    addrs = dict(p.split("=", 1) for p in pairs.split(",") if "=" in p)
+    split = [w.rsplit(":", 1) for w in workers]
+    out = [f"{addrs.get(h, h)}:{p}" for h, p in split]
+    if len(set(out)) < len(out):
+        base = min(int(p) for _, p in split)
+        out = [f"{addrs.get(h, h)}:{base + i}" for i, (h, _) in enumerate(split)]
+    return out
+
+
 def cluster_resolver(spec: RunSpec, gpus: bool):
     """(resolver, local rank) of a tf-multiworker process.
 
@@ -71,8 +85,12 @@ def cluster_resolver(spec: RunSpec, gpus: bool):
             tasks_per_node=spec.workers,
             auto_set_gpu=False,
         )
+        cluster = slurm.cluster_spec().as_dict()
+        cluster["worker"] = at_node_addrs(
+            cluster["worker"], os.environ.get("TRAINSCALE_NODE_ADDRS", "")
+        )
         resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
-            slurm.cluster_spec(),
+            tf.train.ClusterSpec(cluster),
             task_type=slurm.task_type,
             task_id=slurm.task_id,
             num_accelerators={"GPU": 1 if gpus else 0},

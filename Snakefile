@@ -1,6 +1,7 @@
 # trainscale: which distributed-training strategy trains this model fastest, at what cost?
-# Thin entry point (snakemake-workflows layout): config, validation, includes, `rule all`.
-from snakemake.utils import min_version, validate
+# Thin entry point (snakemake-workflows layout): config, includes (common.smk validates the
+# config), `rule all`.
+from snakemake.utils import min_version
 
 min_version("9.0")
 
@@ -9,9 +10,6 @@ configfile: "config.yaml"
 
 
 report: "reports/workflow.rst"
-
-
-validate(config, "workflow/schemas/config.schema.yaml")
 
 
 include: "workflow/rules/common.smk"
@@ -28,6 +26,10 @@ rule all:
         f"{RESULTS}/summary.txt",
         f"{RESULTS}/scaling.csv",
         f"{RESULTS}/report.html",
+
+
+onstart:
+    check_local_capacity()
 
 
 onsuccess:

@@ -181,6 +181,19 @@ def test_exception_lines_finds_the_root_cause_not_the_wrapper():
     ]
 
 
+def test_exception_lines_put_torchruns_root_cause_first():
+    out = [
+        "  RuntimeError: [gloo/pair.cc:553] Connection closed by peer [127.0.0.1]:1\n",
+        "Root Cause (first observed failure):\n",
+        "  rank      : 1 (local_rank: 1)\n",
+        "  RuntimeError: injected fault: rank 1 raised in epoch 2\n",
+    ]
+    first = launch.exception_lines(out)[0]
+    assert first == "RuntimeError: injected fault: rank 1 raised in epoch 2"
+    killed = [*out[:3], "  traceback : Signal 9 (SIGKILL) received by PID 8945\n"]
+    assert launch.exception_lines(killed)[0] == "Signal 9 (SIGKILL) received by PID 8945"
+
+
 # --- TensorFlow: tf, tf-mirrored (one process), tf-multiworker (tfrun locally, srun on SLURM) ---
 
 TF_THREADS = [*THREADS, "TF_CPP_MIN_LOG_LEVEL=1", "TF_USE_LEGACY_KERAS=1"]

@@ -11,8 +11,23 @@ from trainscale.launch import job_environment, slurm_resources
 
 os.environ.update(job_environment(Path(workflow.basedir) / "workflow", sys.executable))
 
+import yaml
+from snakemake.utils import validate
+
 from trainscale import data as ts_data
 from trainscale import matrix as ts_matrix
+
+# The config, checked before any job: every problem listed at once with its key and a fix,
+# then snakemake's own validation (which also fills in the schema's defaults).
+CONFIG_SCHEMA = Path(workflow.basedir) / "workflow" / "schemas" / "config.schema.yaml"
+_problems = ts_matrix.config_problems(config, yaml.safe_load(CONFIG_SCHEMA.read_text()))
+if _problems:
+    raise ValueError(
+        "config: the study's config has problems; fix these keys (documented in "
+        f"{CONFIG_SCHEMA.relative_to(workflow.basedir)}):\n  - "
+        + "\n  - ".join(_problems)
+    )
+validate(config, str(CONFIG_SCHEMA))
 
 STUDY = config["study"]
 RESULTS = f"results/{STUDY}"
@@ -31,6 +46,21 @@ print(
 
 wildcard_constraints:
     run=r"strategy~[A-Za-z0-9.-]+(/[a-z_]+~[A-Za-z0-9.-]+)+",
+
+
+def check_local_capacity():
+    """Before the first job of a study run on this machine (not through a cluster executor):
+    no run may need more nodes, GPUs or cores than it has."""
+    if workflow.executor_plugin is None or workflow.executor_plugin.name != "local":
+        return
+    problems = ts_matrix.capacity_problems(
+        RUNS, ACCELERATOR, os.cpu_count() or 1, ts_matrix.gpu_count()
+    )
+    if problems:
+        raise ValueError(
+            "config: this machine cannot run the study as configured:\n  - "
+            + "\n  - ".join(problems)
+        )
 
 
 def run_of(wildcards):

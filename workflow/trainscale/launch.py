@@ -378,13 +378,26 @@ _EXC_LINE = re.compile(
 )
 
 
+_SIGNAL_LINE = re.compile(r"^(?:traceback\s*:\s*)?(Signal \d+ \(SIG\w+\) received by PID \d+)$")
+_ROOT_CAUSE = "Root Cause (first observed failure)"
+
+
 def exception_lines(lines: list[str]) -> list[str]:
-    """The exception lines (`pkg.SomeError: message`) in a run's output, first one first,
-    without the launcher's own wrapper (torchrun's ChildFailedError)."""
+    """The exception lines (`pkg.SomeError: message`, or a worker's fatal signal) in a run's
+    output, the root cause first: torchrun's "Root Cause (first observed failure)" section
+    when there is one (the other ranks' errors, e.g. gloo's "Connection closed by peer", are
+    consequences), then in order of appearance; without torchrun's ChildFailedError wrapper."""
+    root = next((i for i, line in enumerate(lines) if _ROOT_CAUSE in line), None)
+    ordered = lines if root is None else lines[root:] + lines[:root]
     seen: list[str] = []
-    for line in lines:
+    for line in ordered:
         text = line.strip()
-        if _EXC_LINE.match(text) and "ChildFailedError" not in text and text not in seen:
+        sig = _SIGNAL_LINE.match(text)
+        if sig:
+            text = sig.group(1)
+        elif not _EXC_LINE.match(text) or "ChildFailedError" in text:
+            continue
+        if text not in seen:
             seen.append(text)
     return seen
 

@@ -167,6 +167,47 @@ class Dropped:
     reason: str
 
 
+def config_problems(config: dict, schema: dict) -> list[str]:
+    """Every place `config` breaks the config schema, one line each, for people: the key as
+    written in YAML (matrix.strategy[0]), the value, what is allowed, and a likely fix for a
+    typo ("did you mean ..."). Empty when the config is valid."""
+    import difflib
+
+    import jsonschema
+
+    def where(path) -> str:
+        out = ""
+        for p in path:
+            out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+        return out or "<top level>"
+
+    lines = []
+    validator = jsonschema.Draft202012Validator(schema)
+    for e in sorted(validator.iter_errors(config), key=lambda e: list(map(str, e.path))):
+        key = where(e.path)
+        if e.validator == "enum":
+            allowed = [str(v) for v in e.validator_value]
+            close = difflib.get_close_matches(str(e.instance), allowed, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            lines.append(f"{key}: {e.instance!r} is not one of {', '.join(allowed)}{hint}")
+        elif e.validator == "additionalProperties":
+            known = sorted(e.schema.get("properties", {}))
+            extra = sorted(set(e.instance) - set(known))
+            for k in extra:
+                close = difflib.get_close_matches(k, known, n=1)
+                hint = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(known)}"
+                where_k = f"{key}.{k}" if e.path else k
+                lines.append(f"{where_k}: unknown key; {hint}")
+        elif e.validator == "pattern":
+            lines.append(
+                f"{key}: {e.instance!r} has characters not allowed here (the value becomes a "
+                f"path or part of a command line); allowed: {e.validator_value}"
+            )
+        else:
+            lines.append(f"{key}: {e.message}")
+    return lines
+
+
 def effective_lr(lr: float, scaling: str, global_batch: int, base_batch: int) -> float:
     """Learning rate after the configured batch-size scaling rule."""
     if scaling == "linear":
@@ -346,9 +387,85 @@ def summary(runs: list[RunSpec], dropped: list[Dropped]) -> str:
     return line
 
 
+def gpu_count() -> int:
+    """NVIDIA GPUs on this host, from the driver's /proc entries (no CUDA import)."""
+    gpus = Path("/proc/driver/nvidia/gpus")
+    return sum(1 for _ in gpus.iterdir()) if gpus.is_dir() else 0
+
+
 def detect_accelerator(setting: str = "auto") -> str:
     """Resolve config `accelerator`: 'auto' means 'cuda' when this host has NVIDIA GPUs."""
     if setting != "auto":
         return setting
-    gpus = Path("/proc/driver/nvidia/gpus")
-    return "cuda" if gpus.is_dir() and any(gpus.iterdir()) else "cpu"
+    return "cuda" if gpu_count() else "cpu"
+
+
+def capacity_problems(runs: list[RunSpec], accelerator: str, cpus: int, gpus: int) -> list[str]:
+    """What runs ask of this one machine that it does not have (for studies run here, not
+    through a cluster profile): several nodes, or more workers than GPUs or CPU cores (on CPU
+    a worker stands for a device and needs a core of its own)."""
+    problems = []
+    nodes = sorted({r.nodes for r in runs if r.nodes > 1})
+    if nodes:
+        problems.append(
+            f"matrix.nodes {nodes}: runs across nodes need a cluster; run with "
+            "--profile profiles/slurm (README, 'SLURM'), or use nodes: [1] here"
+        )
+    have, unit = (gpus, "GPUs") if accelerator == "cuda" else (cpus, "CPU cores")
+    workers = sorted({r.workers for r in runs if r.workers > have})
+    if workers:
+        problems.append(
+            f"matrix.workers {workers}: this machine has {have} {unit}, and a worker needs one; "
+            f"use workers up to {have}, exclude those cells, or run on a cluster "
+            "(--profile profiles/slurm)"
+        )
+    return problems
+
+
+CONFIG_SCHEMA = Path(__file__).resolve().parent.parent / "schemas" / "config.schema.yaml"
+
+
+def check_file(path: str | Path) -> list[str]:
+    """Problems of a config file as `snakemake --configfile` would meet them, with the line of
+    a YAML syntax error (Snakemake only says the file is not valid YAML)."""
+    import yaml
+
+    try:
+        config = yaml.safe_load(Path(path).read_text())
+    except OSError as e:
+        return [f"{path}: cannot read it ({e.strerror})"]
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        return [f"{path}:{where}: not valid YAML: {getattr(e, 'problem', e)}"]
+    if not isinstance(config, dict):
+        return [f"{path}: a config is a mapping of keys (study:, matrix:, ...)"]
+    problems = config_problems(config, yaml.safe_load(CONFIG_SCHEMA.read_text()))
+    if problems:
+        return [f"{path}: {p}" for p in problems]
+    from snakemake.utils import validate
+
+    validate(config, str(CONFIG_SCHEMA))  # fills in the defaults, as the workflow does
+    try:
+        runs, dropped = build_runs(config, detect_accelerator(config["accelerator"]))
+    except ConfigError as e:
+        return [f"{path}: {e}"]
+    print(f"{path}: study {config['study']!r}: {summary(runs, dropped)}")
+    return []
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m trainscale.matrix CONFIG...`: check config files without running anything."""
+    import argparse
+    import sys
+
+    p = argparse.ArgumentParser(prog="python -m trainscale.matrix", description=main.__doc__)
+    p.add_argument("configs", nargs="+", type=Path)
+    problems = [line for c in p.parse_args(argv).configs for line in check_file(c)]
+    for line in problems:
+        print(line, file=sys.stderr)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -167,3 +167,32 @@ def test_invalid_metrics_files_are_listed_and_the_rest_aggregated(tmp_path):
     why = dict(invalid)
     assert "not readable JSON" in why[str(bad_json)]
     assert "status" in why[str(bad_schema)]
+
+
+def test_study_name_and_errors_are_escaped_in_the_report(tmp_path):
+    """Names reach the report also from metrics files gathered elsewhere, unchecked by the
+    config schema: the report escapes them."""
+    from test_aggregate import failed_record, spec_for, write
+
+    from trainscale import report
+
+    xss = "<script>alert(1)</script>"
+    s = spec_for("torch", 1)
+    write(tmp_path / "runs", s, failed_record(s, "failed", f"ValueError: {xss}"))
+    study = aggregate.build(aggregate.find_metrics(tmp_path / "runs"), name=f"s{xss}")
+    report.write_html(study, tmp_path / "report.html", None)
+    page = (tmp_path / "report.html").read_text()
+    assert xss not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+
+
+def test_no_unpickling_unsafe_loading_or_shell_strings_in_the_package():
+    """Static guard: data and results are never unpickled, torch.load only with
+    weights_only=True, and subprocesses get argument lists, not shell strings."""
+    import re
+
+    for path in sorted((ROOT / "workflow" / "trainscale").rglob("*.py")):
+        text = path.read_text()
+        assert not re.search(r"\bpickle\.loads?\(|allow_pickle\s*=\s*True", text), path
+        for call in re.findall(r"torch\.load\([^)]*\)", text):
+            assert "weights_only=True" in call, (path, call)
+        assert not re.search(r"shell\s*=\s*True", text), path

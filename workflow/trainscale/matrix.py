@@ -106,6 +106,7 @@ class RunSpec:
     data_dir: str
     grad_accum: int = 1
     deepspeed_config: str | None = None
+    horovod_timeline: bool = False
 
     @property
     def framework(self) -> str:
@@ -279,6 +280,8 @@ def build_runs(config: dict, accelerator: str = "cpu") -> tuple[list[RunSpec], l
                     data_dir=config["data_dir"],
                     grad_accum=grad_accum,
                     deepspeed_config=ds_fragment if is_ds else None,
+                    horovod_timeline=config.get("horovod_timeline", False)
+                    and FRAMEWORK[values["strategy"]] == "horovod",
                 )
             )
     if not runs:

@@ -174,7 +174,7 @@ def main(spec: RunSpec, out: str) -> None:
     hosts = hvd_tf.allgather_object(metrics.hostname())
     save = os.environ.get("TRAINSCALE_SAVE_WEIGHTS")  # final weights, for equivalence tests
     if save and "{rank}" in save:  # every worker's, to check that they agree
-        np.savez(save.format(rank=hvd.rank()), *model.get_weights())
+        np.savez(save.format(rank=hvd.rank(), strategy=spec.strategy), *model.get_weights())
     if not chief:
         return
     env = metrics.environment(

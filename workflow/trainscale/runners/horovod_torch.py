@@ -207,8 +207,8 @@ def main(spec: RunSpec, out: str) -> None:
     if cuda:
         energy, utilization = energy_t[0].item(), energy_t[1].item() / hvd.size()
     save = os.environ.get("TRAINSCALE_SAVE_WEIGHTS")  # final weights, for equivalence tests
-    if save and "{rank}" in save:  # every rank's, to check that they agree
-        torch.save(trainer.net.state_dict(), save.format(rank=hvd.rank()))
+    if save and "{rank}" in save:  # every rank's ({strategy}, {rank} filled in), to compare
+        torch.save(trainer.net.state_dict(), save.format(rank=hvd.rank(), strategy=spec.strategy))
     if hvd.rank() == 0:
         env = metrics.environment(
             rec.start_utc, {"torch": torch.__version__, "horovod": horovod.__version__}, hosts

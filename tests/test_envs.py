@@ -33,3 +33,15 @@ def test_conda_env_pins_match_the_venv(env):
 
 def test_torch_is_pinned_everywhere():
     assert VENV["torch"] == "2.13.0"
+
+
+def test_horovod_env_builds_horovod_with_the_project_script():
+    """No pip pin of horovod (its sdist does not build unedited): conda's post-deploy step runs
+    the same scripts/build-horovod.sh as `make setup`, with the build tools the env brings."""
+    deps = load_yaml(ROOT / "envs" / "horovod.yaml")["dependencies"]
+    assert {"cmake", "make", "gxx_linux-64"} <= {d for d in deps if isinstance(d, str)}
+    assert "horovod" not in VENV
+    hook = (ROOT / "envs" / "horovod.post-deploy.sh").read_text()
+    assert "scripts/build-horovod.sh" in hook
+    assert "HOROVOD_VERSION=0.28.1" in (ROOT / "scripts" / "build-horovod.sh").read_text()
+    assert {"cloudpickle", "packaging", "psutil", "pyyaml"} <= set(VENV)  # Horovod's runtime deps

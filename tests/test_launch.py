@@ -116,7 +116,7 @@ def test_one_process_strategies_are_the_single_process_launches():
 
 def test_unlaunchable_strategy_raises():
     s = spec("torch")
-    object.__setattr__(s, "strategy", "horovod-torch")
+    object.__setattr__(s, "strategy", "no-such-strategy")
     with pytest.raises(ValueError, match="no launcher"):
         command(s, LOCAL, "m.json")
 
@@ -384,3 +384,62 @@ def test_deadline_is_the_runs_timeout_unless_slurm_ends_the_job_sooner():
     assert seconds == 100 - launch.SLURM_MARGIN_SECONDS
     assert "SLURM time limit of job 7" in why and "TimeLimit 2 min" in why
     assert launch.deadline(s, LOCAL)[0] == own
+
+
+# --- Horovod: horovodrun over gloo locally, with the node list on SLURM, elastic discovery ---
+
+HVD = ["/venv/bin/python", "-m", "horovod.runner.launch", "--gloo"]
+
+
+@pytest.mark.parametrize("strategy", ["horovod-torch", "horovod-keras"])
+def test_horovod_local_is_horovodrun_on_localhost_over_loopback(strategy):
+    s = spec(strategy, workers=[2])
+    argv = command(s, LOCAL, "m.json")
+    i = argv.index("/venv/bin/python")
+    assert argv[i : i + 10] == [*HVD, "-np", "2", "--network-interface", "lo", "-H", "localhost:2"]
+    assert argv[i + 10 :] == ["/venv/bin/python", "-m", "trainscale.runners", "--spec",
+                              s.to_json(), "--out", "m.json"]  # fmt: skip
+    # horovodrun sets no thread budget: every worker inherits it from the env prefix
+    assert argv[:i][:4] == THREADS
+    assert ("TF_USE_LEGACY_KERAS=1" in argv[:i]) == (strategy == "horovod-keras")
+
+
+def test_horovod_elastic_names_a_discovery_script_and_a_world_range():
+    s = spec("horovod-torch-elastic", workers=[4])
+    line = shlex.join(command(s, LOCAL, "m.json"))
+    assert (
+        "-m horovod.runner.launch --gloo -np 4 --network-interface lo --min-np 1 --max-np 4 "
+        "--host-discovery-script '/venv/bin/python -m trainscale.horovod_hosts --slots 4' "
+        "/venv/bin/python -m trainscale.runners"
+    ) in line
+    assert " -H " not in line
+
+
+def test_horovod_multi_node_on_slurm_is_horovodrun_with_the_node_list():
+    s = spec("horovod-torch", workers=[4], nodes=[2])
+    env = Environment(mode="slurm", python="python", nodes=("gpu01", "gpu02"), job_id="5")
+    line = shlex.join(command(s, env, "m.json"))
+    assert (
+        "python -m horovod.runner.launch --gloo -np 8 -H gpu01:4,gpu02:4 python -m "
+        "trainscale.runners"
+    ) in line
+    assert "srun" not in line and "--network-interface" not in line
+    elastic = spec("horovod-torch-elastic", workers=[4], nodes=[2])
+    line = shlex.join(command(elastic, env, "m.json"))
+    assert "-np 8 --min-np 1 --max-np 8 --host-discovery-script" in line
+
+
+def test_horovod_multi_node_without_slurm_is_refused():
+    with pytest.raises(ValueError, match="SLURM allocation"):
+        command(spec("horovod-torch", nodes=[2]), LOCAL, "m.json")
+
+
+def test_horovod_timeline_is_switched_on_per_study_and_kept_beside_the_metrics():
+    cfg = base_config(strategy=["horovod-torch", "torch-ddp"], workers=[2])
+    assert not any(r.horovod_timeline for r in build_runs(cfg)[0])
+    cfg["horovod_timeline"] = True
+    runs = {r.strategy: r for r in build_runs(cfg)[0]}
+    assert runs["horovod-torch"].horovod_timeline and not runs["torch-ddp"].horovod_timeline
+    argv = command(runs["horovod-torch"], LOCAL, "results/s/run/metrics.json")
+    assert "HOROVOD_TIMELINE=results/s/run/horovod-timeline.json" in argv
+    assert not any("HOROVOD" in a for a in command(runs["torch-ddp"], LOCAL, "m.json"))

@@ -61,7 +61,7 @@ def worker_env(spec: RunSpec, env: Environment | None = None) -> dict[str, str]:
     if spec.framework == "deepspeed":
         cache = env.cache_dir if env else ".cache"
         out["TORCH_EXTENSIONS_DIR"] = f"{cache}/torch_extensions"
-    if spec.framework == "tensorflow":
+    if spec.framework == "tensorflow" or spec.strategy == "horovod-keras":
         out.update(TF_ENV)
     return out
 
@@ -141,6 +141,37 @@ def tfrun(spec: RunSpec, env: Environment, worker: list[str]) -> list[str]:
     return [*srun(spec, tasks_per_node=spec.workers), *cluster, env.python, *worker]
 
 
+def horovodrun(spec: RunSpec, env: Environment, worker: list[str]) -> list[str]:
+    """horovodrun (`python -m horovod.runner.launch`) over gloo, one process per worker.
+
+    Locally `-H localhost:N` on the loopback interface (without `--network-interface lo`
+    elastic gloo waits silently for its timeout); every server horovodrun starts binds a port
+    the OS has free, so several runs share a host. Across SLURM nodes horovodrun runs on the
+    first node and starts each node's workers over ssh (`-H n1:W,n2:W`). The elastic form
+    names a host discovery script (`trainscale.horovod_hosts`) and lets the world shrink to
+    one worker and grow back to the spec's. The workers inherit the environment horovodrun
+    runs in (it exports it to remote hosts too), so the thread budget in `worker_env` reaches
+    every one of them: horovodrun itself sets no OMP_NUM_THREADS.
+    """
+    if spec.nodes > 1 and env.mode != "slurm":
+        raise ValueError(
+            f"{spec.strategy} with nodes={spec.nodes} needs a SLURM allocation of that many"
+        )
+    local = spec.nodes == 1
+    cmd = [env.python, "-m", "horovod.runner.launch", "--gloo", "-np", str(spec.world_size)]
+    if local:
+        cmd += ["--network-interface", "lo"]
+    if spec.strategy == "horovod-torch-elastic":
+        discovery = f"{env.python} -m trainscale.horovod_hosts --slots {spec.workers}"
+        cmd += ["--min-np", "1", "--max-np", str(spec.world_size)]
+        cmd += ["--host-discovery-script", discovery]
+    elif local:
+        cmd += ["-H", f"localhost:{spec.workers}"]
+    else:
+        cmd += ["-H", ",".join(f"{h}:{spec.workers}" for h in env.nodes[: spec.nodes])]
+    return [*cmd, env.python, *worker]
+
+
 #: strategy -> function building its launcher's command line (the one place to add one)
 LAUNCHERS: dict[str, Callable[[RunSpec, Environment, list[str]], list[str]]] = {
     "torch": single_process,
@@ -156,6 +187,9 @@ LAUNCHERS: dict[str, Callable[[RunSpec, Environment, list[str]], list[str]]] = {
     "tf": single_process,
     "tf-mirrored": single_process,
     "tf-multiworker": tfrun,
+    "horovod-torch": horovodrun,
+    "horovod-keras": horovodrun,
+    "horovod-torch-elastic": horovodrun,
 }
 
 
@@ -166,7 +200,10 @@ def command(spec: RunSpec, env: Environment, out: str) -> list[str]:
     except KeyError:
         raise ValueError(f"strategy {spec.strategy!r} has no launcher in this version") from None
     worker = ["-m", "trainscale.runners", "--spec", spec.to_json(), "--out", out]
-    prefix = ["env", *(f"{k}={v}" for k, v in sorted(worker_env(spec, env).items()))]
+    extra = worker_env(spec, env)
+    if spec.horovod_timeline:  # Horovod's timeline, kept beside the run's metrics
+        extra["HOROVOD_TIMELINE"] = str(Path(out).parent / "horovod-timeline.json")
+    prefix = ["env", *(f"{k}={v}" for k, v in sorted(extra.items()))]
     return [*prefix, *launcher(spec, env, worker)]
 
 

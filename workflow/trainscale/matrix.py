@@ -118,6 +118,7 @@ class RunSpec:
     grad_accum: int = 1
     deepspeed_config: str | None = None
     fault: Fault | None = None
+    horovod_timeline: bool = False
 
     @property
     def framework(self) -> str:
@@ -365,6 +366,8 @@ def build_runs(config: dict, accelerator: str = "cpu") -> tuple[list[RunSpec], l
                     grad_accum=grad_accum,
                     deepspeed_config=ds_fragment if is_ds else None,
                     fault=fault_for(values, repeat, config.get("faults", [])),
+                    horovod_timeline=config.get("horovod_timeline", False)
+                    and FRAMEWORK[values["strategy"]] == "horovod",
                 )
             )
     if not runs:

@@ -16,4 +16,7 @@ RUNNER_MODULES: dict[str, str] = {
     "deepspeed-zero1": "deepspeed_zero",
     "deepspeed-zero2": "deepspeed_zero",
     "deepspeed-zero3": "deepspeed_zero",
+    "horovod-torch": "horovod_torch",
+    "horovod-torch-elastic": "horovod_torch",
+    "horovod-keras": "horovod_keras",
 }

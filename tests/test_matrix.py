@@ -180,8 +180,8 @@ def test_empty_matrix_is_an_error():
 
 
 def test_unimplemented_strategy_is_an_error():
-    cfg = base_config(strategy=["torch", "horovod-torch"])
-    with pytest.raises(ConfigError, match=r"matrix.strategy: horovod-torch not implemented"):
+    cfg = base_config(strategy=["torch", "torch-pipeline"])
+    with pytest.raises(ConfigError, match=r"matrix.strategy: torch-pipeline not implemented"):
         build_runs(cfg)
 
 

@@ -41,11 +41,11 @@ def test_real_dataset_runs_depend_on_the_download_rule(tmp_path):
     [
         (
             {
-                "strategy": ["torch", "horovod-torch"],
+                "strategy": ["torch", "torch-pipeline"],
                 "model": ["seed-small"],
                 "dataset": ["digits"],
             },
-            "horovod-torch not implemented",
+            "torch-pipeline not implemented",
         ),
         (
             {

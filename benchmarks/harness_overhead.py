@@ -7,11 +7,13 @@ steady-throughput ratio runner / minimal (1.0 = no overhead; the bar is >= 0.95)
 
 The `deepspeed-zero2` row compares the DeepSpeed runner (ZeRO-2, with DeepSpeed's
 wall_clock_breakdown on, as the runner always runs) with benchmarks/minimal_deepspeed.py.
+The `horovod-torch` row compares the Horovod runner (through horovodrun, gloo) with the
+minimal Horovod loop in benchmarks/minimal_horovod.py, launched by the same horovodrun command.
 The `tf-mirrored` row does the same for the TensorFlow runner (MirroredStrategy; on CPU over
 `--workers` logical devices) against the minimal model.fit in benchmarks/minimal_keras.py.
 
     .venv/bin/python benchmarks/harness_overhead.py [--rounds 3] [--workers 2]
-        [--strategy torch-ddp|tf-mirrored|deepspeed-zero2]   (default: every row)
+        [--strategy torch-ddp|horovod-torch|tf-mirrored|deepspeed-zero2]   (default: every row)
 """
 
 from __future__ import annotations
@@ -27,9 +29,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "workflow"))
+# the runners' processes import trainscale from this checkout too, not an installed copy
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    filter(None, [str(ROOT / "workflow"), os.environ.get("PYTHONPATH")])
+)
 
 from trainscale import metrics  # noqa: E402
-from trainscale.launch import detect, supervise, worker_env  # noqa: E402
+from trainscale.launch import LAUNCHERS, detect, supervise, worker_env  # noqa: E402
 from trainscale.matrix import RunSpec  # noqa: E402
 
 
@@ -102,9 +108,25 @@ def minimal_deepspeed(s: RunSpec) -> float:
     return json.loads(p.stdout.strip().splitlines()[-1])["throughput"]
 
 
+def minimal_horovod(s: RunSpec) -> float:
+    """benchmarks/minimal_horovod.py under the very horovodrun command the runner gets."""
+    script = [
+        str(ROOT / "benchmarks" / "minimal_horovod.py"), f"--model={s.model}",
+        f"--dataset={s.dataset}", f"--scale={s.scale}", f"--batch={s.batch_size}",
+        f"--epochs={s.epochs}",
+    ]  # fmt: skip
+    cmd = LAUNCHERS["horovod-torch"](s, detect(), script)
+    env = {**os.environ, **worker_env(s), "PYTHONPATH": str(ROOT / "workflow")}
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    line = next(ln for ln in reversed(p.stdout.splitlines()) if '"throughput"' in ln)
+    return json.loads(line[line.index("{") :])["throughput"]
+
+
 #: strategy -> (the minimal yardstick, how the row is described)
 BASELINES = {
     "torch-ddp": (minimal, "minimal DDP loop"),
+    "horovod-torch": (minimal_horovod, "minimal Horovod loop"),
     "tf-mirrored": (minimal_keras, "minimal Keras model.fit"),
     "deepspeed-zero2": (minimal_deepspeed, "minimal DeepSpeed loop"),
 }

@@ -41,14 +41,6 @@ def test_real_dataset_runs_depend_on_the_download_rule(tmp_path):
     [
         (
             {
-                "strategy": ["torch", "horovod-torch"],
-                "model": ["seed-small"],
-                "dataset": ["digits"],
-            },
-            "horovod-torch not implemented",
-        ),
-        (
-            {
                 "strategy": ["torch-ddp"],
                 "model": ["seed-small"],
                 "dataset": ["digits"],

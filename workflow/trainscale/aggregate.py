@@ -107,6 +107,9 @@ EPOCH_FIELDS = [
     "test_loss",
 ]
 
+#: Per-rank lists in metrics.json, written to runs.csv as space-separated values.
+_PER_RANK = ("memory.per_rank_host_rss_bytes", "memory.per_rank_device_bytes")
+
 #: Loading uses worker processes from this many files on (when jobs > 1).
 PARALLEL_FROM = 400
 
@@ -188,7 +191,7 @@ def runs_frame(records: list[dict]) -> pd.DataFrame:
         flat["train_loss_last"] = rec["epochs"][-1]["train_loss"] if rec["epochs"] else None
         rows.append(flat)
     df = pd.DataFrame.from_records(rows) if rows else pd.DataFrame(columns=LEAD)
-    for c in ("spec.betas", "env.hostnames"):
+    for c in ("spec.betas", "env.hostnames", *_PER_RANK):
         if c in df:
             df[c] = df[c].map(lambda v: " ".join(map(str, v)) if isinstance(v, list) else v)
     lead = [c for c in LEAD if c in df.columns]

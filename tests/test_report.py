@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 from test_aggregate import failed_record, ok_record, spec_for, write
+from test_collectives import fake_collectives
 
 from trainscale import aggregate, metrics, plots, report
 from trainscale.matrix import build_runs
@@ -60,6 +61,8 @@ def rich_study(runs: Path) -> list[Path]:
     bad = runs / "strategy~torch" / "corrupt" / "metrics.json"
     bad.parent.mkdir(parents=True)
     bad.write_text('{"schema": "trainscale.metrics/1", "status": "ok"')
+    bench = runs.parent / "collectives" / "backend~gloo" / "workers~2" / "nodes~1.json"
+    fake_collectives(bench, {2**k: [1e-4 * k, 2e-4 * k, 3e-4 * k] for k in range(10, 14)})
     return paths
 
 
@@ -72,7 +75,12 @@ def built(tmp_path_factory) -> tuple[Path, aggregate.Study]:
     assert rc == 0  # invalid files are listed, not fatal
     out = root / "out"
     study = aggregate.read_study(
-        out / "runs.csv", out / "epochs.csv", out / "scaling.csv", out / "invalid.csv"
+        out / "runs.csv",
+        out / "epochs.csv",
+        out / "scaling.csv",
+        out / "invalid.csv",
+        collectives_csv=out / "collectives.csv",
+        communication_csv=out / "communication.csv",
     )
     return out, study
 
@@ -160,8 +168,10 @@ def test_absent_data_gives_a_note_image_not_an_empty_plot(tmp_path):
         "efficiency_heatmap",
         "throughput_scale",
         "throughput_batch",
+        "busbw",
     }
     assert "no N=1 run of torch-ddp" in notes["speedup"]
+    assert "no all-reduce benchmark ran" in notes["busbw"]
     assert "more than one dataset scale" in notes["throughput_scale"]
     for name in plots.FIGURES:
         svg = (tmp_path / "figures" / f"{name}.svg").read_text()

@@ -4,9 +4,11 @@ stage split, and real 2-rank runs over gloo checked against DDP and a single pro
 import itertools
 import json
 
+import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
+from test_collectives import check_busbw_from_raw_timings
 from torch.utils.data.distributed import DistributedSampler
 
 from trainscale import data, metrics, models
@@ -15,7 +17,7 @@ from trainscale.matrix import MODEL_BLOCKS, build_runs
 from trainscale.runners.pipeline import split
 from trainscale.runners.pytorch import make_optimizer, to_tensors
 
-from conftest import launch, validated
+from conftest import ROOT, launch, snakemake, validated
 
 
 def runs_of(strategy, workers=2, batch=64, precision="fp32", model="seed-small", **kw):
@@ -165,3 +167,37 @@ def test_pipeline_micro_batch_losses_match_one_process(tmp_path, schedule):
     assert len(got) == len(want) == 2 * 22 * 4  # epochs × steps × micro-batches
     worst = max(abs(a - b) for a, b in zip(got, want, strict=True))
     assert worst < 5e-5, f"largest difference {worst:.2e}: not equal to 4 decimals"
+
+
+@pytest.mark.slow
+def test_parallel_study_through_snakemake(tmp_path):
+    """.test/parallel.yaml for real: torch-fsdp and torch-pipeline beside torch-ddp on 2 CPU
+    workers, the all-reduce benchmark for 2 workers, and the communication model (the figures
+    and report.html are exercised from generated files in test_report.py)."""
+    res = tmp_path / "results" / "ci-parallel"
+    targets = [f"results/ci-parallel/{f}" for f in ("communication.csv", "figures/busbw.png")]
+    cfg = str(ROOT / ".test" / "parallel.yaml")
+    p = snakemake(tmp_path, *targets, "--cores", "2", "--configfile", cfg)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    recs = {}
+    for f in sorted(res.glob("runs/**/metrics.json")):
+        rec = metrics.read(f)
+        assert rec["status"] == "ok", (f, rec["error"])
+        recs[(rec["spec"]["strategy"], rec["spec"]["workers"])] = rec
+    assert set(recs) == {
+        ("torch-ddp", 1),
+        ("torch-ddp", 2),
+        ("torch-fsdp", 2),
+        ("torch-pipeline", 2),
+    }
+    assert recs[("torch-pipeline", 2)]["pipeline"]["schedule"] == "gpipe"
+    assert len(recs[("torch-fsdp", 2)]["memory"]["per_rank_host_rss_bytes"]) == 2
+    bench = res / "collectives" / "backend~gloo" / "workers~2" / "nodes~1.json"
+    rec = check_busbw_from_raw_timings(bench)
+    assert rec["iters"] == 10 and rec["warmup"] == 3  # from the study's collectives key
+    assert rec["max_bytes"] == recs[("torch-ddp", 2)]["model"]["params"] * 4
+    comm = pd.read_csv(res / "communication.csv")
+    assert sorted(comm["strategy"]) == ["torch-ddp", "torch-fsdp"]  # DDP family, N > 1
+    assert (comm["predicted_comm_seconds"] > 0).all() and (comm["comm_share"] > 0).all()
+    ddp = comm[comm["strategy"] == "torch-ddp"].iloc[0]
+    assert 0 < ddp["network_bound_efficiency"] < 1  # torch-ddp has its N = 1 baseline

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import html
 import json
+import math
 import re
 import shutil
 import subprocess
@@ -396,3 +397,20 @@ def test_snakemake_reports_copied_results_without_training(tmp_path):
         assert any(n.endswith(f"/{name}.svg") for n in names), name
         assert info["title"] in index and info["category"] in index
     assert '"strategy": "torch, torch-ddp"' in index and '"model": "seed-small"' in index
+
+
+def test_report_shows_the_communication_model(built):
+    """torch-ddp N=2 of the rich study beside its generated all-reduce benchmark: the predicted
+    time per step in the page is the hand computation t = 2(N − 1)/N · S / B."""
+    out, study = built
+    page = (out / "report.html").read_text()
+    assert 'id="communication"' in page and "Communication: predicted" in page
+    comm = study.communication
+    assert len(comm) and set(comm["strategy"]) == {"torch-ddp"}
+    # S = 1000 params × 4 = 4000 B, between the 2048 B (t_p50 2.2 ms) and 4096 B (2.4 ms) sizes
+    b2, b4 = 2048 / 2.2e-3, 4096 / 2.4e-3
+    bw = b2 + (b4 - b2) * (math.log2(4000) - 11)
+    assert comm["predicted_comm_seconds"].to_list() == pytest.approx([4000 / bw] * len(comm))
+    assert f"{aggregate.human(4000 / bw * 1e3)} ms" in page
+    assert "ring" in page and "no overlap" in page  # Methods states the assumptions
+    assert "bus bandwidth" in page and "2(n − 1)/n" in page

@@ -20,10 +20,11 @@ rule collectives:
         threads=config["threads_per_worker"],
         warmup=config["collectives"]["warmup"],
         iters=config["collectives"]["iters"],
+        study=STUDY,
     shell:
         "python -m trainscale.collectives --backend {wildcards.backend}"
         " --workers {wildcards.workers} --nodes {wildcards.nodes} --threads {params.threads}"
-        " --warmup {params.warmup} --iters {params.iters} --study {STUDY} {params.models}"
+        " --warmup {params.warmup} --iters {params.iters} --study {params.study} {params.models}"
         " --out {output.json:q} > {log:q} 2>&1"
 
 

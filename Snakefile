@@ -16,6 +16,7 @@ include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/aggregate.smk"
+include: "workflow/rules/collectives.smk"
 include: "workflow/rules/report.smk"
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import html
 import json
+import math
 import re
 import shutil
 import subprocess
@@ -18,6 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 from test_aggregate import failed_record, ok_record, spec_for, write
+from test_collectives import fake_collectives
 
 from trainscale import aggregate, metrics, plots, report
 from trainscale.matrix import build_runs
@@ -60,6 +62,8 @@ def rich_study(runs: Path) -> list[Path]:
     bad = runs / "strategy~torch" / "corrupt" / "metrics.json"
     bad.parent.mkdir(parents=True)
     bad.write_text('{"schema": "trainscale.metrics/1", "status": "ok"')
+    bench = runs.parent / "collectives" / "backend~gloo" / "workers~2" / "nodes~1.json"
+    fake_collectives(bench, {2**k: [1e-4 * k, 2e-4 * k, 3e-4 * k] for k in range(10, 14)})
     return paths
 
 
@@ -72,7 +76,12 @@ def built(tmp_path_factory) -> tuple[Path, aggregate.Study]:
     assert rc == 0  # invalid files are listed, not fatal
     out = root / "out"
     study = aggregate.read_study(
-        out / "runs.csv", out / "epochs.csv", out / "scaling.csv", out / "invalid.csv"
+        out / "runs.csv",
+        out / "epochs.csv",
+        out / "scaling.csv",
+        out / "invalid.csv",
+        collectives_csv=out / "collectives.csv",
+        communication_csv=out / "communication.csv",
     )
     return out, study
 
@@ -177,8 +186,10 @@ def test_absent_data_gives_a_note_image_not_an_empty_plot(tmp_path):
         "efficiency_heatmap",
         "throughput_scale",
         "throughput_batch",
+        "busbw",
     }
     assert "no N=1 run of torch-ddp" in notes["speedup"]
+    assert "no all-reduce benchmark ran" in notes["busbw"]
     assert "more than one dataset scale" in notes["throughput_scale"]
     for name in plots.FIGURES:
         svg = (tmp_path / "figures" / f"{name}.svg").read_text()
@@ -403,3 +414,20 @@ def test_snakemake_reports_copied_results_without_training(tmp_path):
         assert any(n.endswith(f"/{name}.svg") for n in names), name
         assert info["title"] in index and info["category"] in index
     assert '"strategy": "torch, torch-ddp"' in index and '"model": "seed-small"' in index
+
+
+def test_report_shows_the_communication_model(built):
+    """torch-ddp N=2 of the rich study beside its generated all-reduce benchmark: the predicted
+    time per step in the page is the hand computation t = 2(N − 1)/N · S / B."""
+    out, study = built
+    page = (out / "report.html").read_text()
+    assert 'id="communication"' in page and "Communication: predicted" in page
+    comm = study.communication
+    assert len(comm) and set(comm["strategy"]) == {"torch-ddp"}
+    # S = 1000 params × 4 = 4000 B, between the 2048 B (t_p50 2.2 ms) and 4096 B (2.4 ms) sizes
+    b2, b4 = 2048 / 2.2e-3, 4096 / 2.4e-3
+    bw = b2 + (b4 - b2) * (math.log2(4000) - 11)
+    assert comm["predicted_comm_seconds"].to_list() == pytest.approx([4000 / bw] * len(comm))
+    assert f"{aggregate.human(4000 / bw * 1e3)} ms" in page
+    assert "ring" in page and "no overlap" in page  # Methods states the assumptions
+    assert "bus bandwidth" in page and "2(n − 1)/n" in page

@@ -140,3 +140,25 @@ def data_dir_of(path):
     return str(
         Path(path).parents[len(Path(path).relative_to(config["data_dir"]).parts) - 1]
     )
+
+
+#: The all-reduce benchmark's backend: what torch-ddp uses on the study's accelerator.
+COLLECTIVES_BACKEND = "nccl" if ACCELERATOR == "cuda" else "gloo"
+
+
+def collective_shapes():
+    """(workers, nodes) of every run with more than one worker, and the model:dataset pairs
+    whose largest gradient sets the benchmark's largest message."""
+    if not config["collectives"]["enabled"]:
+        return [], []
+    shapes = sorted({(r.workers, r.nodes) for r in RUNS if r.world_size > 1})
+    pairs = sorted({f"{r.model}:{r.dataset}" for r in RUNS})
+    return shapes, pairs
+
+
+def collective_files():
+    shapes, _ = collective_shapes()
+    return [
+        f"{RESULTS}/collectives/backend~{COLLECTIVES_BACKEND}/workers~{w}/nodes~{n}.json"
+        for w, n in shapes
+    ]

@@ -22,6 +22,7 @@ rule figure:
         runs=rules.runs_table.output.csv,
         epochs=rules.runs_table.output.epochs,
         scaling=rules.scaling_table.output.csv,
+        collectives=rules.collectives_table.output.collectives,
     output:
         svg=report(
             f"{RESULTS}/figures/{{figure}}.svg",
@@ -51,6 +52,8 @@ rule report_html:
         epochs=rules.runs_table.output.epochs,
         invalid=rules.runs_table.output.invalid,
         scaling=rules.scaling_table.output.csv,
+        collectives=rules.collectives_table.output.collectives,
+        communication=rules.collectives_table.output.communication,
         figures=expand(f"{RESULTS}/figures/{{figure}}.png", figure=FIGURES),
     output:
         html=report(

@@ -10,6 +10,7 @@ with open(snakemake.log[0], "w") as log:  # noqa: F821 (injected by Snakemake)
         snakemake.input.runs,  # noqa: F821
         epochs_csv=snakemake.input.epochs,  # noqa: F821
         scaling_csv=snakemake.input.scaling,  # noqa: F821
+        collectives_csv=snakemake.input.collectives,  # noqa: F821
         name=snakemake.config["study"],  # noqa: F821
     )
     name = snakemake.wildcards.figure  # noqa: F821

@@ -12,6 +12,8 @@ with open(snakemake.log[0], "w") as log:  # noqa: F821 (injected by Snakemake)
         epochs_csv=snakemake.input.epochs,  # noqa: F821
         scaling_csv=snakemake.input.scaling,  # noqa: F821
         invalid_csv=snakemake.input.invalid,  # noqa: F821
+        collectives_csv=snakemake.input.collectives,  # noqa: F821
+        communication_csv=snakemake.input.communication,  # noqa: F821
         name=snakemake.config["study"],  # noqa: F821
     )
     report.write_html(

@@ -31,6 +31,27 @@ never stops the rest. Per-run figures (epoch times, throughput, ...) are defined
   worker: host resident set size, and allocated device memory on GPU.
 - fastest: per model, dataset and N, the cell with the highest mean throughput; the runner-up
   is the best cell of another strategy, and `distinct` says whether their 95% CIs are disjoint.
+- communication model (communication.csv): for every DDP-family cell (torch-ddp, torch-fsdp,
+  deepspeed-zero0..3) with N > 1, the predicted communication seconds per optimizer step
+  t_comm = v · 2(N − 1)/N · S / B. S = gradient bytes (parameters × 4; × 2 for DeepSpeed in
+  bf16/fp16, whose gradients are half precision). B = the bus bandwidth (busbw at t_p50) that
+  the all-reduce benchmark measured for the cell's backend, workers and nodes, interpolated
+  linearly in log2(size) at S. v = 1 for torch-ddp and ZeRO-0/1/2 (ZeRO-1/2's reduce-scatter
+  plus all-gather move the bytes of one all-reduce); v = 1.5 for torch-fsdp and ZeRO-3, which
+  all-gather the parameters for the forward and again for the backward and reduce-scatter the
+  gradients. Assumptions: a ring algorithm, the gradient sent as one message of S bytes
+  (smaller buckets reach lower busbw), one reduction per optimizer step, and no overlap of
+  communication with computation (DDP overlaps its buckets with the backward, so it can beat
+  the model).
+- measured step seconds: mean steady epoch seconds / optimizer steps per epoch, steps =
+  (train samples // N) // per-worker batch.
+- communication share: t_comm / measured step seconds, the fraction of a step the model
+  attributes to moving gradients (above 100 %: the benchmark's busbw is lower than training
+  achieved, e.g. thanks to overlap).
+- network-bound efficiency: E_net = (t1/N) / (t1/N + steps · t_comm), t1 the steady epoch
+  seconds of the same strategy at N = 1: the best scaling efficiency this network allows when
+  computation scales perfectly and communication does not overlap it; compare with the
+  measured efficiency beside it.
 """
 
 from __future__ import annotations
@@ -46,7 +67,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from trainscale import metrics
+from trainscale import collectives, metrics
 from trainscale.matrix import MATRIX_KEYS
 
 #: Columns first in runs.csv, in this order; every other flattened field follows.
@@ -106,6 +127,9 @@ EPOCH_FIELDS = [
     "test_accuracy",
     "test_loss",
 ]
+
+#: Per-rank lists in metrics.json, written to runs.csv as space-separated values.
+_PER_RANK = ("memory.per_rank_host_rss_bytes", "memory.per_rank_device_bytes")
 
 #: Loading uses worker processes from this many files on (when jobs > 1).
 PARALLEL_FROM = 400
@@ -188,7 +212,7 @@ def runs_frame(records: list[dict]) -> pd.DataFrame:
         flat["train_loss_last"] = rec["epochs"][-1]["train_loss"] if rec["epochs"] else None
         rows.append(flat)
     df = pd.DataFrame.from_records(rows) if rows else pd.DataFrame(columns=LEAD)
-    for c in ("spec.betas", "env.hostnames", "env.rank_hosts"):
+    for c in ("spec.betas", "env.hostnames", "env.rank_hosts", *_PER_RANK):
         if c in df:
             df[c] = df[c].map(lambda v: " ".join(map(str, v)) if isinstance(v, list) else v)
     lead = [c for c in LEAD if c in df.columns]
@@ -415,6 +439,158 @@ def fastest(scaling: pd.DataFrame) -> pd.DataFrame:
 
 
 # --------------------------------------------------------------------------------------------
+# the all-reduce benchmark and the communication model
+
+#: collectives.csv: one row per (backend, workers, nodes, message size).
+COLLECTIVE_COLUMNS = [
+    "backend",
+    "workers",
+    "nodes",
+    "world_size",
+    "bytes",
+    "iters",
+    "p50_seconds",
+    "p95_seconds",
+    "algbw_bytes_per_second",
+    "busbw_bytes_per_second",
+    "busbw_p95_bytes_per_second",
+]
+
+#: DDP-family strategies -> traffic of one optimizer step in all-reduces of the gradient (v).
+COMM_VOLUME = {
+    "torch-ddp": 1.0,
+    "torch-fsdp": 1.5,
+    "deepspeed-zero0": 1.0,
+    "deepspeed-zero1": 1.0,
+    "deepspeed-zero2": 1.0,
+    "deepspeed-zero3": 1.5,
+}
+
+
+def collectives_frame(paths: Iterable[str | Path]) -> pd.DataFrame:
+    """collectives.csv from the benchmark's JSON files (trainscale.collectives)."""
+    rows = []
+    for p in paths:
+        rec = collectives.read(p)
+        head = {k: rec[k] for k in ("backend", "workers", "nodes", "world_size")}
+        for r in rec["sizes"]:
+            rows.append({**head, "iters": len(r["seconds"]), **r})
+    return pd.DataFrame(rows, columns=COLLECTIVE_COLUMNS)
+
+
+def busbw_at(table: pd.DataFrame, size: float) -> float:
+    """Bus bandwidth at `size` bytes: linear in log2(size) between the measured sizes (the
+    nearest end outside them)."""
+    t = table.sort_values("bytes")
+    x = np.log2(t["bytes"].to_numpy(dtype=float))
+    return float(np.interp(np.log2(size), x, t["busbw_bytes_per_second"].to_numpy(dtype=float)))
+
+
+def gradient_bytes(strategy: str, precision: str, params: float) -> float:
+    """S: bytes of one gradient (half precision under DeepSpeed bf16/fp16, fp32 otherwise)."""
+    half = strategy.startswith("deepspeed-") and precision in ("bf16", "fp16")
+    return params * (2 if half else 4)
+
+
+COMM_COLUMNS = [
+    *CELL,
+    "world_size",
+    "backend",
+    "params",
+    "gradient_bytes",
+    "allreduce_volume",
+    "busbw_bytes_per_second",
+    "predicted_comm_seconds",
+    "steps_per_epoch",
+    "measured_step_seconds",
+    "comm_share",
+    "efficiency",
+    "network_bound_efficiency",
+    "note",
+]
+
+
+def communication_frame(
+    scaling: pd.DataFrame, runs: pd.DataFrame, coll: pd.DataFrame
+) -> pd.DataFrame:
+    """communication.csv: the communication model of every DDP-family cell with N > 1 (see the
+    module docstring for every formula)."""
+    if not len(scaling) or not len(runs):
+        return pd.DataFrame(columns=COMM_COLUMNS)
+    cells = scaling[
+        scaling["strategy"].isin(list(COMM_VOLUME))
+        & (scaling["world_size"] > 1)
+        & (scaling["ok"] > 0)
+    ]
+    ok = runs[runs["status"] == "ok"]
+    per_cell = ok.groupby([f"spec.{k}" for k in CELL], dropna=False).first()
+    rows = []
+    for c in cells.itertuples(index=False):
+        key = tuple(getattr(c, k) for k in CELL)
+        r = per_cell.loc[key]
+        n = int(c.world_size)
+        backend = "nccl" if r.get("device.kind") == "cuda" else "gloo"
+        params = float(r["model.params"])
+        size = gradient_bytes(c.strategy, c.precision, params)
+        steps = (int(r["data.train_samples"]) // n) // int(r["spec.per_worker_batch_size"])
+        step_s = c.steady_epoch_seconds_mean / steps
+        row = {k: getattr(c, k) for k in CELL}
+        row.update(
+            world_size=n,
+            backend=backend,
+            params=params,
+            gradient_bytes=size,
+            allreduce_volume=COMM_VOLUME[c.strategy],
+            steps_per_epoch=steps,
+            measured_step_seconds=step_s,
+            efficiency=c.efficiency,
+            note="",
+        )
+        sub = (
+            coll[
+                (coll["backend"] == backend)
+                & (coll["workers"] == c.workers)
+                & (coll["nodes"] == c.nodes)
+            ]
+            if len(coll)
+            else coll
+        )
+        if not len(sub):
+            row["note"] = (
+                f"no all-reduce benchmark for {backend}, {c.workers} workers × {c.nodes} nodes "
+                "(collectives.enabled false, or its run failed)"
+            )
+            rows.append(row)
+            continue
+        bw = busbw_at(sub, size)
+        t_comm = COMM_VOLUME[c.strategy] * collectives.bus_factor(n) * size / bw
+        t1 = c.baseline_steady_epoch_seconds
+        ideal = t1 / n
+        row.update(
+            busbw_bytes_per_second=bw,
+            predicted_comm_seconds=t_comm,
+            comm_share=t_comm / step_s,
+            network_bound_efficiency=ideal / (ideal + steps * t_comm),
+        )
+        if pd.isna(t1):
+            row["note"] = f"no network-bound efficiency: {c.baseline_note}"
+        rows.append(row)
+    return pd.DataFrame(rows, columns=COMM_COLUMNS)
+
+
+def read_collectives(path: str | Path | None) -> pd.DataFrame:
+    if not path or not Path(path).exists():
+        return pd.DataFrame(columns=COLLECTIVE_COLUMNS)
+    return pd.read_csv(path)
+
+
+def read_communication(path: str | Path | None) -> pd.DataFrame:
+    if not path or not Path(path).exists():
+        return pd.DataFrame(columns=COMM_COLUMNS)
+    return pd.read_csv(path, dtype={"note": object}).fillna({"note": ""})
+
+
+# --------------------------------------------------------------------------------------------
 # the whole study
 
 
@@ -427,6 +603,10 @@ class Study:
     epochs: pd.DataFrame
     scaling: pd.DataFrame
     invalid: list[tuple[str, str]] = field(default_factory=list)
+    collectives: pd.DataFrame = field(
+        default_factory=lambda: pd.DataFrame(columns=COLLECTIVE_COLUMNS)
+    )
+    communication: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=COMM_COLUMNS))
 
     @property
     def convergence(self) -> pd.DataFrame:
@@ -448,6 +628,8 @@ class Study:
         self.epochs.to_csv(out / "epochs.csv", index=False)
         self.scaling.to_csv(out / "scaling.csv", index=False)
         write_invalid(self.invalid, out / "invalid.csv")
+        self.collectives.to_csv(out / "collectives.csv", index=False)
+        self.communication.to_csv(out / "communication.csv", index=False)
         (out / "summary.txt").write_text(
             summary_text(self.runs, self.invalid, self.name, self.scaling)
         )
@@ -481,13 +663,23 @@ def read_study(
     scaling_csv: str | Path | None = None,
     invalid_csv: str | Path | None = None,
     name: str | None = None,
+    collectives_csv: str | Path | None = None,
+    communication_csv: str | Path | None = None,
 ) -> Study:
     """A Study from the CSV files the workflow wrote (scaling is recomputed when not given)."""
     runs = read_runs(runs_csv)
     epochs = pd.read_csv(epochs_csv) if epochs_csv else epochs_frame([])
     scaling = read_scaling(scaling_csv) if scaling_csv else scaling_frame(runs)
     invalid = read_invalid(invalid_csv) if invalid_csv else []
-    return Study(name or study_name(runs), runs, epochs, scaling, invalid)
+    return Study(
+        name or study_name(runs),
+        runs,
+        epochs,
+        scaling,
+        invalid,
+        collectives=read_collectives(collectives_csv),
+        communication=read_communication(communication_csv),
+    )
 
 
 def read_scaling(path: str | Path) -> pd.DataFrame:

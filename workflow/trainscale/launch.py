@@ -177,6 +177,8 @@ LAUNCHERS: dict[str, Callable[[RunSpec, Environment, list[str]], list[str]]] = {
     "torch": single_process,
     "torch-dp": single_process,
     "torch-ddp": torchrun,
+    "torch-fsdp": torchrun,
+    "torch-pipeline": torchrun,
     # DeepSpeed through torchrun, not the `deepspeed` launcher: that one always rendezvouses
     # on port 29500 (runs side by side clash) and needs a hostfile for multi-node; torchrun
     # gives free ports locally and the same srun form as torch-ddp across SLURM nodes.

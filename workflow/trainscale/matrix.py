@@ -66,6 +66,18 @@ MODEL_MIN_SIDE: dict[str, int] = {
 }
 
 
+#: Top-level blocks of each model (`models.blocks`): the most pipeline stages it splits into.
+#: Checked against the built models in tests/test_pipeline.py.
+MODEL_BLOCKS: dict[str, int] = {
+    "seed-small": 3,
+    "seed-large": 6,
+    "mnist-convnet": 4,
+    "vgg19": 8,
+    "resnet50": 18,
+    "alexnet": 8,
+    "googlenet": 11,
+}
+
 #: Models with BatchNorm: training needs at least 2 samples per worker.
 BATCHNORM_MODELS: frozenset[str] = frozenset({"resnet50", "googlenet"})
 
@@ -119,6 +131,8 @@ class RunSpec:
     deepspeed_config: str | None = None
     fault: Fault | None = None
     horovod_timeline: bool = False
+    pipeline_schedule: str | None = None
+    microbatches: int = 1
 
     @property
     def framework(self) -> str:
@@ -218,9 +232,15 @@ def effective_lr(lr: float, scaling: str, global_batch: int, base_batch: int) ->
     return lr
 
 
-def why_not(values: dict, accelerator: str) -> str | None:
+def why_not(
+    values: dict, accelerator: str, microbatches: int = 1, schedule: str = "gpipe"
+) -> str | None:
     """The reason a strategy or model cannot do this combination, or None if it can."""
     s, world = values["strategy"], values["workers"] * values["nodes"]
+    if s == "torch-pipeline":
+        reason = _pipeline_why_not(values, world, microbatches, schedule)
+        if reason:
+            return reason
     if s == "torch" and world > 1:
         return "torch is one process on one device: needs workers=1, nodes=1"
     if s == "torch-dp" and values["nodes"] > 1:
@@ -243,6 +263,37 @@ def why_not(values: dict, accelerator: str) -> str | None:
         ds = values["dataset"]
         return f"{values['model']} needs inputs of at least {need}×{need}; {ds} is {side}×{side}"
     return None
+
+
+def _pipeline_why_not(values: dict, world: int, microbatches: int, schedule: str) -> str | None:
+    """torch-pipeline: one stage per worker, cut between the model's top-level blocks; the
+    global batch is split into `microbatches` equal micro-batches."""
+    model, blocks = values["model"], MODEL_BLOCKS[values["model"]]
+    if blocks < world:
+        return (
+            f"torch-pipeline: {model} has {blocks} blocks, too few for {world} pipeline stages "
+            "(one per worker)"
+        )
+    gbs, _ = pipeline_batch(values["batch_size"], values["batch_mode"], world)
+    if gbs % microbatches:
+        return f"torch-pipeline: microbatches {microbatches} do not divide the batch of {gbs}"
+    if gbs // microbatches < 2 and model in BATCHNORM_MODELS:
+        return f"torch-pipeline: {model} has BatchNorm: needs micro-batches of at least 2"
+    if values["precision"] == "fp16":
+        return (
+            "torch-pipeline: fp16 needs a loss scaler that skips steps on every stage alike; "
+            "use bf16"
+        )
+    if schedule == "1f1b" and microbatches < world:
+        return f"torch-pipeline: 1F1B needs microbatches ({microbatches}) ≥ stages ({world})"
+    return None
+
+
+def pipeline_batch(batch_size: int, mode: str, world: int) -> tuple[int, int]:
+    """(global, per-worker) batch of torch-pipeline: no data parallelism, so every stage sees
+    the whole global batch (`per_worker` mode: batch_size × stages, weak scaling)."""
+    gbs = batch_size * world if mode == "per_worker" else batch_size
+    return gbs, gbs
 
 
 def _excluded(values: dict, exclude: list[dict]) -> bool:
@@ -321,12 +372,15 @@ def build_runs(config: dict, accelerator: str = "cpu") -> tuple[list[RunSpec], l
         if _excluded(values, m.get("exclude", [])):
             dropped.append(Dropped(values, "excluded by matrix.exclude"))
             continue
-        reason = why_not(values, accelerator)
+        pipe = values["strategy"] == "torch-pipeline"
+        mb, schedule = config.get("microbatches", 4), config.get("pipeline_schedule", "gpipe")
+        reason = why_not(values, accelerator, mb, schedule)
         if reason:
             dropped.append(Dropped(values, reason))
             continue
         world = values["workers"] * values["nodes"]
-        gbs, pwbs = batch_sizes(values["batch_size"], values["batch_mode"], world)
+        split = pipeline_batch if pipe else batch_sizes
+        gbs, pwbs = split(values["batch_size"], values["batch_mode"], world)
         if pwbs < 2 and values["model"] in BATCHNORM_MODELS:
             reason = f"{values['model']} has BatchNorm: needs at least 2 samples per worker"
             dropped.append(Dropped(values, reason))
@@ -368,6 +422,8 @@ def build_runs(config: dict, accelerator: str = "cpu") -> tuple[list[RunSpec], l
                     fault=fault_for(values, repeat, config.get("faults", [])),
                     horovod_timeline=config.get("horovod_timeline", False)
                     and FRAMEWORK[values["strategy"]] == "horovod",
+                    pipeline_schedule=schedule if pipe else None,
+                    microbatches=mb if pipe else 1,
                 )
             )
     if not runs:

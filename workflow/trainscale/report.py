@@ -23,7 +23,7 @@ import yaml
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 import trainscale
-from trainscale import aggregate, metrics
+from trainscale import aggregate, collectives, metrics
 from trainscale.aggregate import Study, human
 
 REPORTS = Path(__file__).resolve().parents[2] / "reports"
@@ -222,6 +222,43 @@ def _scaling_rows(study: Study) -> list[dict]:
     return rows
 
 
+def _seconds(v) -> str:
+    if _na(v):
+        return "–"
+    return f"{human(v * 1e3)} ms" if v < 1 else f"{human(v)} s"
+
+
+def _communication_rows(study: Study) -> list[dict]:
+    c = study.communication
+    if c is None or not len(c):
+        return []
+    rows = []
+    for r in c.sort_values(["model", "dataset", "strategy", "world_size"]).itertuples(index=False):
+        rows.append(
+            {
+                "strategy": r.strategy,
+                "model": r.model,
+                "dataset": r.dataset,
+                "batch": f"{r.batch_size} {r.batch_mode.replace('_', '-')}",
+                "n": f"{r.world_size}" + (f" ({r.workers}×{r.nodes})" if r.nodes > 1 else ""),
+                "precision": r.precision,
+                "backend": r.backend,
+                "gradient": mib(r.gradient_bytes),
+                "volume": f"{r.allreduce_volume:g}",
+                "busbw": "–"
+                if _na(r.busbw_bytes_per_second)
+                else f"{human(r.busbw_bytes_per_second / 1e9)} GB/s",
+                "predicted": _seconds(r.predicted_comm_seconds),
+                "measured": _seconds(r.measured_step_seconds),
+                "share": pct(r.comm_share),
+                "efficiency": pct(r.efficiency),
+                "bound": pct(r.network_bound_efficiency),
+                "note": r.note if isinstance(r.note, str) else "",
+            }
+        )
+    return rows
+
+
 def _failed_rows(study: Study) -> list[dict]:
     runs = study.runs
     if not len(runs):
@@ -339,6 +376,7 @@ def context(
     over = int(runs["oversubscribed"].astype(bool).sum()) if len(runs) else 0
     run_intro, run_defs = definitions(metrics.__doc__ or "")
     cell_intro, cell_defs = definitions(aggregate.__doc__ or "")
+    coll_intro, coll_defs = definitions(collectives.__doc__ or "")
     run_intro, cell_intro = _code_segments(run_intro), _code_segments(cell_intro)
     figures = _figure_entries(Path(figures_dir) if figures_dir else None, notes)
     scaling = _scaling_rows(study)
@@ -354,6 +392,8 @@ def context(
         "missing": sorted({r["note"] for r in scaling if r["note"]}),
         "figures": figures,
         "scaling": scaling,
+        "communication": _communication_rows(study),
+        "n_collectives": len(study.collectives) if study.collectives is not None else 0,
         "failed": _failed_rows(study),
         "invalid": study.invalid,
         "environment": _environment(study),
@@ -364,6 +404,8 @@ def context(
             "runs": run_defs,
             "cell_intro": cell_intro,
             "cells": cell_defs,
+            "coll_intro": _code_segments(coll_intro),
+            "coll": coll_defs,
         },
     }
 
@@ -416,6 +458,13 @@ def build(
     # unnamed runs in results/<study>/runs are named after <study>
     default = Path(runs_dir).resolve().parent.name if Path(runs_dir).name == "runs" else "study"
     study = aggregate.build(paths, name=name, jobs=jobs, default_name=default)
+    # the all-reduce benchmark, where it sits beside the runs (results/<study>/collectives)
+    found = sorted((Path(runs_dir).parent / "collectives").rglob("*.json"))
+    if found:
+        study.collectives = aggregate.collectives_frame(found)
+        study.communication = aggregate.communication_frame(
+            study.scaling, study.runs, study.collectives
+        )
     out = Path(out)
     notes = plots.render_all(study, out / "figures", jobs=jobs, meanwhile=lambda: study.write(out))
     write_html(study, out / "report.html", out / "figures", config=config, notes=notes)

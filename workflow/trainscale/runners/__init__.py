@@ -9,6 +9,8 @@ RUNNER_MODULES: dict[str, str] = {
     "torch": "pytorch",
     "torch-dp": "pytorch",
     "torch-ddp": "pytorch",
+    "torch-fsdp": "pytorch",
+    "torch-pipeline": "pipeline",
     "tf": "tf",
     "tf-mirrored": "tf",
     "tf-multiworker": "tf",

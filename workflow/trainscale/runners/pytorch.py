@@ -1,7 +1,8 @@
 """PyTorch: one process (`torch`), nn.DataParallel (`torch-dp`), DistributedDataParallel
-(`torch-ddp`, launched by torchrun; gloo on CPU, NCCL on GPU).
+(`torch-ddp`) and fully sharded data parallelism (`torch-fsdp`, FSDP2 `fully_shard` over the
+model's blocks); the last two launched by torchrun, gloo on CPU, NCCL on GPU.
 
-One loop for all three, in the style of PyTorch's DDP tutorial: rank from torchrun's
+One loop for all four, in the style of PyTorch's DDP tutorial: rank from torchrun's
 environment, DistributedSampler shards, rank 0 writes. Every rank runs the same number of
 steps, so no rank ever waits in a collective for one that stopped on its own clock.
 """
@@ -16,7 +17,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.elastic.multiprocessing.errors import record
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data.distributed import DistributedSampler
 
@@ -36,6 +39,21 @@ from trainscale.runners.common import (
 warnings.filterwarnings("ignore", message="Grad strides do not match bucket view strides")
 
 DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+#: strategies that run one process per worker under torchrun
+DISTRIBUTED = ("torch-ddp", "torch-fsdp")
+
+
+def shard(net: torch.nn.Module, dtype: torch.dtype | None) -> torch.nn.Module:
+    """FSDP2: every top-level block with parameters is one shard unit (its parameters are
+    all-gathered just before it runs and freed after), the root takes the rest. `precision`
+    becomes the policy: parameters and compute in `dtype`, gradients reduced in fp32 so the
+    update matches DDP's; the optimizer keeps fp32 shards."""
+    policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32 if dtype else None)
+    for block in models.blocks(net):
+        if any(True for _ in block.parameters()):
+            fully_shard(block, mp_policy=policy)
+    fully_shard(net, mp_policy=policy)
+    return net
 
 
 def sync(device: torch.device) -> None:
@@ -129,7 +147,8 @@ def main(spec: RunSpec, out: str) -> None:
     rec = metrics.Recorder(spec.to_dict())
     rk = detect_rank()
     torch.set_num_threads(spec.threads_per_worker)
-    distributed = spec.strategy == "torch-ddp"
+    distributed = spec.strategy in DISTRIBUTED
+    fsdp = spec.strategy == "torch-fsdp"
     cuda = torch.cuda.is_available()
     device = torch.device(f"cuda:{rk.local_rank}" if cuda else "cpu")
     if cuda:
@@ -150,14 +169,17 @@ def main(spec: RunSpec, out: str) -> None:
 
     torch.manual_seed(spec.seed)  # same fresh initial weights on every rank and every repeat
     net = models.build(spec.model, arrays.info.shape, arrays.info.num_classes).to(device)
-    if distributed:
-        model: torch.nn.Module = DDP(net, device_ids=[device.index] if cuda else None)
+    dtype = DTYPES[spec.precision]
+    if fsdp:
+        model: torch.nn.Module = shard(net, dtype)
+        dtype = None  # FSDP casts parameters and inputs itself: no autocast
+    elif distributed:
+        model = DDP(net, device_ids=[device.index] if cuda else None)
     elif spec.strategy == "torch-dp":
         model = torch.nn.DataParallel(net, device_ids=list(range(spec.workers)) if cuda else None)
     else:
         model = net
     opt = make_optimizer(spec, model.parameters())
-    dtype = DTYPES[spec.precision]
     scaler = torch.amp.GradScaler(device.type, enabled=spec.precision == "fp16")
 
     sampler = DistributedSampler(
@@ -193,7 +215,7 @@ def main(spec: RunSpec, out: str) -> None:
             idx = order[step * b : (step + 1) * b]
             x, y = train_x[idx], train_y[idx]
             with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
-                loss = F.cross_entropy(model(x), y)
+                loss = F.cross_entropy(model(x).float(), y)
             opt.zero_grad(set_to_none=True)
             scaler.scale(loss).backward()
             scaler.step(opt)
@@ -225,15 +247,19 @@ def main(spec: RunSpec, out: str) -> None:
             )
     utilization, energy = gpu.stop()
 
-    # Peak memory, utilisation and energy: the max (or sum) over ranks; host names of all ranks.
+    # Peak memory per rank (and its max), utilisation and energy; host names of all ranks.
     peaks = torch.tensor(
         [metrics.peak_rss_bytes(), torch.cuda.max_memory_allocated(device) if cuda else 0],
         dtype=torch.float64,
         device=device,
     )
     hosts = [metrics.hostname()]
+    per_rank = peaks.view(1, 2)
     if distributed:
-        dist.all_reduce(peaks, op=dist.ReduceOp.MAX)
+        gathered = [torch.zeros_like(peaks) for _ in range(rk.world_size)]
+        dist.all_gather(gathered, peaks)
+        per_rank = torch.stack(gathered)
+        peaks = per_rank.max(0).values
         hosts_all: list = [None] * rk.world_size
         dist.all_gather_object(hosts_all, hosts[0])
         hosts = hosts_all
@@ -241,6 +267,11 @@ def main(spec: RunSpec, out: str) -> None:
         dist.all_reduce(energy_t)
         if cuda:
             energy, utilization = energy_t[0].item(), energy_t[1].item() / rk.world_size
+    weights_path = os.environ.get("TRAINSCALE_SAVE_WEIGHTS")  # final weights, for tests
+    weights = None
+    if weights_path:  # FSDP's full state dict is a collective: every rank takes part
+        full = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        weights = get_model_state_dict(net, options=full) if fsdp else net.state_dict()
 
     if rk.is_main:
         env = metrics.environment(rec.start_utc, {"torch": torch.__version__}, hosts)
@@ -253,6 +284,10 @@ def main(spec: RunSpec, out: str) -> None:
             memory={
                 "peak_host_rss_bytes": int(peaks[0].item()),
                 "peak_device_bytes": int(peaks[1].item()) if cuda else None,
+                "per_rank_host_rss_bytes": [int(v) for v in per_rank[:, 0].tolist()],
+                "per_rank_device_bytes": [int(v) for v in per_rank[:, 1].tolist()]
+                if cuda
+                else None,
             },
             device={
                 "kind": device.type,
@@ -266,8 +301,8 @@ def main(spec: RunSpec, out: str) -> None:
             launch=metrics.launch_info(),
         )
         metrics.write(out, result)
-        if os.environ.get("TRAINSCALE_SAVE_WEIGHTS"):  # final weights, for equivalence tests
-            torch.save(net.state_dict(), os.environ["TRAINSCALE_SAVE_WEIGHTS"])
+        if weights_path:
+            torch.save(weights, weights_path)
         print(
             f"trainscale: ok, throughput {fmt_rate(result['throughput'])} samples/s, "
             f"test accuracy {result['test']['accuracy']}; wrote {out}",

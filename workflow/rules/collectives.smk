@@ -1,0 +1,55 @@
+# The all-reduce microbenchmark (trainscale/collectives.py), once per (backend, workers, nodes)
+# of the study, and the tables built from it: collectives.csv (bus bandwidth by message size)
+# and communication.csv (the communication model of every DDP-family cell).
+
+
+rule collectives:
+    output:
+        json=f"{RESULTS}/collectives/backend~{{backend}}/workers~{{workers}}/nodes~{{nodes}}.json",
+    log:
+        f"logs/{STUDY}/collectives/backend~{{backend}}/workers~{{workers}}/nodes~{{nodes}}.log",
+    wildcard_constraints:
+        backend="gloo|nccl",
+        workers=r"\d+",
+        nodes=r"\d+",
+    conda:
+        "../../envs/torch.yaml"
+    threads: lambda w: int(w.workers) * config["threads_per_worker"]
+    params:
+        models=lambda w: " ".join(f"--model {p}" for p in collective_shapes()[1]),
+        threads=config["threads_per_worker"],
+        warmup=config["collectives"]["warmup"],
+        iters=config["collectives"]["iters"],
+        study=STUDY,
+    shell:
+        "python -m trainscale.collectives --backend {wildcards.backend}"
+        " --workers {wildcards.workers} --nodes {wildcards.nodes} --threads {params.threads}"
+        " --warmup {params.warmup} --iters {params.iters} --study {params.study} {params.models}"
+        " --out {output.json:q} > {log:q} 2>&1"
+
+
+rule collectives_table:
+    input:
+        collectives=collective_files(),
+        runs=rules.runs_table.output.csv,
+        scaling=rules.scaling_table.output.csv,
+    output:
+        collectives=report(
+            f"{RESULTS}/collectives.csv",
+            caption="../../reports/collectives.rst",
+            category="Tables",
+            labels={"table": "all-reduce bandwidth"},
+        ),
+        communication=report(
+            f"{RESULTS}/communication.csv",
+            caption="../../reports/communication.rst",
+            category="Tables",
+            labels={"table": "communication model"},
+        ),
+    log:
+        f"logs/{STUDY}/collectives_table.log",
+    localrule: True
+    conda:
+        "../../envs/torch.yaml"
+    script:
+        "../scripts/collectives_table.py"

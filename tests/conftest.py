@@ -42,15 +42,23 @@ def run_env(**extra: str) -> dict[str, str]:
 
 
 def launch(spec, out: Path, timeout: float = 300, **env: str) -> subprocess.CompletedProcess:
-    """Run one spec through the real supervisor (python -m trainscale.launch)."""
-    return subprocess.run(
+    """Run one spec through the real supervisor (python -m trainscale.launch); past `timeout`
+    the supervisor is sent SIGTERM, which stops the run's process group too."""
+    p = subprocess.Popen(
         [PYTHON, "-m", "trainscale.launch", "--spec", spec.to_json(), "--out", str(out)],
         cwd=ROOT,
         env=run_env(**env),
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=timeout,
     )
+    try:
+        stdout, stderr = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.terminate()
+        stdout, stderr = p.communicate(timeout=30)
+        raise subprocess.TimeoutExpired(p.args, timeout, stdout, stderr) from None
+    return subprocess.CompletedProcess(p.args, p.returncode, stdout, stderr)
 
 
 def snakemake(workdir: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:

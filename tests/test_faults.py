@@ -228,3 +228,27 @@ def test_report_renders_with_failed_runs(tmp_path):
     assert report.main(["--runs-dir", str(runs), "--out", str(tmp_path / "out")]) == 0
     html = (tmp_path / "out" / "report.html").read_text()
     assert "injected fault: rank 1 raised in epoch 1" in html
+
+
+def test_a_stopped_supervisor_stops_its_run(tmp_path):
+    """SIGTERM to the supervisor (Snakemake on Ctrl-C, scancel) ends the run's process group,
+    which lives in a session of its own, instead of leaving it training as an orphan."""
+    out = tmp_path / "metrics.json"
+    spec = make("torch-ddp", 2, Fault("hang", rank=1, epoch=1))
+    p = subprocess.Popen(
+        [PYTHON, "-m", "trainscale.launch", "--spec", spec.to_json(), "--out", str(out)],
+        cwd=ROOT,
+        env=run_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    deadline = time.time() + 120
+    while time.time() < deadline and len(leftovers(str(out))) < 3:  # launcher + 2 ranks
+        time.sleep(0.5)
+    assert len(leftovers(str(out))) >= 3
+    time.sleep(2)
+    p.terminate()
+    assert p.wait(timeout=60) == 128 + signal.SIGTERM
+    time.sleep(1)
+    assert not leftovers(str(out)) and not out.exists()

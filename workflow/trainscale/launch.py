@@ -470,6 +470,7 @@ def supervise(spec: RunSpec, out: Path, env: Environment, grace: float = 10.0) -
         start_new_session=True,  # own process group: a timeout kills every rank and launcher
         env=child_env,
     )
+    _end_with_us(proc)
     tail: collections.deque = collections.deque(maxlen=400)
     pump = threading.Thread(target=_pump, args=(proc.stdout, sys.stdout, tail), daemon=True)
     pump.start()
@@ -515,6 +516,21 @@ def supervise(spec: RunSpec, out: Path, env: Environment, grace: float = 10.0) -
     metrics.write(out, rec)
     print(f"trainscale: recorded status {status!r} in {out}", flush=True)
     return status
+
+
+def _end_with_us(proc: subprocess.Popen) -> None:
+    """When this supervisor is told to stop (SIGTERM from Snakemake on Ctrl-C or from
+    scancel, SIGINT, SIGHUP), stop the run's process group first: it runs in a session of its
+    own, so it would otherwise go on training as an orphan. No record is written: the job did
+    not finish, and Snakemake reruns it."""
+
+    def stop(signum, _frame) -> None:
+        _kill_group(proc, grace=3.0)
+        raise SystemExit(128 + signum)
+
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, stop)
 
 
 def _kill_group(proc: subprocess.Popen, grace: float) -> None:

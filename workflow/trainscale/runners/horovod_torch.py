@@ -115,11 +115,15 @@ class Trainer:
             with torch.autocast(dev.type, dtype=self.dtype, enabled=self.dtype is not None):
                 loss = F.cross_entropy(self.net(self.train_x[idx]), self.train_y[idx])
             self.opt.zero_grad()  # Horovod's takes no set_to_none; None is torch's default
-            self.scaler.scale(loss).backward()
-            self.opt.synchronize()  # Horovod's AMP recipe: all-reduce, then unscale and step
-            with self.opt.skip_synchronize():
-                self.scaler.step(self.opt)
-            self.scaler.update()
+            if self.scaler.is_enabled():  # fp16: Horovod's AMP recipe
+                self.scaler.scale(loss).backward()
+                self.opt.synchronize()  # all-reduce first, then unscale and step
+                with self.opt.skip_synchronize():
+                    self.scaler.step(self.opt)
+                self.scaler.update()
+            else:
+                loss.backward()
+                self.opt.step()
             loss_sum += loss.detach().float()
             sync(dev)
             step_seconds.append(time.perf_counter() - t_step)

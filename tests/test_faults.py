@@ -20,25 +20,18 @@ from pathlib import Path
 
 import psutil
 import pytest
+from test_runners import make as runners_make
 
 from trainscale import aggregate, metrics, report
-from trainscale.matrix import Fault, build_runs
+from trainscale.matrix import Fault
 
-from conftest import PYTHON, ROOT, SNAKEMAKE, launch, load_yaml, run_env, snakemake, validated
+from conftest import PYTHON, ROOT, SNAKEMAKE, launch, load_yaml, run_env, snakemake
 
 pytestmark = pytest.mark.slow
 
 
 def make(strategy: str, workers: int = 1, fault: Fault | None = None, **kw):
-    m = {
-        "strategy": [strategy],
-        "model": ["seed-small"],
-        "dataset": ["digits"],
-        "workers": [workers],
-        "batch_size": [64],
-    }
-    runs, _ = build_runs(validated({"study": "t", "matrix": m, "epochs": 2, **kw}))
-    return dataclasses.replace(runs[0], fault=fault)
+    return dataclasses.replace(runners_make(strategy, workers, **kw), fault=fault)
 
 
 def leftovers(marker: str) -> list[str]:

@@ -90,3 +90,23 @@ def test_real_study_through_snakemake(tmp_path):
         tmp_path, "--cores", "2", "-n", "--configfile", str(ROOT / ".test" / "config.yaml")
     )
     assert "Nothing to be done" in again.stdout + again.stderr
+
+
+def test_every_run_path_matches_the_run_wildcard(tmp_path):
+    """Matrix values with '_' (batch_mode per_worker) once fell outside the `run` wildcard's
+    constraint: Snakemake then found no rule for those runs."""
+    cfg = write_config(
+        tmp_path,
+        matrix={
+            "strategy": ["torch-ddp"],
+            "model": ["seed-small"],
+            "dataset": ["digits"],
+            "batch_mode": ["global", "per_worker"],
+            "workers": [2],
+            "precision": ["fp32", "bf16"],
+            "exclude": [],
+        },
+    )
+    p = snakemake(tmp_path, "-n", "--configfile", str(cfg))
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "train                    4" in p.stdout, p.stdout

@@ -45,7 +45,7 @@ print(
 
 
 wildcard_constraints:
-    run=r"strategy~[A-Za-z0-9.-]+(/[a-z_]+~[A-Za-z0-9.-]+)+",
+    run=r"strategy~[A-Za-z0-9.-]+(/[a-z_]+~[A-Za-z0-9._-]+)+",
 
 
 def check_local_capacity():

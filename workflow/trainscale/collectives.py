@@ -196,7 +196,9 @@ def worker(args: argparse.Namespace) -> None:
         tmp.write_text(json.dumps(record, indent=1))
         os.replace(tmp, out)
         print(f"trainscale.collectives: wrote {out}", flush=True)
-    dist.destroy_process_group()
+    from trainscale.runners.pytorch import leave
+
+    leave()  # without the gloo teardown that can deadlock at exit
 
 
 def read(path: str | Path) -> dict:

@@ -38,7 +38,15 @@ from trainscale.runners.common import (
     maybe_fault,
     steps_per_epoch,
 )
-from trainscale.runners.pytorch import DTYPES, _Indexable, barrier, make_optimizer, sync, to_tensors
+from trainscale.runners.pytorch import (
+    DTYPES,
+    _Indexable,
+    barrier,
+    leave,
+    make_optimizer,
+    sync,
+    to_tensors,
+)
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 
@@ -260,4 +268,4 @@ def main(spec: RunSpec, out: str) -> None:
             f"test accuracy {result['test']['accuracy']}; wrote {out}",
             flush=True,
         )
-    dist.destroy_process_group()
+    leave()

@@ -10,6 +10,7 @@ steps, so no rank ever waits in a collective for one that stopped on its own clo
 from __future__ import annotations
 
 import os
+import sys
 import time
 import warnings
 
@@ -54,6 +55,19 @@ def shard(net: torch.nn.Module, dtype: torch.dtype | None) -> torch.nn.Module:
             fully_shard(block, mp_policy=policy)
     fully_shard(net, mp_policy=policy)
     return net
+
+
+def leave() -> None:
+    """End a torchrun worker once every rank is done, without the process-group teardown.
+
+    Tearing down a gloo group can deadlock at exit: a gloo worker thread frees the last
+    collective's tensors while holding the group's lock and waits for the GIL, while the main
+    thread holds the GIL and waits for that lock in ~ProcessGroupGloo (seen here as 2-rank
+    runs hanging after their metrics were written). The results are written; leave."""
+    dist.barrier()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def sync(device: torch.device) -> None:
@@ -309,4 +323,4 @@ def main(spec: RunSpec, out: str) -> None:
             flush=True,
         )
     if distributed:
-        dist.destroy_process_group()
+        leave()

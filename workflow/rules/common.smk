@@ -19,7 +19,7 @@ from trainscale import matrix as ts_matrix
 
 # The config, checked before any job: every problem listed at once with its key and a fix,
 # then snakemake's own validation (which also fills in the schema's defaults).
-CONFIG_SCHEMA = Path(workflow.basedir) / "workflow" / "schemas" / "config.schema.yaml"
+CONFIG_SCHEMA = ts_matrix.CONFIG_SCHEMA
 _problems = ts_matrix.config_problems(config, yaml.safe_load(CONFIG_SCHEMA.read_text()))
 if _problems:
     raise ValueError(

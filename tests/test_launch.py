@@ -192,6 +192,21 @@ def test_exception_lines_put_torchruns_root_cause_first():
     assert first == "RuntimeError: injected fault: rank 1 raised in epoch 2"
     killed = [*out[:3], "  traceback : Signal 9 (SIGKILL) received by PID 8945\n"]
     assert launch.exception_lines(killed)[0] == "Signal 9 (SIGKILL) received by PID 8945"
+    # the surviving rank may notice first and become torchrun's "root cause": still second
+    peer_first = [
+        "Root Cause (first observed failure):\n",
+        "  rank      : 0 (local_rank: 0)\n",
+        "  RuntimeError: [gloo/pair.cc:537] Read error [127.0.0.1]:26282: Connection reset\n",
+        "Other Failures:\n",
+        "  traceback : Signal 9 (SIGKILL) received by PID 8945\n",
+    ]
+    assert launch.exception_lines(peer_first) == [
+        "Signal 9 (SIGKILL) received by PID 8945",
+        "RuntimeError: [gloo/pair.cc:537] Read error [127.0.0.1]:26282: Connection reset",
+    ]
+    # torchrun's own SIGTERM to the other ranks is not a cause
+    stopped = [out[3], "  traceback : Signal 15 (SIGTERM) received by PID 8946\n"]
+    assert launch.exception_lines(stopped)[0].startswith("RuntimeError: injected fault")
 
 
 # --- TensorFlow: tf, tf-mirrored (one process), tf-multiworker (tfrun locally, srun on SLURM) ---

@@ -162,3 +162,31 @@ def collective_files():
         f"{RESULTS}/collectives/backend~{COLLECTIVES_BACKEND}/workers~{w}/nodes~{n}.json"
         for w, n in shapes
     ]
+
+
+# --- figures (rule `figures` in report.smk); the kinds are listed once, in reports/figures.yaml
+FIGURES = yaml.safe_load(
+    (Path(workflow.basedir) / "reports" / "figures.yaml").read_text()
+)
+
+
+#: Labels of every figure in `snakemake --report`, next to its title: for which runs it is.
+STUDY_LABELS = {
+    key: ", ".join(sorted({getattr(r, key) for r in RUNS}))
+    for key in ("strategy", "model", "dataset")
+}
+
+
+def figure_outputs():
+    """Every figure's SVG (registered for `snakemake --report` under its category, with its own
+    caption and labels) and PNG, as named outputs `<name>_svg` and `<name>_png`."""
+    out = {}
+    for name, fig in FIGURES.items():
+        out[f"{name}_svg"] = report(
+            f"{RESULTS}/figures/{name}.svg",
+            caption=f"../../reports/figures/{name}.rst",
+            category=fig["category"],
+            labels={"figure": fig["title"], **STUDY_LABELS},
+        )
+        out[f"{name}_png"] = f"{RESULTS}/figures/{name}.png"
+    return out

@@ -1,49 +1,23 @@
 # Figures and the study's HTML report. The figure kinds are listed once, in
-# reports/figures.yaml (read here without pandas or matplotlib, so parsing stays fast).
-from pathlib import Path
-
-import yaml
-
-FIGURES = yaml.safe_load(
-    (Path(workflow.basedir) / "reports" / "figures.yaml").read_text()
-)
-FIGURE_CAPTIONS = Path(workflow.basedir) / "reports" / "figures"
-
-
-#: Labels of every figure in `snakemake --report`, next to its title: for which runs it is.
-STUDY_LABELS = {
-    key: ", ".join(sorted({getattr(r, key) for r in RUNS}))
-    for key in ("strategy", "model", "dataset")
-}
-
-
-rule figure:
+# reports/figures.yaml (read in common.smk without pandas or matplotlib: parsing stays fast).
+# All figures in one job: drawing them needs matplotlib, seaborn and pandas (3 s to import),
+# so one process draws them all, forking `threads` processes that share the tables.
+rule figures:
     input:
         runs=rules.runs_table.output.csv,
         epochs=rules.runs_table.output.epochs,
         scaling=rules.scaling_table.output.csv,
         collectives=rules.collectives_table.output.collectives,
     output:
-        svg=report(
-            f"{RESULTS}/figures/{{figure}}.svg",
-            caption="../../reports/figure.rst",
-            category=lambda w: FIGURES[w.figure]["category"],
-            labels=lambda w: {"figure": FIGURES[w.figure]["title"], **STUDY_LABELS},
-        ),
-        png=f"{RESULTS}/figures/{{figure}}.png",
+        **figure_outputs(),
     log:
-        f"logs/{STUDY}/figures/{{figure}}.log",
-    wildcard_constraints:
-        figure="|".join(FIGURES),
+        f"logs/{STUDY}/figures.log",
     localrule: True
     conda:
         "../../envs/torch.yaml"
-    params:
-        caption=lambda w: " ".join(
-            (FIGURE_CAPTIONS / f"{w.figure}.rst").read_text().split()
-        ),
+    threads: 2
     script:
-        "../scripts/figure.py"
+        "../scripts/figures.py"
 
 
 rule report_html:
@@ -54,7 +28,7 @@ rule report_html:
         scaling=rules.scaling_table.output.csv,
         collectives=rules.collectives_table.output.collectives,
         communication=rules.collectives_table.output.communication,
-        figures=expand(f"{RESULTS}/figures/{{figure}}.png", figure=FIGURES),
+        figures=[f"{RESULTS}/figures/{name}.png" for name in FIGURES],
     output:
         html=report(
             f"{RESULTS}/report.html",

@@ -419,13 +419,19 @@ _EXC_LINE = re.compile(
 
 _SIGNAL_LINE = re.compile(r"^(?:traceback\s*:\s*)?(Signal \d+ \(SIG\w+\) received by PID \d+)$")
 _ROOT_CAUSE = "Root Cause (first observed failure)"
+_PEER_LOST = re.compile(
+    r"Connection closed by peer|Connection reset by peer|Read error|Write error|"
+    r"Broken pipe|Timed out waiting .* for recv|DistNetworkError|remote worker hanging"
+)
 
 
 def exception_lines(lines: list[str]) -> list[str]:
     """The exception lines (`pkg.SomeError: message`, or a worker's fatal signal) in a run's
-    output, the root cause first: torchrun's "Root Cause (first observed failure)" section
-    when there is one (the other ranks' errors, e.g. gloo's "Connection closed by peer", are
-    consequences), then in order of appearance; without torchrun's ChildFailedError wrapper."""
+    output, the most likely cause first, without torchrun's ChildFailedError wrapper:
+    a worker killed by a signal other than SIGTERM/SIGINT (which torchrun itself sends), then
+    torchrun's "Root Cause (first observed failure)" section, then the rest in order of
+    appearance; a peer's lost connection (gloo's "Connection closed by peer", "Read error")
+    comes last, since it is a consequence: which rank notices first is a race."""
     root = next((i for i, line in enumerate(lines) if _ROOT_CAUSE in line), None)
     ordered = lines if root is None else lines[root:] + lines[:root]
     seen: list[str] = []
@@ -438,7 +444,13 @@ def exception_lines(lines: list[str]) -> list[str]:
             continue
         if text not in seen:
             seen.append(text)
-    return seen
+
+    def rank(text: str) -> int:
+        if text.startswith("Signal ") and not re.search(r"\(SIG(TERM|INT)\)", text):
+            return 0
+        return 2 if _PEER_LOST.search(text) else 1
+
+    return sorted(seen, key=rank)  # stable: keeps the order above within each rank
 
 
 def _pump(stream, sink, tail: collections.deque) -> None:

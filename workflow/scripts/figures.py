@@ -1,6 +1,7 @@
-"""Snakemake script: one figure (wildcard `figure`) as SVG and PNG from the study's tables."""
+"""Snakemake script: every figure of reports/figures.yaml as SVG and PNG from the study's tables."""
 
 import sys
+from pathlib import Path
 
 from trainscale import aggregate, plots
 
@@ -13,6 +14,7 @@ with open(snakemake.log[0], "w") as log:  # noqa: F821 (injected by Snakemake)
         collectives_csv=snakemake.input.collectives,  # noqa: F821
         name=snakemake.config["study"],  # noqa: F821
     )
-    name = snakemake.wildcards.figure  # noqa: F821
-    note = plots.render(name, study, snakemake.output.svg, snakemake.output.png)  # noqa: F821
-    print(f"trainscale: figure {name}: {note or 'drawn'}", file=log)
+    out = Path(snakemake.output[0]).parent  # noqa: F821
+    notes = plots.render_all(study, out, jobs=snakemake.threads)  # noqa: F821
+    for name, note in notes.items():
+        print(f"trainscale: figure {name}: {note or 'drawn'}", file=log)

@@ -88,9 +88,8 @@ def test_a_lost_worker_fails_the_run_and_stops_the_others(tmp_path):
     rec, wall = run_fault(tmp_path, spec)
     # torchrun reports the worker's SIGKILL and ends the other rank; no OOM killer was involved
     assert rec["status"] == "failed", rec["error"]
-    assert rec["error"].splitlines()[1].startswith("Signal 9 (SIGKILL) received by PID"), rec[
-        "error"
-    ]
+    cause = rec["error"].splitlines()[1]
+    assert cause.startswith("Signal 9 (SIGKILL) received by PID"), rec["error"]
     assert wall < 120
 
 

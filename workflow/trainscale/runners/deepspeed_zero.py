@@ -36,6 +36,7 @@ from trainscale.runners.pytorch import (
     _Indexable,
     barrier,
     evaluate,
+    leave,
     make_optimizer,
     to_tensors,
 )
@@ -293,12 +294,10 @@ def main(spec: RunSpec, out: str) -> None:
             f"trainscale: ok, throughput {fmt_rate(result['throughput'])} samples/s; wrote {out}",
             flush=True,
         )
-    dist.destroy_process_group()
+    # Without teardown, as every torchrun worker here ends: besides gloo's exit deadlock,
     # DeepSpeed's CPU backend sometimes aborts in its atexit teardown ("terminate called
-    # without an active exception"); the metrics are written, so leave without teardown.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    # without an active exception").
+    leave()
 
 
 def build_ops() -> None:

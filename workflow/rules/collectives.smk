@@ -15,16 +15,20 @@ rule collectives:
     conda:
         "../../envs/torch.yaml"
     threads: lambda w: int(w.workers) * config["threads_per_worker"]
+    resources:
+        **job_resources(collectives_request),
     params:
         models=lambda w: " ".join(f"--model {p}" for p in collective_shapes()[1]),
         threads=config["threads_per_worker"],
         warmup=config["collectives"]["warmup"],
         iters=config["collectives"]["iters"],
+        timeout=config["collectives"]["timeout_minutes"],
         study=STUDY,
     shell:
         "python -m trainscale.collectives --backend {wildcards.backend}"
         " --workers {wildcards.workers} --nodes {wildcards.nodes} --threads {params.threads}"
-        " --warmup {params.warmup} --iters {params.iters} --study {params.study} {params.models}"
+        " --warmup {params.warmup} --iters {params.iters} --timeout-minutes {params.timeout}"
+        " --study {params.study} {params.models}"
         " --out {output.json:q} > {log:q} 2>&1"
 
 

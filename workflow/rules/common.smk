@@ -7,7 +7,12 @@ from pathlib import Path
 # activated in front of it (see trainscale.launch.job_environment).
 sys.path.insert(0, str(Path(workflow.basedir) / "workflow"))
 
-from trainscale.launch import job_environment, slurm_resources
+from trainscale.launch import (
+    SLURM_RESOURCE_KEYS,
+    job_environment,
+    slurm_request,
+    slurm_resources,
+)
 
 os.environ.update(job_environment(Path(workflow.basedir) / "workflow", sys.executable))
 
@@ -83,16 +88,40 @@ def run_threads(wildcards):
     return spec.workers * spec.threads_per_worker
 
 
-def run_resource(key):
-    """One SLURM resource of a run (nodes, tasks, cpus_per_task, mpi, gres, ...), computed from
-    its workers/nodes by trainscale.launch.slurm_resources; None (unset) where the run needs
-    none. Ignored by local runs; read by snakemake-executor-plugin-slurm (profiles/slurm).
-    """
+def job_resources(request):
+    """The SLURM resources of a rule whose jobs start processes (train, probe, collectives,
+    deepspeed_ops): every key trainscale.launch.slurm_request can set (nodes, tasks,
+    cpus_per_task, runtime, mpi, gres, ...), from the request `request(wildcards)` returns;
+    a key the job needs none of is None (unset). Ignored by local runs; read by
+    snakemake-executor-plugin-slurm (profiles/slurm). Table, figure and report rules are
+    local rules and ask for nothing."""
 
-    def get(wildcards):
-        return slurm_resources(run_of(wildcards), ACCELERATOR).get(key)
+    def get(key):
+        return lambda wildcards: request(wildcards).get(key)
 
-    return get
+    return {key: get(key) for key in SLURM_RESOURCE_KEYS}
+
+
+def run_request(wildcards):
+    """A training run's SLURM request: its workers, nodes, threads and timeout."""
+    return slurm_resources(run_of(wildcards), ACCELERATOR)
+
+
+def collectives_request(wildcards):
+    """The all-reduce benchmark of (workers, nodes) asks for what a training run of that
+    shape asks for (one task per node, the node's workers × threads, GPUs on CUDA)."""
+    return slurm_request(
+        int(wildcards.workers),
+        int(wildcards.nodes),
+        config["threads_per_worker"],
+        ACCELERATOR,
+        config["collectives"]["timeout_minutes"],
+    )
+
+
+def build_request(wildcards):
+    """A one-process build job (DeepSpeed's ops): one worker's share of a node."""
+    return slurm_request(1, 1, config["threads_per_worker"], ACCELERATOR, 30)
 
 
 def check_targets():

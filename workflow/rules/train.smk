@@ -9,20 +9,15 @@ rule train:
         run_conda_env
     threads: run_threads
     resources:
-        nodes=run_resource("nodes"),
-        tasks=run_resource("tasks"),
-        cpus_per_task=run_resource("cpus_per_task"),
-        runtime=run_resource("runtime"),
-        mpi=run_resource("mpi"),
-        gres=run_resource("gres"),
-        tasks_per_gpu=run_resource("tasks_per_gpu"),
-        slurm_extra=run_resource("slurm_extra"),
+        **job_resources(run_request),
     params:
         spec=run_spec_json,
         on_failure=config["on_failure"],
+        retry_lost=config["retry_lost_runs"],
     shell:
         "python -m trainscale.launch --spec {params.spec:q} --out {output.metrics:q}"
-        " --on-failure {params.on_failure} > {log:q} 2>&1"
+        " --on-failure {params.on_failure} --retry-lost-runs {params.retry_lost}"
+        " > {log:q} 2>&1"
 
 
 # `snakemake check --profile slurm`: what each task of each allocation shape sees (host,
@@ -36,13 +31,7 @@ rule probe:
         "../../envs/torch.yaml"
     threads: run_threads
     resources:
-        nodes=run_resource("nodes"),
-        tasks=run_resource("tasks"),
-        cpus_per_task=run_resource("cpus_per_task"),
-        mpi=run_resource("mpi"),
-        gres=run_resource("gres"),
-        tasks_per_gpu=run_resource("tasks_per_gpu"),
-        slurm_extra=run_resource("slurm_extra"),
+        **job_resources(run_request),
     params:
         spec=run_spec_json,
     shell:
@@ -68,6 +57,8 @@ rule deepspeed_ops:
         "logs/deepspeed_ops.log",
     conda:
         "../../envs/deepspeed.yaml"
+    resources:
+        **job_resources(build_request),
     shell:
         "TORCH_EXTENSIONS_DIR=.cache/torch_extensions"
         " python -m trainscale.runners.deepspeed_zero --build-ops > {log:q} 2>&1"

@@ -441,8 +441,11 @@ def fastest(scaling: pd.DataFrame) -> pd.DataFrame:
 # --------------------------------------------------------------------------------------------
 # the all-reduce benchmark and the communication model
 
-#: collectives.csv: one row per (backend, workers, nodes, message size).
+#: collectives.csv: one row per (backend, workers, nodes, message size); a benchmark that
+#: could not run is one row with status `failed`, its error and no size.
 COLLECTIVE_COLUMNS = [
+    "status",
+    "error",
     "backend",
     "workers",
     "nodes",
@@ -473,9 +476,24 @@ def collectives_frame(paths: Iterable[str | Path]) -> pd.DataFrame:
     for p in paths:
         rec = collectives.read(p)
         head = {k: rec[k] for k in ("backend", "workers", "nodes", "world_size")}
+        head.update(status=rec.get("status", "ok"), error=rec.get("error"))
+        if head["status"] != "ok":
+            rows.append(head)
         for r in rec["sizes"]:
             rows.append({**head, "iters": len(r["seconds"]), **r})
     return pd.DataFrame(rows, columns=COLLECTIVE_COLUMNS)
+
+
+def measured_collectives(coll: pd.DataFrame) -> pd.DataFrame:
+    """The rows of collectives.csv that hold timings (not the benchmarks that failed)."""
+    return coll[coll["status"] == "ok"] if "status" in coll and len(coll) else coll
+
+
+def failed_collectives(coll: pd.DataFrame) -> pd.DataFrame:
+    """One row per benchmark that could not run, with its error."""
+    if "status" not in coll or not len(coll):
+        return coll.iloc[0:0]
+    return coll[coll["status"] != "ok"]
 
 
 def busbw_at(table: pd.DataFrame, size: float) -> float:
@@ -546,7 +564,7 @@ def communication_frame(
             efficiency=c.efficiency,
             note="",
         )
-        sub = (
+        same = (
             coll[
                 (coll["backend"] == backend)
                 & (coll["workers"] == c.workers)
@@ -555,10 +573,17 @@ def communication_frame(
             if len(coll)
             else coll
         )
+        sub = measured_collectives(same)
         if not len(sub):
+            failed = failed_collectives(same)
+            why = (
+                f"its run failed: {str(failed['error'].iloc[0]).splitlines()[0]}"
+                if len(failed)
+                else "collectives.enabled false, or its run failed"
+            )
             row["note"] = (
                 f"no all-reduce benchmark for {backend}, {c.workers} workers × {c.nodes} nodes "
-                "(collectives.enabled false, or its run failed)"
+                f"({why})"
             )
             rows.append(row)
             continue
@@ -581,7 +606,7 @@ def communication_frame(
 def read_collectives(path: str | Path | None) -> pd.DataFrame:
     if not path or not Path(path).exists():
         return pd.DataFrame(columns=COLLECTIVE_COLUMNS)
-    return pd.read_csv(path)
+    return pd.read_csv(path, dtype={"status": object, "error": object})
 
 
 def read_communication(path: str | Path | None) -> pd.DataFrame:

@@ -102,39 +102,104 @@ class Sweep:
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:
-    """Supervisor: start this module under torchrun with the same arguments."""
+    """Supervisor: start this module under torchrun with the same arguments, on the nodes of
+    the SLURM allocation where there is one. A benchmark that cannot run (no GPUs for nccl, a
+    crash, its timeout) still ends with a file: a `failed` record with the reason, so the
+    study's tables and report are built around it. Exit 0 either way."""
+    import dataclasses
+    import signal
+
     from trainscale import launch
 
-    env = launch.detect()
-    if env.mode == "slurm" and args.nodes > 1 and not env.port:
-        import dataclasses
-
-        env = dataclasses.replace(env, port=launch.free_port())
     sweep = Sweep(args.study, args.workers, args.nodes)
+    env = launch.in_allocation(launch.detect(), sweep)
+    if env.mode == "slurm" and args.nodes > 1 and not env.port:
+        env = dataclasses.replace(env, port=launch.free_port())
     threads = str(args.threads)
     prefix = ["env", *(f"{k}={threads}" for k in ("MKL_NUM_THREADS", "OMP_NUM_THREADS"))]
     cmd = [*prefix, *launch.torchrun(sweep, env, ["-m", "trainscale.collectives", *argv])]
     print("trainscale.collectives: launching:", " ".join(cmd), flush=True)
-    return subprocess.run(cmd, timeout=args.timeout_minutes * 60).returncode
+    out = Path(args.out)
+    out.unlink(missing_ok=True)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    try:
+        output, _ = proc.communicate(timeout=args.timeout_minutes * 60)
+        why = f"the benchmark exited with code {proc.returncode} before writing its results"
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        why = f"timeout: no result after {args.timeout_minutes:g} minutes; stopped"
+    print(output, end="", flush=True)
+    if not out.exists():
+        lines = output.splitlines(keepends=True)
+        causes = launch.exception_lines(lines)[:3]
+        error = "\n".join([why, *causes, "--- last lines ---", "".join(lines[-20:])])
+        write(out, failure(args, env.job_id, error, hosts=[]))
+        print(f"trainscale.collectives: recorded the failure in {out}", flush=True)
+    return 0
+
+
+def failure(args: argparse.Namespace, job_id: str | None, error: str, hosts: list) -> dict:
+    """The record of a benchmark that did not measure: its shape, where it ran, and why."""
+    return {
+        "schema": SCHEMA_ID,
+        "status": "failed",
+        "error": error,
+        "collective": "all_reduce",
+        "backend": args.backend,
+        "workers": args.workers,
+        "nodes": args.nodes,
+        "world_size": args.workers * args.nodes,
+        "rank_hosts": hosts,
+        "env": {"hostnames": sorted(set(hosts)), "slurm_job_id": job_id},
+        "sizes": [],
+    }
+
+
+def write(out: Path, record: dict) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record, indent=1))
+    os.replace(tmp, out)
 
 
 def worker(args: argparse.Namespace) -> None:
-    """One rank: time all_reduce at every size; rank 0 writes the JSON."""
+    """One rank: time all_reduce at every size; rank 0 writes the JSON.
+
+    The ranks first meet over gloo (the control group: every rank's host and GPUs), so that a
+    benchmark that cannot run on these nodes (nccl without a GPU for every rank) is recorded
+    with where it ran; an nccl benchmark then times its own nccl group."""
     import torch
     import torch.distributed as dist
 
     from trainscale import metrics
     from trainscale.runners.common import detect_rank
+    from trainscale.runners.pytorch import leave
 
     rk = detect_rank()
     torch.set_num_threads(args.threads)
     cuda = args.backend == "nccl"
-    if cuda and not torch.cuda.is_available():
-        raise RuntimeError("backend nccl needs GPUs; this node has none (use gloo)")
+    dist.init_process_group(backend="gloo")
+    has_gpu = torch.cuda.is_available() and torch.cuda.device_count() > rk.local_rank
+    seen: list = [None] * rk.world_size
+    dist.all_gather_object(seen, (metrics.hostname(), has_gpu))
+    hosts = [h for h, _ in seen]
+    if cuda and not all(g for _, g in seen):
+        if rk.is_main:
+            without = sorted({h for h, g in seen if not g})
+            error = (
+                f"backend nccl needs a GPU for every rank; no usable GPU on {', '.join(without)} "
+                "(CUDA not available to this process, or fewer GPUs than workers)"
+            )
+            write(Path(args.out), failure(args, os.environ.get("SLURM_JOB_ID"), error, hosts))
+            print(f"trainscale.collectives: {error}", flush=True)
+        leave()
     device = torch.device(f"cuda:{rk.local_rank}" if cuda else "cpu")
     if cuda:
         torch.cuda.set_device(device)
-    dist.init_process_group(backend=args.backend, device_id=device if cuda else None)
+    group = dist.new_group(backend="nccl") if cuda else None
 
     def sync() -> None:
         if cuda:
@@ -146,13 +211,13 @@ def worker(args: argparse.Namespace) -> None:
         buf = torch.zeros(size // DTYPE_BYTES, dtype=torch.float32, device=device)
         times = []
         for _ in range(args.warmup + args.iters):
-            dist.barrier()
+            dist.barrier(group=group)
             sync()
             t0 = time.perf_counter()
-            dist.all_reduce(buf)
+            dist.all_reduce(buf, group=group)
             sync()
             times.append(time.perf_counter() - t0)
-        slowest = torch.tensor(times[args.warmup :], dtype=torch.float64, device=device)
+        slowest = torch.tensor(times[args.warmup :], dtype=torch.float64)
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX)  # the collective ends with its last rank
         rows.append(summarise(size, slowest.tolist(), rk.world_size))
         if rk.is_main:
@@ -162,11 +227,11 @@ def worker(args: argparse.Namespace) -> None:
                 f"busbw {r['busbw_bytes_per_second'] / 1e9:8.3f} GB/s",
                 flush=True,
             )
-    hosts: list = [None] * rk.world_size
-    dist.all_gather_object(hosts, metrics.hostname())
     if rk.is_main:
         record = {
             "schema": SCHEMA_ID,
+            "status": "ok",
+            "error": None,
             "collective": "all_reduce",
             "backend": args.backend,
             "workers": args.workers,
@@ -179,33 +244,32 @@ def worker(args: argparse.Namespace) -> None:
             "max_bytes": max_bytes,
             "models": args.model,
             "bus_factor": bus_factor(rk.world_size),
+            "rank_hosts": hosts,
             "device": {
                 "kind": device.type,
                 "name": torch.cuda.get_device_name(device) if cuda else metrics.cpu_name(),
             },
             "env": {
                 "hostnames": sorted(set(hosts)),
+                "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
                 "torch": torch.__version__,
                 "utc": metrics.utc_now(),
             },
             "sizes": rows,
         }
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_suffix(".tmp")
-        tmp.write_text(json.dumps(record, indent=1))
-        os.replace(tmp, out)
-        print(f"trainscale.collectives: wrote {out}", flush=True)
-    from trainscale.runners.pytorch import leave
-
+        write(Path(args.out), record)
+        print(f"trainscale.collectives: wrote {args.out}", flush=True)
     leave()  # without the gloo teardown that can deadlock at exit
 
 
 def read(path: str | Path) -> dict:
-    """One benchmark file; a clear error for anything that is not one."""
+    """One benchmark file: its timings, or (status `failed`) why it has none; a clear error
+    for anything that is neither."""
     rec = json.loads(Path(path).read_text())
-    if rec.get("schema") != SCHEMA_ID or not rec.get("sizes"):
-        raise ValueError(f"{path}: not a {SCHEMA_ID} file with timings")
+    if rec.get("schema") != SCHEMA_ID:
+        raise ValueError(f"{path}: not a {SCHEMA_ID} file")
+    if rec.get("status", "ok") == "ok" and not rec.get("sizes"):
+        raise ValueError(f"{path}: a {SCHEMA_ID} file without timings")
     return rec
 
 

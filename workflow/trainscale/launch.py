@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainscale import metrics
+from trainscale import attempts, metrics
 from trainscale.matrix import RunSpec
 
 
@@ -46,6 +46,7 @@ class Environment:
     addrs: tuple[str, ...] = ()  # SLURM NodeAddr of each node (how other nodes reach it)
     time_limit: float | None = None  # the SLURM job's time limit, seconds
     time_left: float | None = None  # seconds until it, when the run starts
+    restarts: int | None = None  # times SLURM requeued the job before this start
 
     @property
     def head(self) -> str:
@@ -294,7 +295,8 @@ def in_allocation(env: Environment, spec: RunSpec, scontrol=_scontrol) -> Enviro
     """Complete a SLURM environment from the controller: the job's nodes (Snakemake's jobstep
     executor drops SLURM_JOB_NODELIST from the job's environment), their NodeAddr for
     rendezvous across nodes, and the job's time left (so the run stops, and is recorded as a
-    timeout, before SLURM's time limit kills the job with nothing written)."""
+    timeout, before SLURM's time limit kills the job with nothing written), and how often
+    SLURM requeued it."""
     if env.mode != "slurm" or not env.job_id:
         return env
     job = scontrol_fields(scontrol("show", "job", "-o", env.job_id))
@@ -308,7 +310,10 @@ def in_allocation(env: Environment, spec: RunSpec, scontrol=_scontrol) -> Enviro
         addrs = tuple(found.get(n) or n for n in nodes)
     limit, ran = slurm_seconds(job.get("TimeLimit", "")), slurm_seconds(job.get("RunTime", ""))
     left = limit - ran if limit is not None and ran is not None else None
-    return dataclasses.replace(env, nodes=nodes, addrs=addrs, time_limit=limit, time_left=left)
+    restarts = int(job["Restarts"]) if job.get("Restarts", "").isdigit() else None
+    return dataclasses.replace(
+        env, nodes=nodes, addrs=addrs, time_limit=limit, time_left=left, restarts=restarts
+    )
 
 
 #: Seconds before SLURM's time limit at which a run is stopped, to write its timeout record
@@ -331,32 +336,67 @@ def deadline(spec: RunSpec, env: Environment) -> tuple[float, str]:
     return own, why
 
 
-def slurm_resources(spec: RunSpec, accelerator: str) -> dict[str, int | str]:
-    """The snakemake-executor-plugin-slurm resources that allocate what `command` launches.
+def slurm_request(
+    workers: int,
+    nodes: int,
+    threads_per_worker: int,
+    accelerator: str,
+    timeout_minutes: float,
+    tasks_per_node: int = 1,
+) -> dict[str, int | str]:
+    """The snakemake-executor-plugin-slurm resources of any job that starts `workers` processes
+    on each of `nodes` nodes: a training run, the all-reduce benchmark of that shape, the
+    device probe, a build. The one place SLURM requests are made, so that every rule asks for
+    what its command launches.
 
     torchrun and single-process forms run one task per node holding all of the node's workers
     (cpus_per_task = workers × threads_per_worker); tf-multiworker across nodes runs one task
-    per worker. A multi-node job runs its own `srun`, so it sets `mpi` (otherwise the jobstep
-    executor wraps it in `srun -n1` and the inner srun waits for CPUs until the time limit).
-    GPUs are requested per node (`gres`), one per worker, with `tasks_per_gpu=0` so the plugin
-    does not turn `tasks` into --ntasks-per-gpu. `runtime` is the run's own timeout plus start-up
-    slack, so the run's timeout fires first and is recorded.
+    per worker (`tasks_per_node`). A multi-node job runs its own `srun`, so it sets `mpi`
+    (otherwise the jobstep executor wraps it in `srun -n1` and the inner srun finds one node,
+    or waits for CPUs until the time limit). GPUs are requested per node (`gres`), one per
+    worker, with `tasks_per_gpu=0` so the plugin does not turn `tasks` into --ntasks-per-gpu.
+    `runtime` is the job's own timeout plus start-up slack, so that timeout fires first and is
+    recorded.
     """
-    per_node = tasks_per_node(spec)
     res: dict[str, int | str] = {
-        "nodes": spec.nodes,
-        "tasks": spec.nodes * per_node,
-        "cpus_per_task": spec.threads_per_worker * spec.workers // per_node,
-        "runtime": math.ceil(spec.timeout_minutes) + 5,
+        "nodes": nodes,
+        "tasks": nodes * tasks_per_node,
+        "cpus_per_task": threads_per_worker * workers // tasks_per_node,
+        "runtime": math.ceil(timeout_minutes) + 5,
     }
-    if spec.nodes > 1:
+    if nodes > 1:
         res["mpi"] = "srun"
-        if per_node > 1:
-            res["slurm_extra"] = f"--ntasks-per-node={per_node}"
+        if tasks_per_node > 1:
+            res["slurm_extra"] = f"--ntasks-per-node={tasks_per_node}"
     if accelerator == "cuda":
-        res["gres"] = f"gpu:{spec.workers}"
+        res["gres"] = f"gpu:{workers}"
         res["tasks_per_gpu"] = 0
     return res
+
+
+#: Every resource key `slurm_request` may set (rules declare each, None where a job needs none).
+SLURM_RESOURCE_KEYS = (
+    "nodes",
+    "tasks",
+    "cpus_per_task",
+    "runtime",
+    "mpi",
+    "gres",
+    "tasks_per_gpu",
+    "slurm_extra",
+)
+
+
+def slurm_resources(spec: RunSpec, accelerator: str) -> dict[str, int | str]:
+    """The SLURM resources of a training run (see `slurm_request`)."""
+    return slurm_request(
+        spec.workers,
+        spec.nodes,
+        spec.threads_per_worker,
+        accelerator,
+        spec.timeout_minutes,
+        tasks_per_node(spec),
+    )
 
 
 OOM_PATTERNS = (
@@ -460,9 +500,14 @@ def _pump(stream, sink, tail: collections.deque) -> None:
         tail.append(line)
 
 
-def supervise(spec: RunSpec, out: Path, env: Environment, grace: float = 10.0) -> str:
-    """Run `spec`, stream its output, enforce its timeout; return the final status."""
+def supervise(
+    spec: RunSpec, out: Path, env: Environment, grace: float = 10.0, attempt: int = 1
+) -> str:
+    """Run `spec`, stream its output, enforce its timeout; return the final status. The record
+    says which `attempt` at the run this was, and how often SLURM requeued its job."""
     env = in_allocation(env, spec)
+    out.unlink(missing_ok=True)  # a requeued job's stale record never stands for this start
+    attempts.note(out, restarts=env.restarts or 0)
     if env.mode == "slurm" and spec.nodes > 1 and not env.port:
         env = dataclasses.replace(env, port=free_port())
     limit, timeout_reason = deadline(spec, env)
@@ -482,8 +527,28 @@ def supervise(spec: RunSpec, out: Path, env: Environment, grace: float = 10.0) -
         start_new_session=True,  # own process group: a timeout kills every rank and launcher
         env=child_env,
     )
-    _end_with_us(proc)
     tail: collections.deque = collections.deque(maxlen=400)
+
+    def cancelled(signum: int) -> None:
+        """Under SLURM a SIGTERM means scancel, a preemption or the job's end: record it."""
+        if env.mode != "slurm":
+            return  # local: Snakemake stops (Ctrl-C) and reruns the job; nothing to record
+        name = signal.Signals(signum).name
+        attempts.note(out, signal=name, signal_utc=metrics.utc_now())
+        state = scontrol_fields(_scontrol("show", "job", "-o", env.job_id or "")).get("JobState")
+        error = (
+            f"cancelled by SLURM: job {env.job_id} received {name} while the run trained "
+            f"(scancel, a preemption or requeue, or an administrator); SLURM state "
+            f"{state or 'unknown'}. The run's process group was stopped.\n"
+            "--- last lines of the run's output ---\n" + "".join(list(tail)[-30:])
+        )
+        launch["exit_code"] = proc.returncode
+        rec = metrics.failure_record(
+            spec.to_dict(), "failed", error, start_utc, time.perf_counter() - t0, launch
+        )
+        metrics.write(out, stamp(rec, attempt, env))
+
+    _end_with_us(proc, cancelled)
     pump = threading.Thread(target=_pump, args=(proc.stdout, sys.stdout, tail), daemon=True)
     pump.start()
     timed_out = False
@@ -503,6 +568,7 @@ def supervise(spec: RunSpec, out: Path, env: Environment, grace: float = 10.0) -
                     f"(status {rec['status']} kept)",
                     flush=True,
                 )
+            metrics.write(out, stamp(rec, attempt, env))
             return rec["status"]
         except metrics.MetricsError as e:
             tail.append(f"metrics written by the run are invalid: {e}\n")
@@ -525,19 +591,28 @@ def supervise(spec: RunSpec, out: Path, env: Environment, grace: float = 10.0) -
     rec = metrics.failure_record(
         spec.to_dict(), status, error, start_utc, time.perf_counter() - t0, launch
     )
-    metrics.write(out, rec)
+    metrics.write(out, stamp(rec, attempt, env))
     print(f"trainscale: recorded status {status!r} in {out}", flush=True)
     return status
 
 
-def _end_with_us(proc: subprocess.Popen) -> None:
+def stamp(rec: dict, attempt: int, env: Environment) -> dict:
+    """What only the supervisor knows, added to a run's record: the attempt it was, and how
+    often SLURM requeued its job (null outside SLURM)."""
+    rec["env"]["attempts"] = attempt
+    rec["env"]["slurm_restarts"] = (env.restarts or 0) if env.mode == "slurm" else None
+    return rec
+
+
+def _end_with_us(proc: subprocess.Popen, before_exit: Callable[[int], None]) -> None:
     """When this supervisor is told to stop (SIGTERM from Snakemake on Ctrl-C or from
     scancel, SIGINT, SIGHUP), stop the run's process group first: it runs in a session of its
-    own, so it would otherwise go on training as an orphan. No record is written: the job did
-    not finish, and Snakemake reruns it."""
+    own, so it would otherwise go on training as an orphan. Then `before_exit(signum)` (under
+    SLURM it writes the cancellation's record; locally nothing: Snakemake reruns the job)."""
 
     def stop(signum, _frame) -> None:
         _kill_group(proc, grace=3.0)
+        before_exit(signum)
         raise SystemExit(128 + signum)
 
     if threading.current_thread() is threading.main_thread():
@@ -575,6 +650,13 @@ def main(argv: list[str] | None = None) -> int:
         help="record: a failed run writes a failure record and the job succeeds; "
         "stop: the record is written and the job fails",
     )
+    p.add_argument(
+        "--retry-lost-runs",
+        type=int,
+        default=0,
+        help="times to train again after attempts whose SLURM job died without a record "
+        "(default 0: write the record from sacct instead)",
+    )
     a = p.parse_args(argv)
     spec = RunSpec.from_json(a.spec)
     if a.probe:
@@ -582,8 +664,41 @@ def main(argv: list[str] | None = None) -> int:
         return subprocess.run(probe_command(spec, env), env=os.environ).returncode
     if not a.out:
         p.error("--out is required (except with --probe)")
-    status = supervise(spec, Path(a.out), detect())
+    out, env = Path(a.out), detect()
+    status = recorded_from_slurm(spec, out, env, a.retry_lost_runs)
+    if status is None:
+        entries = attempts.begin(out, env.job_id, metrics.hostname())
+        status = supervise(spec, out, env, attempt=len(entries))
+        attempts.note(out, ended=True, status=status, ended_utc=metrics.utc_now())
     return 1 if status != "ok" and a.on_failure == "stop" else 0
+
+
+def recorded_from_slurm(
+    spec: RunSpec, out: Path, env: Environment, retry_lost_runs: int, job_end=attempts.job_end
+) -> str | None:
+    """Where earlier attempts at this run were lost with their SLURM job (see
+    trainscale.attempts), write the run's record from sacct and return its status, unless
+    `retry_lost_runs` allows training again; None: train."""
+    lost = [e for e in attempts.lost_attempts(attempts.load(out)) if e.get("job_id")]
+    if not lost or lost[-1]["job_id"] == env.job_id:  # none, or a requeue of this very job
+        return None
+    end = job_end(lost[-1]["job_id"])
+    if end is None or not end.lost:
+        why = "sacct does not know it" if end is None else f"sacct says {end.state}"
+        print(f"trainscale: earlier attempt's job {lost[-1]['job_id']}: {why}; training")
+        return None
+    if len(lost) <= retry_lost_runs:
+        print(
+            f"trainscale: attempt {len(lost)}'s job {end.job_id} ended {end.state} without a "
+            f"record; training again (retry_lost_runs={retry_lost_runs})",
+            flush=True,
+        )
+        return None
+    rec = attempts.lost_record(spec.to_dict(), end, lost, env.job_id)
+    metrics.write(out, rec)
+    attempts.note(out, ended=True, status=rec["status"], ended_utc=metrics.utc_now())
+    print(f"trainscale: recorded status {rec['status']!r} from sacct: {rec['error']}", flush=True)
+    return rec["status"]
 
 
 if __name__ == "__main__":

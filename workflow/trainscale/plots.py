@@ -29,6 +29,7 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import FixedLocator, MaxNLocator, NullLocator
 from seaborn.utils import relative_luminance
 
+from trainscale import aggregate
 from trainscale.aggregate import Study
 from trainscale.matrix import FRAMEWORK
 
@@ -731,6 +732,11 @@ def _data_busbw(study: Study) -> pd.DataFrame | str:
             "no all-reduce benchmark ran (no run has more than one worker, or "
             "collectives.enabled is false)"
         )
+    failed = aggregate.failed_collectives(c)
+    c = aggregate.measured_collectives(c)
+    if not len(c):
+        first = str(failed["error"].iloc[0]).splitlines()[0]
+        return f"the all-reduce benchmark could not run: {first}"
     d = c.assign(
         gbs=c["busbw_bytes_per_second"] / 1e9, gbs_p95=c["busbw_p95_bytes_per_second"] / 1e9
     )

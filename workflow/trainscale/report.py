@@ -228,6 +228,27 @@ def _seconds(v) -> str:
     return f"{human(v * 1e3)} ms" if v < 1 else f"{human(v)} s"
 
 
+def _n_measured_collectives(study: Study) -> int:
+    c = study.collectives
+    return 0 if c is None else len(aggregate.measured_collectives(c))
+
+
+def _failed_collective_rows(study: Study) -> list[dict]:
+    """All-reduce benchmarks that could not run, with why (recorded, never silently absent)."""
+    c = study.collectives
+    if c is None:
+        return []
+    return [
+        {
+            "backend": r.backend,
+            "shape": f"{r.workers} workers × {r.nodes} node(s)",
+            "first": str(r.error).splitlines()[0],
+            "error": str(r.error),
+        }
+        for r in aggregate.failed_collectives(c).itertuples(index=False)
+    ]
+
+
 def _communication_rows(study: Study) -> list[dict]:
     c = study.communication
     if c is None or not len(c):
@@ -393,7 +414,8 @@ def context(
         "figures": figures,
         "scaling": scaling,
         "communication": _communication_rows(study),
-        "n_collectives": len(study.collectives) if study.collectives is not None else 0,
+        "n_collectives": _n_measured_collectives(study),
+        "failed_collectives": _failed_collective_rows(study),
         "failed": _failed_rows(study),
         "invalid": study.invalid,
         "environment": _environment(study),

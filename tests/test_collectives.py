@@ -141,3 +141,65 @@ def check_busbw_from_raw_timings(path: Path) -> dict:
         assert r["algbw_bytes_per_second"] == pytest.approx(r["bytes"] / median, rel=1e-12)
         assert ts[0] <= r["p95_seconds"] <= ts[-1]
     return rec
+
+
+def test_a_benchmark_that_cannot_run_is_recorded_with_its_reason_and_hosts(tmp_path):
+    """nccl on a machine without GPUs (as on the fake-GPU SLURM nodes): the real benchmark,
+    under torchrun, ends with a `failed` record naming why and where every rank ran, exit 0,
+    so the study's tables and report are built around it."""
+    import subprocess
+
+    from trainscale import metrics
+
+    from conftest import PYTHON, ROOT, run_env
+
+    out = tmp_path / "nccl.json"
+    argv = ["--backend", "nccl", "--workers", "2", "--max-bytes", "4096", "--out", str(out)]
+    p = subprocess.run(
+        [PYTHON, "-m", "trainscale.collectives", *argv],
+        cwd=ROOT,
+        env=run_env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    rec = collectives.read(out)
+    assert rec["status"] == "failed" and rec["sizes"] == []
+    assert "nccl needs a GPU for every rank" in rec["error"]
+    assert rec["rank_hosts"] == [metrics.hostname()] * 2
+
+    # a crash before any result (an unknown backend torchrun cannot start) is recorded too
+    bad = tmp_path / "bad.json"
+    p = subprocess.run(
+        [PYTHON, "-m", "trainscale.collectives", "--workers", "2", "--model", "nope:digits"]
+        + ["--out", str(bad), "--timeout-minutes", "2"],
+        cwd=ROOT,
+        env=run_env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    crash = collectives.read(bad)
+    assert crash["status"] == "failed" and "exited with code" in crash["error"]
+
+    # the tables keep it as one row with its error; the communication model says why
+    table = aggregate.collectives_frame([out])
+    assert list(table["status"]) == ["failed"] and len(aggregate.measured_collectives(table)) == 0
+    assert "nccl needs a GPU" in aggregate.failed_collectives(table)["error"].iloc[0]
+
+
+def test_the_benchmark_asks_slurm_for_what_a_run_of_its_shape_asks_for():
+    """One request function: a collectives job of W workers × N nodes = a torch-ddp run's."""
+    from trainscale import launch
+    from trainscale.matrix import build_runs
+
+    from conftest import base_config
+
+    for workers, nodes, acc in [(2, 1, "cpu"), (1, 2, "cpu"), (4, 2, "cuda")]:
+        cfg = base_config(strategy=["torch-ddp"], workers=[workers], nodes=[nodes])
+        run = build_runs(cfg, acc)[0][0]
+        bench = launch.slurm_request(workers, nodes, run.threads_per_worker, acc, 10)
+        assert bench == {**launch.slurm_resources(run, acc), "runtime": 15}
+        assert set(bench) <= set(launch.SLURM_RESOURCE_KEYS)

@@ -257,6 +257,8 @@ def collectives(backend: str, workers: int, env: Callable[[Context], dict] | Non
         if p.returncode or not out.exists():
             return f"exit {p.returncode}: {one_line((p.stdout + p.stderr)[-300:])}"
         rec = json.loads(out.read_text())
+        if rec.get("status", "ok") != "ok":  # a benchmark that records its own failure
+            return f"status {rec['status']}: {one_line(rec.get('error') or '')}"
         if rec["device"]["kind"] != "cuda":
             return f"all_reduce ran on {rec['device']['kind']} tensors, not CUDA tensors"
         if not all(s["p50_seconds"] > 0 for s in rec["sizes"]):

@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 HOROVOD := $(VENV)/.horovod
 
-.PHONY: run test setup horovod lint dryrun pytest bench clean slurm-profile slurm-start slurm-stop
+.PHONY: run test setup horovod lint dryrun pytest bench gpu-check clean slurm-profile slurm-start slurm-stop
 
 run: $(STAMP) $(HOROVOD)
 	$(BIN)/snakemake
@@ -43,6 +43,11 @@ pytest: $(STAMP) $(HOROVOD)
 
 bench: $(STAMP) $(HOROVOD)
 	$(BIN)/python benchmarks/harness_overhead.py
+
+# Every GPU path on this node through the real launcher, one line each: PASS, FAIL <reason>,
+# NOT INSTALLED <what> or SKIP no CUDA device; exit 1 when any fails (docs/gpu-validation.md).
+gpu-check: $(STAMP)
+	PYTHONPATH=workflow $(BIN)/python -m trainscale.gpu_check $(GPU_CHECK_ARGS)
 
 # `snakemake --profile slurm` finds profiles in ~/.config/snakemake (not in profiles/): install
 # ours there once, then set slurm_account/slurm_partition in it. An edited copy is never replaced.

@@ -78,3 +78,15 @@ def root() -> Path:
 
 def load_yaml(path: Path) -> dict:
     return yaml.safe_load(path.read_text())
+
+
+# On a node with CUDA every GPU path's test must run: tests/gpu_guard.py, as this suite's hooks.
+from gpu_guard import (  # noqa: E402, F401
+    pytest_addoption,
+    pytest_configure,
+    pytest_deselected,
+    pytest_itemcollected,
+    pytest_runtest_makereport,
+    pytest_sessionfinish,
+    pytest_terminal_summary,
+)

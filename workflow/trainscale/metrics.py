@@ -26,6 +26,7 @@ import os
 import platform
 import resource
 import socket
+import sys
 import tempfile
 import threading
 import time
@@ -35,7 +36,7 @@ from typing import Any
 import yaml
 
 import trainscale
-from trainscale import data
+from trainscale import data, nvml_devices
 
 SCHEMA_ID = "trainscale.metrics/1"
 SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schemas" / "metrics.schema.yaml"
@@ -205,7 +206,8 @@ def launch_info() -> dict:
 class GpuMonitor:
     """Samples NVML utilisation and energy in a background thread while training runs.
 
-    `read` returns (utilization percent, energy millijoules or None) for the devices watched;
+    `read` returns (utilization percent or None, energy millijoules or None) for the device
+    watched (NVML has no utilisation for a MIG-enabled GPU, and energy only since Volta);
     on a machine without NVML `start()` finds nothing to watch and every result stays None.
     """
 
@@ -219,21 +221,40 @@ class GpuMonitor:
         self._thread: threading.Thread | None = None
 
     @staticmethod
-    def nvml_reader(device_index: int):
-        """A reader for one GPU through NVML, or None where NVML is absent."""
+    def nvml_reader(cuda_ordinal: int, cuda_uuid: object = None):
+        """A reader for the GPU that CUDA device `cuda_ordinal` of this process is, or None
+        where NVML is absent or no single NVML device matches (said on stderr).
+
+        `cuda_uuid` is the device's UUID as the framework reports it (torch's
+        `get_device_properties(i).uuid`, or its string); without it the CUDA driver is asked.
+        NVML numbers GPUs its own way, so the device is found by UUID
+        (`trainscale.nvml_devices`, which also says what is read for a MIG device)."""
         try:
             import pynvml
 
             pynvml.nvmlInit()
-            handle = pynvml.nvmlDeviceGetHandleByIndex(device_index)
         except Exception:
             return None
+        uuid = nvml_devices.uuid_string(cuda_uuid) if cuda_uuid else None
+        try:
+            uuid = uuid or nvml_devices.cuda_driver_uuid(cuda_ordinal)
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+            device = nvml_devices.find(pynvml, cuda_ordinal, uuid, visible)
+        except (nvml_devices.NvmlMappingError, pynvml.NVMLError) as e:
+            print(f"trainscale: no NVML readings for cuda:{cuda_ordinal}: {e}", file=sys.stderr)
+            return None
+        if device.mig:
+            print(f"trainscale: cuda:{cuda_ordinal} is a {device.what}", file=sys.stderr)
+        handle = device.handle
 
-        def read() -> tuple[float, float | None]:
-            util = float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+        def read() -> tuple[float | None, float | None]:
+            try:  # NOT_SUPPORTED on a MIG-enabled GPU
+                util = float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+            except pynvml.NVMLError:
+                util = None
             try:
                 energy = float(pynvml.nvmlDeviceGetTotalEnergyConsumption(handle))
-            except Exception:
+            except pynvml.NVMLError:
                 energy = None
             return util, energy
 
@@ -250,7 +271,8 @@ class GpuMonitor:
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):
             util, _ = self._read()
-            self._samples.append(util)
+            if util is not None:
+                self._samples.append(util)
 
     def stop(self) -> tuple[float | None, float | None]:
         """(mean utilisation %, energy joules) since start; (None, None) without NVML."""
@@ -260,11 +282,11 @@ class GpuMonitor:
         if self._thread:
             self._thread.join()
         util, self._energy1 = self._read()
-        samples = self._samples or [util]
+        samples = self._samples or ([util] if util is not None else [])
         energy = None
         if self._energy0 is not None and self._energy1 is not None:
             energy = (self._energy1 - self._energy0) / 1000.0
-        return sum(samples) / len(samples), energy
+        return (sum(samples) / len(samples) if samples else None), energy
 
 
 class Recorder:

@@ -39,6 +39,7 @@ from trainscale.runners.tf import (  # noqa: E402
     EVAL_BATCH,
     POLICIES,
     EpochClock,
+    first_gpu_ordinal,
     make_optimizer,
     nhwc,
     normaliser,
@@ -148,7 +149,7 @@ def main(spec: RunSpec, out: str) -> None:
             )
 
     gpu = metrics.GpuMonitor(
-        read=metrics.GpuMonitor.nvml_reader(hvd.local_rank()) if gpus else None
+        read=metrics.GpuMonitor.nvml_reader(first_gpu_ordinal()) if gpus else None
     )
     rec.training_starts()
     gpu.start()

@@ -195,7 +195,10 @@ def main(spec: RunSpec, out: str) -> None:
             f"horovodrun started {hvd.size()} workers, the run needs {spec.world_size}"
         )
     trainer = Trainer(spec, rec, device)
-    gpu = metrics.GpuMonitor(read=metrics.GpuMonitor.nvml_reader(device.index) if cuda else None)
+    uuid = torch.cuda.get_device_properties(device).uuid if cuda else None
+    gpu = metrics.GpuMonitor(
+        read=metrics.GpuMonitor.nvml_reader(device.index, uuid) if cuda else None
+    )
     rec.training_starts()
     gpu.start()
     membership = None

@@ -208,7 +208,10 @@ def main(spec: RunSpec, out: str) -> None:
     steps = steps_per_epoch(train_samples, rk.world_size, b)
     check_steps(steps, spec.path, train_samples, spec.global_batch_size)
     evaluate_every_epoch = spec.target_accuracy is not None and not arrays.info.synthetic
-    gpu = metrics.GpuMonitor(read=metrics.GpuMonitor.nvml_reader(device.index) if cuda else None)
+    uuid = torch.cuda.get_device_properties(device).uuid if cuda else None
+    gpu = metrics.GpuMonitor(
+        read=metrics.GpuMonitor.nvml_reader(device.index, uuid) if cuda else None
+    )
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
     model.train()

@@ -321,6 +321,13 @@ def worker_facts(strategy, multiworker: bool, values: list[float | None], host: 
     return out
 
 
+def first_gpu_ordinal() -> int:
+    """CUDA ordinal of the first GPU this process trains on (its index among the physical GPUs,
+    which TensorFlow numbers as CUDA does), for NVML: not the worker's rank, which differs
+    where the scheduler gave each process its own GPU."""
+    return tf.config.list_physical_devices("GPU").index(tf.config.get_visible_devices("GPU")[0])
+
+
 def device_peak_bytes(gpu: bool, replicas: int) -> int | None:
     if not gpu:
         return None
@@ -380,7 +387,7 @@ def main(spec: RunSpec, out: str) -> None:
             )
 
     gpu = metrics.GpuMonitor(
-        read=metrics.GpuMonitor.nvml_reader(facts["local_rank"]) if facts["gpu"] else None
+        read=metrics.GpuMonitor.nvml_reader(first_gpu_ordinal()) if facts["gpu"] else None
     )
     rec.training_starts()
     gpu.start()

@@ -118,3 +118,24 @@ def test_ledger_is_json_beside_the_metrics(tmp_path):
     attempts.begin(out, "7", "n1")
     data = json.loads((tmp_path / "attempts.json").read_text())
     assert data["attempts"][0]["job_id"] == "7"
+
+
+def test_without_accounting_the_controller_is_asked(monkeypatch):
+    """Clusters without slurmdbd: sacct knows nothing, `scontrol show job` still does for
+    MinJobAge seconds after the job ended."""
+    line = (
+        "JobId=41 JobName=x UserId=root(0) JobState=CANCELLED Reason=None ExitCode=0:15 "
+        "RunTime=00:00:31 TimeLimit=00:15:00 NodeList=n2 BatchHost=n2\n"
+    )
+    answers = {"sacct": "", "scontrol": line}
+    monkeypatch.setattr(attempts, "_run", lambda argv: answers[argv[0]])
+    end = attempts.job_end("41", wait=0)
+    assert (end.state, end.exit_code, end.nodes, end.elapsed) == (
+        "CANCELLED",
+        "0:15",
+        "n2",
+        "00:00:31",
+    )
+    assert end.lost
+    answers["scontrol"] = ""
+    assert attempts.job_end("41", wait=0) is None

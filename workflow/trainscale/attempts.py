@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import tempfile
 import time
@@ -146,31 +147,32 @@ def note(out: str | Path, **fields) -> None:
         save(out, entries)
 
 
-def _sacct(job_id: str) -> str:
+def _run(argv: list[str]) -> str:
     try:
-        p = subprocess.run(
-            [
-                "sacct",
-                "-j",
-                job_id,
-                "-X",
-                "-n",
-                "-P",
-                "-o",
-                "JobID,State,ExitCode,NodeList,Elapsed",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.SubprocessError):
         return ""
     return p.stdout if p.returncode == 0 else ""
 
 
+def slurm_account(job_id: str) -> str:
+    """`JobID|State|ExitCode|NodeList|Elapsed` of a job: from sacct (accounting), else from
+    the controller's memory of it (`scontrol show job`, kept MinJobAge seconds after the job
+    ended), for clusters without accounting."""
+    fields = "JobID,State,ExitCode,NodeList,Elapsed"
+    rows = _run(["sacct", "-j", job_id, "-X", "-n", "-P", "-o", fields])
+    if any(r.split("|")[0] == job_id for r in rows.splitlines()):
+        return rows
+    job = dict(re.findall(r"(\w+)=(\S*)", _run(["scontrol", "show", "job", "-o", job_id])))
+    if job.get("JobId") != job_id:
+        return ""
+    keys = ("JobId", "JobState", "ExitCode", "NodeList", "RunTime")
+    return "|".join(job.get(k, "") for k in keys) + "\n"
+
+
 def job_end(
     job_id: str,
-    sacct: Callable[[str], str] = _sacct,
+    sacct: Callable[[str], str] = slurm_account,
     wait: float = 60.0,
     sleep: Callable[[float], None] = time.sleep,
 ) -> JobEnd | None:

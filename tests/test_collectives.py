@@ -153,17 +153,19 @@ def test_a_benchmark_that_cannot_run_is_recorded_with_its_reason_and_hosts(tmp_p
 
     from conftest import PYTHON, ROOT, run_env
 
+    def benchmark(*argv: str) -> None:
+        p = subprocess.run(
+            [PYTHON, "-m", "trainscale.collectives", "--workers", "2", *argv],
+            cwd=ROOT,
+            env=run_env(),
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        assert p.returncode == 0, p.stdout + p.stderr
+
     out = tmp_path / "nccl.json"
-    argv = ["--backend", "nccl", "--workers", "2", "--max-bytes", "4096", "--out", str(out)]
-    p = subprocess.run(
-        [PYTHON, "-m", "trainscale.collectives", *argv],
-        cwd=ROOT,
-        env=run_env(),
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert p.returncode == 0, p.stdout + p.stderr
+    benchmark("--backend", "nccl", "--max-bytes", "4096", "--out", str(out))
     rec = collectives.read(out)
     assert rec["status"] == "failed" and rec["sizes"] == []
     assert "nccl needs a GPU for every rank" in rec["error"]
@@ -171,16 +173,7 @@ def test_a_benchmark_that_cannot_run_is_recorded_with_its_reason_and_hosts(tmp_p
 
     # a crash before any result (an unknown backend torchrun cannot start) is recorded too
     bad = tmp_path / "bad.json"
-    p = subprocess.run(
-        [PYTHON, "-m", "trainscale.collectives", "--workers", "2", "--model", "nope:digits"]
-        + ["--out", str(bad), "--timeout-minutes", "2"],
-        cwd=ROOT,
-        env=run_env(),
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert p.returncode == 0, p.stdout + p.stderr
+    benchmark("--model", "nope:digits", "--out", str(bad), "--timeout-minutes", "2")
     crash = collectives.read(bad)
     assert crash["status"] == "failed" and "exited with code" in crash["error"]
 

@@ -57,7 +57,5 @@ rule scaling_card:
     localrule: True
     conda:
         "../../envs/torch.yaml"
-    params:
-        results=RESULTS,
     script:
         "../scripts/scaling_card.py"

@@ -2,6 +2,7 @@
 all-reduce benchmark (trainscale.card), validated against its schema."""
 
 import sys
+from pathlib import Path
 
 from trainscale import card
 
@@ -10,7 +11,7 @@ with open(snakemake.log[0], "w") as log:  # noqa: F821 (injected by Snakemake)
     built = card.from_files(
         list(snakemake.input.metrics),  # noqa: F821
         list(snakemake.input.collectives),  # noqa: F821
-        snakemake.params.results,  # noqa: F821
+        str(Path(snakemake.output.card).parent),  # noqa: F821 (results/<study>)
         snakemake.config["study"],  # noqa: F821
     )
     card.write(built, snakemake.output.card)  # noqa: F821

@@ -12,13 +12,13 @@ trainscale.references. Definitions:
   batch_mode, workers, nodes, precision); cells of BASE and NEW are matched by these values.
 - throughput ratio: NEW / BASE of the geometric means of the cells' ok repeats, i.e.
   exp(mean ln x_new − mean ln x_base), x the run throughput of trainscale.card.
-- 95% CI (`bootstrap`, the default): the 2.5th and 97.5th percentiles of the log ratio over
-  10,000 resamplings (with replacement, fixed seed) of each side's repeats. With 2 repeats a side
-  it spans every pairwise ratio, min(new)/max(base) to max(new)/min(base): slower then means
-  every NEW repeat was slower than every BASE repeat.
-- 95% CI (`welch`): mean log difference ± t(0.975, ν) · √(s²_base/n_base + s²_new/n_new), with
-  Welch–Satterthwaite's ν; with 2 repeats a side ν ≤ 2 and t ≥ 4.3, so it flags only large,
-  steady changes.
+- 95% CI by bootstrap (the default, --ci bootstrap): the 2.5th and 97.5th percentiles of
+  the log ratio over 10,000 resamplings (with replacement, fixed seed) of each side's repeats.
+  With 2 repeats a side it spans every pairwise ratio, min(new)/max(base) to max(new)/min(base):
+  slower then means every NEW repeat was slower than every BASE repeat.
+- 95% CI by Welch (--ci welch): mean log difference ± t(0.975, ν) · √(s²_base/n_base +
+  s²_new/n_new), with Welch–Satterthwaite's ν; with 2 repeats a side ν ≤ 2 and t ≥ 4.3, so it
+  flags only large, steady changes.
 - verdict: not comparable when the cell is missing on one side, has no ok run there (failed),
   or fewer than 2 ok repeats (single repeat: no CI); slower when the CI's upper end is below 1
   and the ratio below 1 − threshold; faster when the CI's lower end is above 1 and the ratio

@@ -260,6 +260,10 @@ def _points(records: list[dict], notes: dict[tuple, list[str]]) -> list[dict]:
             cell_notes.insert(0, c.baseline_note)
         if c.oversubscribed:
             cell_notes.append("oversubscribed: more worker threads than cores on a node")
+        if c.logical:
+            cell_notes.append(
+                "logical CPU devices in one process: a code-path check, not a speed-up"
+            )
         xs = values.get(key, [])
         g["by_n"].append(
             {

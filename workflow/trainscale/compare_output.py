@@ -101,7 +101,8 @@ def text(result: dict) -> str:
     if not ref:
         lines[0] += f"; threshold {100 * result['threshold']:g} %, CI by {result['ci']}"
     head = (
-        f"{'verdict':<15}{'NEW/BASE':>9}  {'95% CI' if not ref else 'bounds':<24}"
+        f"{'verdict':<15}{'NEW/BASE' if not ref else 'STUDY/REF':>9}  "
+        f"{'95% CI' if not ref else 'bounds':<24}"
         f"{'BASE samples/s' if not ref else 'reference':<24}{'NEW samples/s':<24}"
         f"{'Δ acc':>10}{'Δ peak mem':>20}  cell"
     )

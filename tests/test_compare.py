@@ -252,6 +252,13 @@ def test_bad_input_exits_2_with_a_named_error(study, tmp_path, capsys):
     (tmp_path / "x.json").write_text("{}")
     assert compare.main([str(study), str(tmp_path / "x.json")]) == 2
     assert "not a scaling card" in capsys.readouterr().err
+    broken = json.loads((study / "scaling-card.json").read_text())
+    del broken["machine"]
+    (tmp_path / "broken.json").write_text(json.dumps(broken))
+    assert compare.main([str(tmp_path / "broken.json"), str(study)]) == 2
+    assert "does not follow scaling-card.schema.yaml: <top>: 'machine' is a required" in (
+        capsys.readouterr().err
+    )
     with pytest.raises(SystemExit) as one:  # one folder without --reference: argparse's error
         compare.main([str(study)])
     assert one.value.code == 2

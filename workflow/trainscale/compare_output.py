@@ -103,7 +103,8 @@ def text(result: dict) -> str:
     head = (
         f"{'verdict':<15}{'NEW/BASE' if not ref else 'STUDY/REF':>9}  "
         f"{'95% CI' if not ref else 'bounds':<24}"
-        f"{'BASE samples/s' if not ref else 'reference':<24}{'NEW samples/s':<24}"
+        f"{'BASE samples/s' if not ref else 'reference':<24}"
+        f"{'NEW samples/s' if not ref else 'STUDY samples/s':<24}"
         f"{'Δ acc':>10}{'Δ peak mem':>20}  cell"
     )
     lines += ["", head]

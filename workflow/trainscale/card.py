@@ -228,12 +228,17 @@ def machine(records: list[dict], coll: list[dict]) -> dict:
 
 
 def study_config(records: list[dict]) -> dict[str, list[str]]:
-    """Every study-wide spec key -> its distinct values (strings as they are, others as JSON)."""
+    """Every study-wide spec key -> its distinct values (strings as they are, others as JSON).
+    `seed` is the study's (a run's seed is seed + repeat) and `repeats` the most any cell has."""
     out: dict[str, set] = {}
     for r in records:
-        for k, v in r["spec"].items():
+        spec = dict(r["spec"])
+        spec["seed"] = spec["seed"] - spec["repeat"]
+        for k, v in spec.items():
             if k not in NOT_CONFIG:
                 out.setdefault(k, set()).add(v if isinstance(v, str) else json.dumps(v))
+    if records:
+        out["repeats"] = {str(max(r["spec"]["repeat"] for r in records) + 1)}
     return {k: sorted(v) for k, v in sorted(out.items())}
 
 

@@ -27,6 +27,7 @@ rule all:
         f"{RESULTS}/summary.txt",
         f"{RESULTS}/scaling.csv",
         f"{RESULTS}/report.html",
+        f"{RESULTS}/scaling-card.json",
 
 
 onstart:

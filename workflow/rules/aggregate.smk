@@ -39,3 +39,23 @@ rule scaling_table:
         "../../envs/torch.yaml"
     script:
         "../scripts/scaling_table.py"
+
+
+rule scaling_card:
+    input:
+        metrics=all_metrics(),
+        collectives=collective_files(),
+    output:
+        card=report(
+            f"{RESULTS}/scaling-card.json",
+            caption="../../reports/scaling-card.rst",
+            category="Tables",
+            labels={"table": "scaling card"},
+        ),
+    log:
+        f"logs/{STUDY}/scaling_card.log",
+    localrule: True
+    conda:
+        "../../envs/torch.yaml"
+    script:
+        "../scripts/scaling_card.py"

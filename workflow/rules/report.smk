@@ -29,6 +29,7 @@ rule report_html:
         collectives=rules.collectives_table.output.collectives,
         communication=rules.collectives_table.output.communication,
         figures=[f"{RESULTS}/figures/{name}.png" for name in FIGURES],
+        card=rules.scaling_card.output.card,
     output:
         html=report(
             f"{RESULTS}/report.html",
@@ -41,5 +42,7 @@ rule report_html:
     localrule: True
     conda:
         "../../envs/torch.yaml"
+    params:
+        compare_with=config.get("compare_with"),  # a "Compared with …" section when set
     script:
         "../scripts/report_html.py"

@@ -3,7 +3,7 @@
 import sys
 from pathlib import Path
 
-from trainscale import aggregate, report
+from trainscale import aggregate, card, compare, compare_output, report
 
 with open(snakemake.log[0], "w") as log:  # noqa: F821 (injected by Snakemake)
     sys.stderr = log
@@ -16,9 +16,22 @@ with open(snakemake.log[0], "w") as log:  # noqa: F821 (injected by Snakemake)
         communication_csv=snakemake.input.communication,  # noqa: F821
         name=snakemake.config["study"],  # noqa: F821
     )
+    compared = None
+    base = snakemake.params.compare_with  # noqa: F821
+    if base:  # config compare_with: this study (NEW) against that folder or card (BASE)
+        try:
+            result = compare.compare(
+                compare.load(base, "compare_with:"),
+                card.read(snakemake.input.card),  # noqa: F821
+            )
+            compared = compare_output.section(result)
+        except compare.CompareError as e:
+            compared = compare_output.section(None, error=str(e))
+            print(f"trainscale: compare_with: {e}", file=log)
     report.write_html(
         study,
         snakemake.output.html,  # noqa: F821
         Path(snakemake.input.figures[0]).parent,  # noqa: F821
         config=dict(snakemake.config),  # noqa: F821
+        compared=compared,
     )

@@ -390,8 +390,10 @@ def context(
     figures_dir: str | Path | None,
     notes: dict[str, str | None],
     config: dict | None = None,
+    compared: dict | None = None,
 ) -> dict:
-    """Everything the template shows, already formatted."""
+    """Everything the template shows, already formatted; `compared` is the "Compared with …"
+    section (trainscale.compare_output.section), None when the study sets no compare_with."""
     runs = study.runs
     counts = runs["status"].value_counts().to_dict() if len(runs) else {}
     over = int(runs["oversubscribed"].astype(bool).sum()) if len(runs) else 0
@@ -420,6 +422,7 @@ def context(
         "invalid": study.invalid,
         "environment": _environment(study),
         "config": yaml.safe_dump(config, sort_keys=False, allow_unicode=True) if config else None,
+        "compared": compared,
         "spec_values": _spec_values(study) if len(runs) else "",
         "methods": {
             "run_intro": run_intro,
@@ -449,6 +452,7 @@ def write_html(
     figures_dir: str | Path | None,
     config: dict | None = None,
     notes: dict[str, str | None] | None = None,
+    compared: dict | None = None,
 ) -> Path:
     """report.html for `study`, embedding figures_dir/<name>.png; `notes` (why a figure has no
     data) are recomputed from the tables when not given."""
@@ -458,7 +462,9 @@ def write_html(
         notes = {name: plots.why_absent(name, study) for name in plots.FIGURES}
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render_html(context(study, figures_dir, notes, config)), encoding="utf-8")
+    out.write_text(
+        render_html(context(study, figures_dir, notes, config, compared)), encoding="utf-8"
+    )
     return out
 
 

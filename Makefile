@@ -39,7 +39,7 @@ dryrun: $(STAMP)
 	for c in .test/*.yaml; do $(BIN)/snakemake -n --quiet rules --configfile $$c || exit 1; done
 
 pytest: $(STAMP) $(HOROVOD)
-	$(BIN)/python -m pytest -q -rs $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -rs --durations=25 $(PYTEST_ARGS)
 
 bench: $(STAMP) $(HOROVOD)
 	$(BIN)/python benchmarks/harness_overhead.py

@@ -20,11 +20,13 @@ rule collectives:
         threads=config["threads_per_worker"],
         warmup=config["collectives"]["warmup"],
         iters=config["collectives"]["iters"],
+        max_bytes=config["collectives"]["max_bytes"] or 0,
         study=STUDY,
     shell:
         "python -m trainscale.collectives --backend {wildcards.backend}"
         " --workers {wildcards.workers} --nodes {wildcards.nodes} --threads {params.threads}"
-        " --warmup {params.warmup} --iters {params.iters} --study {params.study} {params.models}"
+        " --warmup {params.warmup} --iters {params.iters} --max-bytes {params.max_bytes}"
+        " --study {params.study} {params.models}"
         " --out {output.json:q} > {log:q} 2>&1"
 
 

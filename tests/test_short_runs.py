@@ -155,7 +155,8 @@ def test_workflow_stops_a_configfile_without_study_and_uses_the_files_matrix_who
     bad = tmp_path / "nostudy.yaml"
     bad.write_text(yaml.safe_dump({"matrix": short_matrix()}))
     p = snakemake(tmp_path, "-n", "--configfile", str(bad))
-    assert p.returncode != 0 and "does not name its own study" in p.stderr, p.stderr[-2000:]
+    text = p.stdout + p.stderr
+    assert p.returncode != 0 and f"{bad} does not name its own study" in text, text[-2000:]
     assert not (tmp_path / "results").exists()
     good = tmp_path / "study.yaml"
     good.write_text(yaml.safe_dump({"study": "own", "matrix": short_matrix()}))
@@ -207,9 +208,9 @@ def test_collectives_benchmark_sizes_for_the_gradients_of_multi_worker_cells_onl
     m.update(dataset=["digits"], workers=[1, 2], batch_size=[64])
     m["exclude"] = [{"model": "resnet50", "workers": 2}, {"strategy": "torch-ddp", "workers": 1}]
     cfg.write_text(yaml.safe_dump({"study": "c", "collectives": {"max_bytes": 4096}, "matrix": m}))
-    p = snakemake(tmp_path, "-n", "-p", "--configfile", str(cfg), "results/c/collectives.csv")
+    p = snakemake(tmp_path, "results/c/collectives.csv", "-n", "-p", "--configfile", str(cfg))
     assert p.returncode == 0, p.stderr[-2000:]
     (line,) = [ln for ln in p.stdout.splitlines() if "-m trainscale.collectives" in ln]
     assert "--model seed-small:digits" in line and "resnet50" not in line
     assert "--max-bytes 4096" in line
-    assert "stops at collectives.max_bytes = 4096 bytes" in p.stderr
+    assert "stops at collectives.max_bytes = 4096 bytes" in p.stdout + p.stderr

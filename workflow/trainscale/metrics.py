@@ -166,9 +166,11 @@ class PhasePeaks:
     batches, another graph), and a peak taken over the whole run would then be evaluation's.
     So the high-water marks (host RSS, and device memory through `device_peak`/`device_reset`)
     are read and reset when an evaluation starts and when it ends: what accrues outside
-    evaluations is training's (start-up included), what accrues inside is evaluation's. Where
-    the kernel cannot reset the host mark, training's host peak is the one before the first
-    evaluation (exact when only the last epoch evaluates).
+    evaluations is training's (start-up included), what accrues inside is evaluation's. A
+    reset sets a mark to what is held at that moment, so each phase's peak includes what the
+    process holds throughout (model, data) and memory one phase keeps past its end counts in
+    the next. Where the kernel cannot reset the host mark, training's host peak is the one
+    before the first evaluation (exact when only the last epoch evaluates).
     """
 
     def __init__(self, device_peak=None, device_reset=None) -> None:

@@ -5,13 +5,14 @@ Snakemake applies it, the end-of-run message and the all-reduce benchmark's cap.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import time
 
 import pytest
 import yaml
 
-from trainscale import collectives, data, endnote, matrix, metrics, overlay
+from trainscale import aggregate, collectives, data, endnote, matrix, metrics, overlay
 from trainscale.runners.common import evaluates, steps_per_epoch
 
 from conftest import ROOT, launch, snakemake, validated
@@ -214,3 +215,23 @@ def test_collectives_benchmark_sizes_for_the_gradients_of_multi_worker_cells_onl
     assert "--model seed-small:digits" in line and "resnet50" not in line
     assert "--max-bytes 4096" in line
     assert "stops at collectives.max_bytes = 4096 bytes" in p.stdout + p.stderr
+
+
+def test_communication_model_counts_the_steps_run_and_says_when_the_benchmark_was_cut(tmp_path):
+    """2-worker DDP cell, 1000 samples at 32 per worker (15 steps) cut to 5 steps per epoch; a
+    benchmark that stopped at 2 KiB below the 4000-byte gradient."""
+    from test_aggregate import ok_record, spec_for, write
+    from test_collectives import fake_collectives
+
+    paths = []
+    for workers in (1, 2):
+        s = dataclasses.replace(spec_for("torch-ddp", workers), steps_per_epoch=5)
+        paths.append(write(tmp_path / "runs", s, ok_record(s, [1.0, 1.0])))
+    study = aggregate.build(paths)
+    bench = fake_collectives(tmp_path / "c.json", {1024: [1e-3] * 3, 2048: [1e-3] * 3})
+    comm = aggregate.communication_frame(
+        study.scaling, study.runs, aggregate.collectives_frame([bench])
+    )
+    (row,) = comm.itertuples()
+    assert row.steps_per_epoch == 5 and row.measured_step_seconds == pytest.approx(1.0 / 5)
+    assert "read at 2048 bytes" in row.note and "collectives.max_bytes" in row.note

@@ -575,13 +575,13 @@ def communication_frame(
             comm_share=t_comm / step_s,
             network_bound_efficiency=ideal / (ideal + steps * t_comm),
         )
-        if pd.isna(t1):
-            row["note"] = f"no network-bound efficiency: {c.baseline_note}"
-        elif size > sub["bytes"].max():
-            row["note"] = (
+        notes = [f"no network-bound efficiency: {c.baseline_note}"] if pd.isna(t1) else []
+        if size > sub["bytes"].max():
+            notes.append(
                 f"busbw at S read at {int(sub['bytes'].max())} bytes, the largest size measured "
                 "(the benchmark was cut short by collectives.max_bytes)"
             )
+        row["note"] = "; ".join(notes)
         rows.append(row)
     return pd.DataFrame(rows, columns=COMM_COLUMNS)
 

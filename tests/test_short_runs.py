@@ -12,7 +12,7 @@ import time
 import pytest
 import yaml
 
-from trainscale import aggregate, collectives, data, endnote, matrix, metrics, overlay
+from trainscale import aggregate, collectives, data, endnote, matrix, memory, metrics, overlay
 from trainscale.runners.common import evaluates, steps_per_epoch
 
 from conftest import ROOT, launch, snakemake, validated
@@ -103,10 +103,10 @@ def test_runners_time_exactly_steps_per_epoch_and_keep_eval_memory_apart(
 # --- part 2: training's and evaluation's peaks apart -------------------------------------------
 
 
-@pytest.mark.skipif(not metrics.reset_rss_high_water(), reason="kernel cannot reset VmHWM")
+@pytest.mark.skipif(not memory.reset_rss_high_water(), reason="kernel cannot reset VmHWM")
 def test_phase_peaks_keep_an_evaluations_allocation_out_of_trainings_peak():
-    metrics.reset_rss_high_water()  # what earlier tests in this process used is not this test's
-    peaks = metrics.PhasePeaks()
+    memory.reset_rss_high_water()  # what earlier tests in this process used is not this test's
+    peaks = memory.PhasePeaks()
     peaks.evaluation_starts()
     big = bytearray(300 * 2**20)  # 300 MiB resident during the "evaluation", freed after it
     big[::4096] = b"x" * len(big[::4096])
@@ -114,9 +114,9 @@ def test_phase_peaks_keep_an_evaluations_allocation_out_of_trainings_peak():
     peaks.evaluation_ends()
     train_rss, _, eval_rss, _ = peaks.finish()
     assert eval_rss >= train_rss + 250 * 2**20
-    block = metrics.memory_block([train_rss, 0, eval_rss, 0], device=False)
+    block = memory.memory_block([train_rss, 0, eval_rss, 0], device=False)
     assert block["eval_peak_host_rss_bytes"] == int(eval_rss) and block["peak_device_bytes"] is None
-    assert metrics.memory_block([1.0, 0, 0, 0], device=False)["eval_peak_host_rss_bytes"] is None
+    assert memory.memory_block([1.0, 0, 0, 0], device=False)["eval_peak_host_rss_bytes"] is None
 
 
 # --- part 3: the config overlay ----------------------------------------------------------------

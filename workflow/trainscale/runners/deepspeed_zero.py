@@ -24,6 +24,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 from trainscale import data, metrics, models
 from trainscale.matrix import RunSpec
+from trainscale.memory import memory_block
 from trainscale.runners.common import (
     check_oversubscribed,
     check_steps,
@@ -264,7 +265,7 @@ def main(spec: RunSpec, out: str) -> None:
             data={"train_samples": train_samples, "test_samples": len(test_y)},
             test={"accuracy": test_acc, "loss": test_loss},
             memory={
-                **metrics.memory_block(peaks.tolist(), cuda),
+                **memory_block(peaks.tolist(), cuda),
                 "zero_estimate_bytes": zero_estimate,
             },
             device={

@@ -28,6 +28,7 @@ import tf_keras as keras  # noqa: E402
 
 from trainscale import data, keras_models, metrics  # noqa: E402
 from trainscale.matrix import RunSpec  # noqa: E402
+from trainscale.memory import memory_block  # noqa: E402
 from trainscale.runners.common import (  # noqa: E402
     check_oversubscribed,
     check_steps,
@@ -202,7 +203,7 @@ def main(spec: RunSpec, out: str) -> None:
         model={"params": keras_models.param_count(model)},
         data={"train_samples": train_samples, "test_samples": len(arrays.test_y)},
         test=test,
-        memory=metrics.memory_block(peaks.tolist(), bool(gpus)),
+        memory=memory_block(peaks.tolist(), bool(gpus)),
         device={
             "kind": "cuda" if gpus else "cpu",
             "name": name,

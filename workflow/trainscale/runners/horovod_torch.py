@@ -33,6 +33,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 from trainscale import data, metrics, models
 from trainscale.matrix import RunSpec
+from trainscale.memory import memory_block
 from trainscale.runners.common import (
     check_oversubscribed,
     check_steps,
@@ -236,7 +237,7 @@ def main(spec: RunSpec, out: str) -> None:
             model={"params": models.param_count(trainer.net)},
             data={"train_samples": trainer.train_samples, "test_samples": len(trainer.test_y)},
             test=dict(trainer.test),
-            memory=metrics.memory_block(peaks.tolist(), cuda),
+            memory=memory_block(peaks.tolist(), cuda),
             device={
                 "kind": device.type,
                 "name": torch.cuda.get_device_name(device) if cuda else metrics.cpu_name(),

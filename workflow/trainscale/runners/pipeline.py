@@ -30,6 +30,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 from trainscale import data, metrics, models
 from trainscale.matrix import RunSpec
+from trainscale.memory import memory_block
 from trainscale.runners.common import (
     check_oversubscribed,
     check_steps,
@@ -233,7 +234,7 @@ def main(spec: RunSpec, out: str) -> None:
             data={"train_samples": train_samples, "test_samples": len(test_y)},
             test={"accuracy": test_acc, "loss": test_loss},
             memory={
-                **metrics.memory_block(peaks.tolist(), cuda),
+                **memory_block(peaks.tolist(), cuda),
                 "per_rank_host_rss_bytes": [int(v) for v in per_rank[:, 0].tolist()],
                 "per_rank_device_bytes": [int(v) for v in per_rank[:, 1].tolist()]
                 if cuda

@@ -26,6 +26,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 from trainscale import data, metrics, models
 from trainscale.matrix import RunSpec
+from trainscale.memory import PhasePeaks, memory_block
 from trainscale.runners.common import (
     check_oversubscribed,
     check_steps,
@@ -83,12 +84,12 @@ def barrier(distributed: bool, device: torch.device) -> None:
         dist.barrier()
 
 
-def phase_peaks(device: torch.device) -> metrics.PhasePeaks:
+def phase_peaks(device: torch.device) -> PhasePeaks:
     """Training's and evaluation's peak memory apart: host RSS, and allocated device memory on
     a GPU (torch's peak counter, reset with the host's at every evaluation's start and end)."""
     if device.type != "cuda":
-        return metrics.PhasePeaks()
-    return metrics.PhasePeaks(
+        return PhasePeaks()
+    return PhasePeaks(
         lambda: torch.cuda.max_memory_allocated(device),
         lambda: torch.cuda.reset_peak_memory_stats(device),
     )
@@ -309,7 +310,7 @@ def main(spec: RunSpec, out: str) -> None:
             data={"train_samples": train_samples, "test_samples": len(test_y)},
             test={"accuracy": test_acc, "loss": test_loss},
             memory={
-                **metrics.memory_block(peaks.tolist(), cuda),
+                **memory_block(peaks.tolist(), cuda),
                 "per_rank_host_rss_bytes": [int(v) for v in per_rank[:, 0].tolist()],
                 "per_rank_device_bytes": [int(v) for v in per_rank[:, 1].tolist()]
                 if cuda

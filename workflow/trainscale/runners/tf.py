@@ -35,6 +35,7 @@ import tf_keras as keras  # noqa: E402
 
 from trainscale import data, keras_models, metrics  # noqa: E402
 from trainscale.matrix import RunSpec  # noqa: E402
+from trainscale.memory import PhasePeaks, memory_block  # noqa: E402
 from trainscale.runners.common import (  # noqa: E402
     check_oversubscribed,
     check_steps,
@@ -326,13 +327,13 @@ def worker_facts(strategy, multiworker: bool, values: list[float | None], host: 
     return out
 
 
-def phase_peaks(gpu: bool, replicas: int) -> metrics.PhasePeaks:
+def phase_peaks(gpu: bool, replicas: int) -> PhasePeaks:
     """Training's and evaluation's peak memory apart: host RSS, and on GPUs TensorFlow's peak
     over this process's replicas (reset with the host's at every evaluation's start and end)."""
     if not gpu:
-        return metrics.PhasePeaks()
+        return PhasePeaks()
     names = [f"GPU:{i}" for i in range(replicas)]
-    return metrics.PhasePeaks(
+    return PhasePeaks(
         lambda: max(tf.config.experimental.get_memory_info(d)["peak"] for d in names),
         lambda: [tf.config.experimental.reset_memory_stats(d) for d in names],
     )
@@ -434,7 +435,7 @@ def main(spec: RunSpec, out: str) -> None:
         model={"params": keras_models.param_count(model)},
         data={"train_samples": train_samples, "test_samples": len(arrays.test_y)},
         test={k: None if synthetic else v for k, v in test.items()},
-        memory=metrics.memory_block(peaks, facts["gpu"]),
+        memory=memory_block(peaks, facts["gpu"]),
         device={
             "kind": "cuda" if facts["gpu"] else "cpu",
             "name": name,

@@ -23,11 +23,13 @@ rule collectives:
         warmup=config["collectives"]["warmup"],
         iters=config["collectives"]["iters"],
         timeout=config["collectives"]["timeout_minutes"],
+        max_bytes=config["collectives"]["max_bytes"] or 0,
         study=STUDY,
     shell:
         "python -m trainscale.collectives --backend {wildcards.backend}"
         " --workers {wildcards.workers} --nodes {wildcards.nodes} --threads {params.threads}"
         " --warmup {params.warmup} --iters {params.iters} --timeout-minutes {params.timeout}"
+        " --max-bytes {params.max_bytes}"
         " --study {params.study} {params.models}"
         " --out {output.json:q} > {log:q} 2>&1"
 

@@ -20,7 +20,21 @@ import yaml
 from snakemake.utils import validate
 
 from trainscale import data as ts_data
+from trainscale import endnote as ts_endnote
 from trainscale import matrix as ts_matrix
+from trainscale import overlay as ts_overlay
+
+# --configfile FILE was laid over config.yaml by Snakemake (nested keys merged); a study file
+# must name its own study, and its `matrix` replaces config.yaml's as a whole
+# (trainscale/overlay.py says why; `python -m trainscale.matrix FILE` applies the same rules).
+_unnamed = ts_overlay.unnamed_study(
+    workflow.config_settings.overwrite_config,
+    workflow.overwrite_configfiles,
+    config.get("study"),
+)
+if _unnamed:
+    raise ValueError(f"config: {_unnamed}")
+ts_overlay.replace_whole_keys(config, workflow.config_settings.overwrite_config)
 
 # The config, checked before any job: every problem listed at once with its key and a fix,
 # then snakemake's own validation (which also fills in the schema's defaults).
@@ -47,6 +61,19 @@ RUN_BY_PATH = {r.path: r for r in RUNS}
 print(
     f"trainscale: study {STUDY!r}: {ts_matrix.summary(RUNS, DROPPED)}", file=sys.stderr
 )
+if not config["collectives"]["enabled"]:
+    print(
+        "trainscale: all-reduce benchmark switched off (collectives.enabled: false): "
+        "no communication model",
+        file=sys.stderr,
+    )
+elif config["collectives"]["max_bytes"]:
+    print(
+        "trainscale: all-reduce benchmark stops at collectives.max_bytes = "
+        f"{config['collectives']['max_bytes']} bytes where a gradient is larger (its record "
+        "then says cut_short: true)",
+        file=sys.stderr,
+    )
 
 
 wildcard_constraints:
@@ -154,14 +181,8 @@ def all_metrics():
 
 
 def print_results_location():
-    print(
-        f"\ntrainscale: results of study {STUDY!r} are in {RESULTS}/\n"
-        f"  summary:  {RESULTS}/summary.txt\n"
-        f"  per run:  {RESULTS}/runs.csv  and  {RESULTS}/runs/**/metrics.json\n"
-    )
-    summary = Path(RESULTS) / "summary.txt"
-    if summary.exists():
-        print(summary.read_text())
+    """Where the results are, naming only the outputs this run left up to date."""
+    print(ts_endnote.message(STUDY, RESULTS))
 
 
 def data_dir_of(path):
@@ -176,12 +197,13 @@ COLLECTIVES_BACKEND = "nccl" if ACCELERATOR == "cuda" else "gloo"
 
 
 def collective_shapes():
-    """(workers, nodes) of every run with more than one worker, and the model:dataset pairs
-    whose largest gradient sets the benchmark's largest message."""
+    """(workers, nodes) of every run with more than one worker, and the model:dataset pairs of
+    those runs, whose largest gradient sets the benchmark's largest message (a one-worker run
+    reduces no gradient)."""
     if not config["collectives"]["enabled"]:
         return [], []
     shapes = sorted({(r.workers, r.nodes) for r in RUNS if r.world_size > 1})
-    pairs = sorted({f"{r.model}:{r.dataset}" for r in RUNS})
+    pairs = sorted({f"{r.model}:{r.dataset}" for r in RUNS if r.world_size > 1})
     return shapes, pairs
 
 

@@ -44,7 +44,7 @@ never stops the rest. Per-run figures (epoch times, throughput, ...) are defined
   communication with computation (DDP overlaps its buckets with the backward, so it can beat
   the model).
 - measured step seconds: mean steady epoch seconds / optimizer steps per epoch, steps =
-  (train samples // N) // per-worker batch.
+  (train samples // N) // per-worker batch, or the study's `steps_per_epoch` when smaller.
 - communication share: t_comm / measured step seconds, the fraction of a step the model
   attributes to moving gradients (above 100 %: the benchmark's busbw is lower than training
   achieved, e.g. thanks to overlap).
@@ -551,6 +551,9 @@ def communication_frame(
         params = float(r["model.params"])
         size = gradient_bytes(c.strategy, c.precision, params)
         steps = (int(r["data.train_samples"]) // n) // int(r["spec.per_worker_batch_size"])
+        limit = r.get("spec.steps_per_epoch")
+        if limit is not None and not pd.isna(limit):
+            steps = min(steps, int(limit))
         step_s = c.steady_epoch_seconds_mean / steps
         row = {k: getattr(c, k) for k in CELL}
         row.update(
@@ -597,8 +600,13 @@ def communication_frame(
             comm_share=t_comm / step_s,
             network_bound_efficiency=ideal / (ideal + steps * t_comm),
         )
-        if pd.isna(t1):
-            row["note"] = f"no network-bound efficiency: {c.baseline_note}"
+        notes = [f"no network-bound efficiency: {c.baseline_note}"] if pd.isna(t1) else []
+        if size > sub["bytes"].max():
+            notes.append(
+                f"busbw at S read at {int(sub['bytes'].max())} bytes, the largest size measured "
+                "(the benchmark was cut short by collectives.max_bytes)"
+            )
+        row["note"] = "; ".join(notes)
         rows.append(row)
     return pd.DataFrame(rows, columns=COMM_COLUMNS)
 

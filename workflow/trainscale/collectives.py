@@ -8,7 +8,10 @@ nodes) and rank 0 writes one JSON with every raw timing. The definitions are ncc
 
 - message size S: bytes of the fp32 tensor every rank contributes and receives summed; the
   sizes are the powers of 2 from 1 KiB up to the first one at or above the largest gradient of
-  the study's models (parameters × 4 bytes).
+  the study's models (parameters × 4 bytes). `--max-bytes` (config `collectives.max_bytes`)
+  cuts the series short at the largest power of 2 at or below it when that is smaller; the
+  record then says `cut_short: true`, and the communication model reads bandwidths above it
+  from the largest size measured.
 - time t: for each repeat, a barrier starts every rank together, then the wall-clock seconds
   of one `all_reduce` (device synchronised) until the slowest rank returns (the max over ranks
   of each rank's time). `warmup` untimed repeats come first, then `iters` timed ones; t_p50 and
@@ -41,6 +44,16 @@ def sizes(max_bytes: int, min_bytes: int = MIN_BYTES) -> list[int]:
     while out[-1] < max_bytes:
         out.append(out[-1] * 2)
     return out
+
+
+def planned_sizes(gradient: int | None, cap: int | None) -> tuple[list[int], bool]:
+    """The message sizes to time, and whether `cap` cut them short of the largest gradient:
+    up to the first power of 2 covering `gradient`, or only up to `cap` (the largest power of 2
+    at or below it) when that comes first."""
+    if cap is None or (gradient is not None and sizes(gradient)[-1] <= cap):
+        return sizes(gradient), False
+    below = [s for s in sizes(cap) if s <= cap] or [MIN_BYTES]
+    return below, gradient is not None
 
 
 def bus_factor(n: int) -> float:
@@ -205,9 +218,11 @@ def worker(args: argparse.Namespace) -> None:
         if cuda:
             torch.cuda.synchronize(device)
 
-    max_bytes = args.max_bytes or gradient_bytes(args.model)
+    largest = gradient_bytes(args.model) if args.model else None
+    series, cut_short = planned_sizes(largest, args.max_bytes or None)
+    max_bytes = largest if largest is not None and not cut_short else series[-1]
     rows = []
-    for size in sizes(max_bytes):
+    for size in series:
         buf = torch.zeros(size // DTYPE_BYTES, dtype=torch.float32, device=device)
         times = []
         for _ in range(args.warmup + args.iters):
@@ -242,6 +257,8 @@ def worker(args: argparse.Namespace) -> None:
             "iters": args.iters,
             "threads_per_worker": args.threads,
             "max_bytes": max_bytes,
+            "gradient_bytes": largest,
+            "cut_short": cut_short,
             "models": args.model,
             "bus_factor": bus_factor(rk.world_size),
             "rank_hosts": hosts,
@@ -280,7 +297,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--nodes", type=int, default=1)
     p.add_argument("--threads", type=int, default=1, help="threads per worker")
     p.add_argument("--model", action="append", default=[], help="model:dataset (repeatable)")
-    p.add_argument("--max-bytes", type=int, default=0, help="largest size (default: models')")
+    p.add_argument(
+        "--max-bytes", type=int, default=0, help="largest size, if below the models' gradient"
+    )
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--study", default="study", help="for the rendezvous id")

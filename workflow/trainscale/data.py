@@ -572,20 +572,25 @@ def _load_digits(meta: DatasetInfo) -> Arrays:
     return Arrays(meta, train_x, train_y, test_x, test_y, 16.0, mean, std)
 
 
-def _synthetic(meta: DatasetInfo, seed: int) -> Arrays:
+def _synthetic(meta: DatasetInfo, seed: int, samples: int | None = None) -> Arrays:
+    """Random images and labels; `samples` training images instead of the data set's own count
+    (config `samples`), with a test set of at most as many."""
+    n_train = samples or meta.train_samples
+    n_test = min(meta.test_samples, n_train)
     rng = np.random.default_rng(seed)
-    train_x = rng.integers(0, 256, size=(meta.train_samples, *meta.shape), dtype=np.uint8)
-    train_y = rng.integers(0, meta.num_classes, size=meta.train_samples, dtype=np.int64)
-    test_x = rng.integers(0, 256, size=(meta.test_samples, *meta.shape), dtype=np.uint8)
-    test_y = rng.integers(0, meta.num_classes, size=meta.test_samples, dtype=np.int64)
+    train_x = rng.integers(0, 256, size=(n_train, *meta.shape), dtype=np.uint8)
+    train_y = rng.integers(0, meta.num_classes, size=n_train, dtype=np.int64)
+    test_x = rng.integers(0, 256, size=(n_test, *meta.shape), dtype=np.uint8)
+    test_y = rng.integers(0, meta.num_classes, size=n_test, dtype=np.int64)
     channels = meta.shape[0]
     return Arrays(
         meta, train_x, train_y, test_x, test_y, 255.0, (0.5,) * channels, (0.25,) * channels
     )
 
 
-def load(name: str, data_dir: str | Path, seed: int = 0) -> Arrays:
-    """Load ``name`` as uint8 arrays; ``seed`` only drives synthetic data.
+def load(name: str, data_dir: str | Path, seed: int = 0, samples: int | None = None) -> Arrays:
+    """Load ``name`` as uint8 arrays; ``seed`` and ``samples`` (training images to generate,
+    None for the data set's own count) only drive synthetic data.
 
     Real files are trusted for their sample counts (so small test files work) but checked for
     consistency: magic numbers, header sizes against byte lengths, image/label counts, label
@@ -594,7 +599,7 @@ def load(name: str, data_dir: str | Path, seed: int = 0) -> Arrays:
     meta = info(name)
     root = Path(data_dir)
     if meta.synthetic:
-        return _synthetic(meta, seed)
+        return _synthetic(meta, seed, samples)
     if name == "digits":
         return _load_digits(meta)
     if missing_files(name, root):

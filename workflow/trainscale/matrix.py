@@ -133,6 +133,8 @@ class RunSpec:
     horovod_timeline: bool = False
     pipeline_schedule: str | None = None
     microbatches: int = 1
+    steps_per_epoch: int | None = None
+    samples: int | None = None
 
     @property
     def framework(self) -> str:
@@ -385,6 +387,13 @@ def build_runs(config: dict, accelerator: str = "cpu") -> tuple[list[RunSpec], l
             reason = f"{values['model']} has BatchNorm: needs at least 2 samples per worker"
             dropped.append(Dropped(values, reason))
             continue
+        synthetic = data.info(values["dataset"]).synthetic
+        samples = config.get("samples") if synthetic else None
+        limit = config.get("steps_per_epoch")
+        reason = _too_few_steps(values, samples, world, pwbs, limit)
+        if reason:
+            dropped.append(Dropped(values, reason))
+            continue
         lr = effective_lr(opt["lr"], config["lr_scaling"], gbs, config["base_batch_size"])
         is_ds = FRAMEWORK[values["strategy"]] == "deepspeed"
         grad_accum = config.get("grad_accum", 1) if is_ds else 1
@@ -424,6 +433,8 @@ def build_runs(config: dict, accelerator: str = "cpu") -> tuple[list[RunSpec], l
                     and FRAMEWORK[values["strategy"]] == "horovod",
                     pipeline_schedule=schedule if pipe else None,
                     microbatches=mb if pipe else 1,
+                    steps_per_epoch=limit,
+                    samples=samples,
                 )
             )
     if not runs:
@@ -434,6 +445,24 @@ def build_runs(config: dict, accelerator: str = "cpu") -> tuple[list[RunSpec], l
         )
     _check_faults(config.get("faults", []), runs)
     return runs, dropped
+
+
+def _too_few_steps(
+    values: dict, samples: int | None, world: int, per_worker_batch: int, limit: int | None
+) -> str | None:
+    """Why a cell cannot run `steps_per_epoch` steps per epoch (its data set, scaled, has fewer
+    batches), or None. A cell that ran fewer steps than the others would time something else."""
+    if limit is None:
+        return None
+    n = (samples or data.info(values["dataset"]).train_samples) * values["scale"]
+    ranks = 1 if values["strategy"] == "torch-pipeline" else world
+    full = n // ranks // per_worker_batch
+    if full >= limit:
+        return None
+    return (
+        f"steps_per_epoch {limit} is more than the {full} steps one epoch of "
+        f"{values['dataset']} has at this batch (raise scale or samples, or lower steps_per_epoch)"
+    )
 
 
 def summary(runs: list[RunSpec], dropped: list[Dropped]) -> str:
@@ -484,11 +513,18 @@ def capacity_problems(runs: list[RunSpec], accelerator: str, cpus: int, gpus: in
 CONFIG_SCHEMA = Path(__file__).resolve().parent.parent / "schemas" / "config.schema.yaml"
 
 
-def check_file(path: str | Path) -> list[str]:
-    """Problems of a config file as `snakemake --configfile` would meet them, with the line of
-    a YAML syntax error (Snakemake only says the file is not valid YAML)."""
+def check_file(path: str | Path, base: Path | None = None) -> list[str]:
+    """Problems of a config file as `snakemake --configfile` would meet them: laid over `base`
+    (the workflow's config.yaml unless it is that file) as trainscale.overlay describes, with
+    the keys it inherits listed, and with the line of a YAML syntax error (Snakemake only says
+    the file is not valid YAML)."""
+    import os
+
     import yaml
 
+    from trainscale import overlay
+
+    base = overlay.BASE_CONFIG if base is None else base
     try:
         config = yaml.safe_load(Path(path).read_text())
     except OSError as e:
@@ -499,6 +535,14 @@ def check_file(path: str | Path) -> list[str]:
         return [f"{path}:{where}: not valid YAML: {getattr(e, 'problem', e)}"]
     if not isinstance(config, dict):
         return [f"{path}: a config is a mapping of keys (study:, matrix:, ...)"]
+    inherited: list = []
+    if base.is_file() and Path(path).resolve() != base.resolve():
+        base_config = yaml.safe_load(base.read_text()) or {}
+        unnamed = overlay.unnamed_study(config, [path], base_config.get("study"))
+        if unnamed:
+            return [unnamed]
+        inherited = overlay.inherited(base_config, config)
+        config = overlay.overlay(base_config, config)
     problems = config_problems(config, yaml.safe_load(CONFIG_SCHEMA.read_text()))
     if problems:
         return [f"{path}: {p}" for p in problems]
@@ -510,17 +554,25 @@ def check_file(path: str | Path) -> list[str]:
     except ConfigError as e:
         return [f"{path}: {e}"]
     print(f"{path}: study {config['study']!r}: {summary(runs, dropped)}")
+    if inherited:
+        print(f"  inherited from {os.path.relpath(base)}:")
+        print("\n".join(f"    {line}" for line in overlay.describe(inherited)))
     return []
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m trainscale.matrix CONFIG...`: check config files without running anything."""
+    """`python -m trainscale.matrix CONFIG...`: check config files without running anything,
+    each laid over the workflow's config.yaml as `snakemake --configfile CONFIG` lays it."""
     import argparse
     import sys
 
     p = argparse.ArgumentParser(prog="python -m trainscale.matrix", description=main.__doc__)
     p.add_argument("configs", nargs="+", type=Path)
-    problems = [line for c in p.parse_args(argv).configs for line in check_file(c)]
+    p.add_argument(
+        "--base", type=Path, default=None, help="the config laid under each (default: config.yaml)"
+    )
+    args = p.parse_args(argv)
+    problems = [line for c in args.configs for line in check_file(c, args.base)]
     for line in problems:
         print(line, file=sys.stderr)
     return 1 if problems else 0

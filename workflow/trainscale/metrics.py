@@ -13,8 +13,11 @@ Every per-run figure in metrics.json is defined here, once:
 - step_seconds_p50/p95: percentiles of rank 0's per-step wall times within the epoch.
 - time_to_accuracy_seconds: cumulative epoch seconds until the first epoch whose test accuracy
   reaches `target_accuracy` (null if never, or no target).
-- peak memory: max over ranks of each process's peak resident set size (getrusage ru_maxrss),
-  and of peak allocated device memory on GPU.
+- peak memory (`memory.peak_*`): training's: max over ranks of each process's peak resident set
+  size (the kernel's high-water mark, VmHWM) and of peak allocated device memory on GPU, from
+  start-up to the end of the last epoch, every evaluation left out (trainscale.memory).
+- evaluation peak memory (`memory.eval_peak_*`): the same peaks over the evaluations alone;
+  null where nothing was evaluated (synthetic data, whose accuracy means nothing).
 """
 
 from __future__ import annotations

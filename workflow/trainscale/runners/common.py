@@ -51,10 +51,24 @@ def check_oversubscribed(workers_per_node: int, threads_per_worker: int) -> bool
     return metrics.oversubscribed(workers_per_node, threads_per_worker, metrics.cpu_count())
 
 
-def steps_per_epoch(train_samples: int, world_size: int, per_worker_batch: int) -> int:
+def steps_per_epoch(
+    train_samples: int, world_size: int, per_worker_batch: int, limit: int | None = None
+) -> int:
     """Optimizer steps per epoch: the same on every rank (DistributedSampler with drop_last
-    gives equal shards), so every rank stops after the same step and no collective hangs."""
-    return (train_samples // world_size) // per_worker_batch
+    gives equal shards), so every rank stops after the same step and no collective hangs.
+    `limit` (config `steps_per_epoch`) cuts every epoch to its first `limit` steps, so that
+    every strategy times the same number of steps; None runs the whole data set."""
+    full = (train_samples // world_size) // per_worker_batch
+    return full if limit is None else min(full, limit)
+
+
+def evaluates(spec: RunSpec, synthetic: bool, epoch: int) -> bool:
+    """Whether the test set is scored after `epoch`: never on synthetic data (random labels,
+    accuracy means nothing), else after every epoch when time-to-accuracy is asked for
+    (`target_accuracy`), and after the last one."""
+    if synthetic:
+        return False
+    return spec.target_accuracy is not None or epoch == spec.epochs
 
 
 def check_steps(steps: int, spec_path: str, train_samples: int, global_batch: int) -> None:

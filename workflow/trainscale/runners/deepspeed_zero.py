@@ -24,10 +24,12 @@ from torch.utils.data.distributed import DistributedSampler
 
 from trainscale import data, metrics, models
 from trainscale.matrix import RunSpec
+from trainscale.memory import memory_block
 from trainscale.runners.common import (
     check_oversubscribed,
     check_steps,
     detect_rank,
+    evaluates,
     fmt_rate,
     maybe_fault,
     steps_per_epoch,
@@ -38,6 +40,7 @@ from trainscale.runners.pytorch import (
     evaluate,
     leave,
     make_optimizer,
+    phase_peaks,
     to_tensors,
 )
 
@@ -152,7 +155,7 @@ def main(spec: RunSpec, out: str) -> None:
     if spec.precision == "bf16" and not acc.is_bf16_supported():
         raise RuntimeError(f"precision bf16 is not supported by DeepSpeed's {acc.device_name()}")
 
-    arrays = data.load(spec.dataset, spec.data_dir, seed=spec.seed)
+    arrays = data.load(spec.dataset, spec.data_dir, seed=spec.seed, samples=spec.samples)
     train_x, train_y, test_x, test_y = to_tensors(arrays, device)
     n = len(train_y)
     train_samples = n * spec.scale
@@ -180,11 +183,9 @@ def main(spec: RunSpec, out: str) -> None:
     )
     b, ga = spec.per_worker_batch_size, spec.grad_accum
     micro = b // ga
-    steps = steps_per_epoch(train_samples, rk.world_size, b)
+    steps = steps_per_epoch(train_samples, rk.world_size, b, spec.steps_per_epoch)
     check_steps(steps, spec.path, train_samples, spec.global_batch_size)
-    evaluate_every_epoch = spec.target_accuracy is not None and not arrays.info.synthetic
-    if cuda:
-        torch.cuda.reset_peak_memory_stats(device)
+    memory = phase_peaks(device)
     engine.train()
     rec.training_starts()
     test_acc = test_loss = None
@@ -217,11 +218,13 @@ def main(spec: RunSpec, out: str) -> None:
         seconds = time.perf_counter() - t_epoch
         dist.all_reduce(loss_sum)
         train_loss = (loss_sum / (steps * ga * rk.world_size)).item()
-        evaluated = evaluate_every_epoch or epoch == spec.epochs
+        evaluated = evaluates(spec, arrays.info.synthetic, epoch)
         if evaluated:
+            memory.evaluation_starts()
             test_acc, test_loss = evaluate(
-                engine, test_x, test_y, rk.rank, rk.world_size, True, input_dtype=dtype
+                engine, test_x, test_y, rk.rank, rk.world_size, True, b, input_dtype=dtype
             )
+            memory.evaluation_ends()
         e = rec.epoch(
             seconds,
             samples=steps * spec.global_batch_size,
@@ -240,11 +243,7 @@ def main(spec: RunSpec, out: str) -> None:
     steady_steps = steps * (spec.epochs - 1)
     breakdown = {k: v / steady_steps for k, v in breakdown_sum.items()}
 
-    peaks = torch.tensor(
-        [metrics.peak_rss_bytes(), torch.cuda.max_memory_allocated(device) if cuda else 0],
-        dtype=torch.float64,
-        device=device,
-    )
+    peaks = torch.tensor(memory.finish(), dtype=torch.float64, device=device)
     dist.all_reduce(peaks, op=dist.ReduceOp.MAX)
     hosts: list = [None] * rk.world_size
     dist.all_gather_object(hosts, metrics.hostname())
@@ -266,8 +265,7 @@ def main(spec: RunSpec, out: str) -> None:
             data={"train_samples": train_samples, "test_samples": len(test_y)},
             test={"accuracy": test_acc, "loss": test_loss},
             memory={
-                "peak_host_rss_bytes": int(peaks[0].item()),
-                "peak_device_bytes": int(peaks[1].item()) if cuda else None,
+                **memory_block(peaks.tolist(), cuda),
                 "zero_estimate_bytes": zero_estimate,
             },
             device={

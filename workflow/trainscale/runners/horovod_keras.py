@@ -28,29 +28,32 @@ import tf_keras as keras  # noqa: E402
 
 from trainscale import data, keras_models, metrics  # noqa: E402
 from trainscale.matrix import RunSpec  # noqa: E402
+from trainscale.memory import memory_block  # noqa: E402
 from trainscale.runners.common import (  # noqa: E402
     check_oversubscribed,
     check_steps,
+    evaluates,
     fmt_rate,
     maybe_fault,
     steps_per_epoch,
 )
 from trainscale.runners.tf import (  # noqa: E402
-    EVAL_BATCH,
     POLICIES,
     EpochClock,
     first_gpu_ordinal,
     make_optimizer,
     nhwc,
     normaliser,
+    phase_peaks,
     pipeline_options,
 )
 
 
-def train_dataset(spec: RunSpec, arrays: data.Arrays, x: np.ndarray) -> tf.data.Dataset:
+def train_dataset(spec: RunSpec, arrays: data.Arrays, x: np.ndarray, steps: int) -> tf.data.Dataset:
     """This worker's share of every global batch: the training set replicated `scale` times,
     reshuffled each epoch with the run's seed (the same order on every worker), remainder
-    dropped, then rows [rank × b, (rank + 1) × b) of each global batch."""
+    dropped, the first `steps` global batches of each epoch's order, then rows
+    [rank × b, (rank + 1) × b) of each global batch."""
     n, b, r = len(arrays.train_y), spec.per_worker_batch_size, hvd.rank()
     images, labels, norm = tf.constant(x), tf.constant(arrays.train_y), normaliser(arrays)
 
@@ -62,6 +65,7 @@ def train_dataset(spec: RunSpec, arrays: data.Arrays, x: np.ndarray) -> tf.data.
         tf.data.Dataset.range(n * spec.scale)
         .shuffle(n * spec.scale, seed=spec.seed, reshuffle_each_iteration=True)
         .batch(spec.global_batch_size, drop_remainder=True)
+        .take(steps)
         .repeat()
         .map(mine)
         .prefetch(tf.data.AUTOTUNE)
@@ -70,13 +74,13 @@ def train_dataset(spec: RunSpec, arrays: data.Arrays, x: np.ndarray) -> tf.data.
 
 
 def test_scores(model, spec: RunSpec, arrays: data.Arrays, x: np.ndarray) -> tuple[float, float]:
-    """Accuracy and mean loss over the whole test set: each worker scores its stride, the
-    sums are added over workers with hvd.allreduce."""
+    """Accuracy and mean loss over the whole test set: each worker scores its stride in batches
+    of its training batch, the sums are added over workers with hvd.allreduce."""
     rank, size, n = hvd.rank(), hvd.size(), len(arrays.test_y)
     norm = normaliser(arrays)
     ds = (
         tf.data.Dataset.from_tensor_slices((x[rank::size], arrays.test_y[rank::size]))
-        .batch(EVAL_BATCH)
+        .batch(spec.per_worker_batch_size)
         .map(lambda a, b: (norm(a), b))
         .with_options(pipeline_options(spec))
     )
@@ -106,10 +110,12 @@ def main(spec: RunSpec, out: str) -> None:
     keras.mixed_precision.set_global_policy(POLICIES[spec.precision])
     keras.utils.set_random_seed(spec.seed)  # same fresh initial weights on every worker, repeat
 
-    arrays = data.load(spec.dataset, spec.data_dir, seed=spec.seed)
+    arrays = data.load(spec.dataset, spec.data_dir, seed=spec.seed, samples=spec.samples)
     train_x, test_x = nhwc(arrays.train_x), nhwc(arrays.test_x)
     train_samples = len(arrays.train_y) * spec.scale
-    steps = steps_per_epoch(train_samples, spec.world_size, spec.per_worker_batch_size)
+    steps = steps_per_epoch(
+        train_samples, spec.world_size, spec.per_worker_batch_size, spec.steps_per_epoch
+    )
     check_steps(steps, spec.path, train_samples, spec.global_batch_size)
 
     model = keras_models.build(spec.model, arrays.info.shape, arrays.info.num_classes)
@@ -120,17 +126,19 @@ def main(spec: RunSpec, out: str) -> None:
     )
 
     synthetic = arrays.info.synthetic
-    evaluate_every_epoch = spec.target_accuracy is not None and not synthetic
     test = {"accuracy": None, "loss": None}
+    memory = phase_peaks(bool(gpus), 1)
 
     def after_epoch(epoch: int, seconds: float, step_seconds: list[float], logs: dict) -> None:
         # the mean over workers (Horovod's MetricAverageCallback would do it, but in 0.28.1 it
         # calls Keras 3's backend, which has no `constant`, even when tf-keras trains)
         loss = tf.constant(float(logs["loss"]), tf.float64)
         train_loss = float(hvd_tf.allreduce(loss, op=hvd_tf.Average).numpy())
-        scored = evaluate_every_epoch or epoch == spec.epochs
+        scored = evaluates(spec, synthetic, epoch)
         if scored:  # collective: every worker scores its stride
+            memory.evaluation_starts()
             acc, loss = test_scores(model, spec, arrays, test_x)
+            memory.evaluation_ends()
             test.update(accuracy=acc, loss=loss)
         e = rec.epoch(
             seconds,
@@ -154,7 +162,7 @@ def main(spec: RunSpec, out: str) -> None:
     rec.training_starts()
     gpu.start()
     model.fit(
-        train_dataset(spec, arrays, train_x),
+        train_dataset(spec, arrays, train_x, steps),
         epochs=spec.epochs,
         steps_per_epoch=steps,
         callbacks=[
@@ -166,10 +174,7 @@ def main(spec: RunSpec, out: str) -> None:
     utilization, energy = gpu.stop()
 
     # Peak memory: max over workers; energy summed, utilisation averaged; every worker's host.
-    dev_peak = tf.config.experimental.get_memory_info("GPU:0")["peak"] if gpus else 0
-    peaks = hvd_tf.allreduce(
-        tf.constant([metrics.peak_rss_bytes(), dev_peak], tf.float64), op=hvd_tf.Max
-    ).numpy()
+    peaks = hvd_tf.allreduce(tf.constant(memory.finish(), tf.float64), op=hvd_tf.Max).numpy()
     sums = hvd_tf.allreduce(
         tf.constant([energy or 0.0, utilization or 0.0], tf.float64), op=hvd_tf.Sum
     ).numpy()
@@ -199,10 +204,7 @@ def main(spec: RunSpec, out: str) -> None:
         model={"params": keras_models.param_count(model)},
         data={"train_samples": train_samples, "test_samples": len(arrays.test_y)},
         test=test,
-        memory={
-            "peak_host_rss_bytes": int(peaks[0]),
-            "peak_device_bytes": int(peaks[1]) if gpus else None,
-        },
+        memory=memory_block(peaks.tolist(), bool(gpus)),
         device={
             "kind": "cuda" if gpus else "cpu",
             "name": name,

@@ -33,9 +33,11 @@ from torch.utils.data.distributed import DistributedSampler
 
 from trainscale import data, metrics, models
 from trainscale.matrix import RunSpec
+from trainscale.memory import memory_block
 from trainscale.runners.common import (
     check_oversubscribed,
     check_steps,
+    evaluates,
     fmt_rate,
     maybe_fault,
     steps_per_epoch,
@@ -45,6 +47,7 @@ from trainscale.runners.pytorch import (
     _Indexable,
     evaluate,
     make_optimizer,
+    phase_peaks,
     sync,
     to_tensors,
 )
@@ -55,11 +58,12 @@ def barrier(device: torch.device) -> None:
     hvd.barrier()
 
 
-def test_scores(model, x, y, device) -> tuple[float, float]:
-    """Test accuracy and loss over the whole test set: each rank scores its stride, then the
-    strides' sums are added with hvd.allreduce (stride r holds len(range(r, n, size)) images)."""
+def test_scores(model, x, y, batch: int) -> tuple[float, float]:
+    """Test accuracy and loss over the whole test set: each rank scores its stride in batches
+    of `batch`, then the strides' sums are added with hvd.allreduce (stride r holds
+    len(range(r, n, size)) images)."""
     rank, size = hvd.rank(), hvd.size()
-    acc, loss = evaluate(model, x, y, rank, size, dist_on=False)
+    acc, loss = evaluate(model, x, y, rank, size, False, batch)
     count = len(range(rank, len(y), size))
     total = hvd.allreduce(
         torch.tensor([acc * count, loss * count], dtype=torch.float64), op=hvd.Sum
@@ -72,12 +76,12 @@ class Trainer:
 
     def __init__(self, spec: RunSpec, rec: metrics.Recorder, device: torch.device) -> None:
         self.spec, self.rec, self.device = spec, rec, device
-        arrays = data.load(spec.dataset, spec.data_dir, seed=spec.seed)
+        arrays = data.load(spec.dataset, spec.data_dir, seed=spec.seed, samples=spec.samples)
         self.synthetic = arrays.info.synthetic
         self.train_x, self.train_y, self.test_x, self.test_y = to_tensors(arrays, device)
         self.train_samples = len(self.train_y) * spec.scale
         self.steps = steps_per_epoch(
-            self.train_samples, spec.world_size, spec.per_worker_batch_size
+            self.train_samples, spec.world_size, spec.per_worker_batch_size, spec.steps_per_epoch
         )
         check_steps(self.steps, spec.path, self.train_samples, spec.global_batch_size)
         torch.manual_seed(spec.seed)  # same fresh initial weights on every rank and repeat
@@ -89,8 +93,8 @@ class Trainer:
         )
         self.dtype = DTYPES[spec.precision]
         self.scaler = torch.amp.GradScaler(device.type, enabled=spec.precision == "fp16")
-        self.evaluate_every_epoch = spec.target_accuracy is not None and not self.synthetic
         self.test = {"accuracy": None, "loss": None}
+        self.memory = phase_peaks(device)
 
     def epoch(self, epoch: int) -> dict:
         """One epoch over this rank's shard at the current world size; returns its record."""
@@ -130,9 +134,11 @@ class Trainer:
         barrier(dev)
         seconds = time.perf_counter() - t_epoch
         train_loss = hvd.allreduce(loss_sum.cpu(), op=hvd.Average).item() / steps
-        scored = self.evaluate_every_epoch or epoch == spec.epochs
+        scored = evaluates(spec, self.synthetic, epoch)
         if scored:
-            acc, loss = test_scores(self.net, self.test_x, self.test_y, dev)
+            self.memory.evaluation_starts()
+            acc, loss = test_scores(self.net, self.test_x, self.test_y, b)
+            self.memory.evaluation_ends()
             self.test.update(accuracy=acc, loss=loss)
         e = self.rec.epoch(
             seconds,
@@ -212,10 +218,7 @@ def main(spec: RunSpec, out: str) -> None:
     utilization, energy = gpu.stop()
 
     # Peak memory: max over ranks; energy summed, utilisation averaged; every rank's host.
-    peaks = torch.tensor(
-        [metrics.peak_rss_bytes(), torch.cuda.max_memory_allocated(device) if cuda else 0],
-        dtype=torch.float64,
-    )
+    peaks = torch.tensor(trainer.memory.finish(), dtype=torch.float64)
     peaks = hvd.allreduce(peaks, op=hvd.Max)
     hosts = hvd.allgather_object(metrics.hostname())
     energy_t = hvd.allreduce(torch.tensor([energy or 0.0, utilization or 0.0]), op=hvd.Sum)
@@ -237,10 +240,7 @@ def main(spec: RunSpec, out: str) -> None:
             model={"params": models.param_count(trainer.net)},
             data={"train_samples": trainer.train_samples, "test_samples": len(trainer.test_y)},
             test=dict(trainer.test),
-            memory={
-                "peak_host_rss_bytes": int(peaks[0].item()),
-                "peak_device_bytes": int(peaks[1].item()) if cuda else None,
-            },
+            memory=memory_block(peaks.tolist(), cuda),
             device={
                 "kind": device.type,
                 "name": torch.cuda.get_device_name(device) if cuda else metrics.cpu_name(),

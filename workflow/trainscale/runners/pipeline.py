@@ -30,10 +30,12 @@ from torch.utils.data.distributed import DistributedSampler
 
 from trainscale import data, metrics, models
 from trainscale.matrix import RunSpec
+from trainscale.memory import memory_block
 from trainscale.runners.common import (
     check_oversubscribed,
     check_steps,
     detect_rank,
+    evaluates,
     fmt_rate,
     maybe_fault,
     steps_per_epoch,
@@ -44,6 +46,7 @@ from trainscale.runners.pytorch import (
     barrier,
     leave,
     make_optimizer,
+    phase_peaks,
     sync,
     to_tensors,
 )
@@ -118,7 +121,7 @@ def main(spec: RunSpec, out: str) -> None:
     dist.init_process_group(backend="nccl" if cuda else "gloo", device_id=device if cuda else None)
     first, last = rk.rank == 0, rk.rank == rk.world_size - 1
 
-    arrays = data.load(spec.dataset, spec.data_dir, seed=spec.seed)
+    arrays = data.load(spec.dataset, spec.data_dir, seed=spec.seed, samples=spec.samples)
     train_x, train_y, test_x, test_y = to_tensors(arrays, device)
     n = len(train_y)
     train_samples = n * spec.scale
@@ -142,11 +145,9 @@ def main(spec: RunSpec, out: str) -> None:
         _Indexable(train_samples), num_replicas=1, rank=0, shuffle=True, seed=spec.seed
     )
     b = spec.global_batch_size
-    steps = steps_per_epoch(train_samples, 1, b)
+    steps = steps_per_epoch(train_samples, 1, b, spec.steps_per_epoch)
     check_steps(steps, spec.path, train_samples, b)
-    evaluate_every_epoch = spec.target_accuracy is not None and not arrays.info.synthetic
-    if cuda:
-        torch.cuda.reset_peak_memory_stats(device)
+    memory = phase_peaks(device)
     stage_mod.train()
     rec.training_starts()
     test_acc = test_loss = None
@@ -180,10 +181,12 @@ def main(spec: RunSpec, out: str) -> None:
         seconds = time.perf_counter() - t_epoch
         dist.all_reduce(loss_sum)  # only the last stage's is non-zero
         train_loss = (loss_sum / (steps * spec.microbatches)).item()
-        evaluated = evaluate_every_epoch or epoch == spec.epochs
+        evaluated = evaluates(spec, arrays.info.synthetic, epoch)
         if evaluated:
+            memory.evaluation_starts()
             with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
                 test_acc, test_loss = evaluate(schedule, stage_mod, test_x, test_y, b, rk.rank)
+            memory.evaluation_ends()
         e = rec.epoch(
             seconds,
             samples=steps * b,
@@ -200,11 +203,7 @@ def main(spec: RunSpec, out: str) -> None:
                 flush=True,
             )
 
-    peaks = torch.tensor(
-        [metrics.peak_rss_bytes(), torch.cuda.max_memory_allocated(device) if cuda else 0],
-        dtype=torch.float64,
-        device=device,
-    )
+    peaks = torch.tensor(memory.finish(), dtype=torch.float64, device=device)
     gathered = [torch.zeros_like(peaks) for _ in range(rk.world_size)]
     dist.all_gather(gathered, peaks)
     per_rank = torch.stack(gathered)
@@ -235,8 +234,7 @@ def main(spec: RunSpec, out: str) -> None:
             data={"train_samples": train_samples, "test_samples": len(test_y)},
             test={"accuracy": test_acc, "loss": test_loss},
             memory={
-                "peak_host_rss_bytes": int(peaks[0].item()),
-                "peak_device_bytes": int(peaks[1].item()) if cuda else None,
+                **memory_block(peaks.tolist(), cuda),
                 "per_rank_host_rss_bytes": [int(v) for v in per_rank[:, 0].tolist()],
                 "per_rank_device_bytes": [int(v) for v in per_rank[:, 1].tolist()]
                 if cuda

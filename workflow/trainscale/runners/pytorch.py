@@ -26,10 +26,12 @@ from torch.utils.data.distributed import DistributedSampler
 
 from trainscale import data, metrics, models
 from trainscale.matrix import RunSpec
+from trainscale.memory import PhasePeaks, memory_block
 from trainscale.runners.common import (
     check_oversubscribed,
     check_steps,
     detect_rank,
+    evaluates,
     fmt_rate,
     maybe_fault,
     steps_per_epoch,
@@ -82,6 +84,17 @@ def barrier(distributed: bool, device: torch.device) -> None:
         dist.barrier()
 
 
+def phase_peaks(device: torch.device) -> PhasePeaks:
+    """Training's and evaluation's peak memory apart: host RSS, and allocated device memory on
+    a GPU (torch's peak counter, reset with the host's at every evaluation's start and end)."""
+    if device.type != "cuda":
+        return PhasePeaks()
+    return PhasePeaks(
+        lambda: torch.cuda.max_memory_allocated(device),
+        lambda: torch.cuda.reset_peak_memory_stats(device),
+    )
+
+
 def to_tensors(arrays: data.Arrays, device: torch.device) -> tuple[torch.Tensor, ...]:
     """Normalised float32 images and int64 labels, held in memory (on the GPU if there is one)
     so that feeding a step is one index operation, never a bottleneck."""
@@ -128,9 +141,11 @@ def evaluate(
     rank: int,
     world: int,
     dist_on: bool,
+    batch: int,
     input_dtype: torch.dtype | None = None,
 ) -> tuple[float, float]:
-    """Test accuracy and mean loss; each rank scores its stride of the test set, then sum.
+    """Test accuracy and mean loss; each rank scores its stride of the test set in batches of
+    the training's per-worker batch (so evaluation needs no more memory than a step), then sum.
 
     Every rank runs the same number of equal-sized forward passes (the last stride is padded
     with a repeated sample that is not counted), because with sharded parameters (ZeRO-3,
@@ -143,8 +158,8 @@ def evaluate(
     counted = (idx < n).double()
     idx = idx.clamp(max=n - 1)
     totals = torch.zeros(3, dtype=torch.float64, device=x.device)  # correct, loss sum, count
-    for i in range(0, per_rank, 1024):
-        sel, w = idx[i : i + 1024], counted[i : i + 1024]
+    for i in range(0, per_rank, batch):
+        sel, w = idx[i : i + batch], counted[i : i + batch]
         xb = x[sel] if input_dtype is None else x[sel].to(input_dtype)
         out = model(xb).float()
         totals[0] += ((out.argmax(1) == y[sel]).double() * w).sum()
@@ -176,7 +191,7 @@ def main(spec: RunSpec, out: str) -> None:
             f"found {torch.cuda.device_count()}"
         )
 
-    arrays = data.load(spec.dataset, spec.data_dir, seed=spec.seed)
+    arrays = data.load(spec.dataset, spec.data_dir, seed=spec.seed, samples=spec.samples)
     train_x, train_y, test_x, test_y = to_tensors(arrays, device)
     n = len(train_y)
     train_samples = n * spec.scale
@@ -205,15 +220,13 @@ def main(spec: RunSpec, out: str) -> None:
         drop_last=True,
     )
     b = spec.per_worker_batch_size
-    steps = steps_per_epoch(train_samples, rk.world_size, b)
+    steps = steps_per_epoch(train_samples, rk.world_size, b, spec.steps_per_epoch)
     check_steps(steps, spec.path, train_samples, spec.global_batch_size)
-    evaluate_every_epoch = spec.target_accuracy is not None and not arrays.info.synthetic
     uuid = torch.cuda.get_device_properties(device).uuid if cuda else None
     gpu = metrics.GpuMonitor(
         read=metrics.GpuMonitor.nvml_reader(device.index, uuid) if cuda else None
     )
-    if cuda:
-        torch.cuda.reset_peak_memory_stats(device)
+    memory = phase_peaks(device)
     model.train()
     rec.training_starts()
     gpu.start()
@@ -245,16 +258,21 @@ def main(spec: RunSpec, out: str) -> None:
         if distributed:
             dist.all_reduce(loss_sum)
         train_loss = (loss_sum / (steps * rk.world_size)).item()
-        if evaluate_every_epoch or epoch == spec.epochs:
-            test_acc, test_loss = evaluate(net, test_x, test_y, rk.rank, rk.world_size, distributed)
+        scored = evaluates(spec, arrays.info.synthetic, epoch)
+        if scored:
+            memory.evaluation_starts()
+            test_acc, test_loss = evaluate(
+                net, test_x, test_y, rk.rank, rk.world_size, distributed, b
+            )
+            memory.evaluation_ends()
         e = rec.epoch(
             seconds,
             samples=steps * spec.global_batch_size,
             steps=steps,
             train_loss=train_loss,
             step_seconds=step_seconds,
-            test_accuracy=test_acc if evaluate_every_epoch or epoch == spec.epochs else None,
-            test_loss=test_loss if evaluate_every_epoch or epoch == spec.epochs else None,
+            test_accuracy=test_acc if scored else None,
+            test_loss=test_loss if scored else None,
         )
         if rk.is_main:
             print(
@@ -265,13 +283,9 @@ def main(spec: RunSpec, out: str) -> None:
     utilization, energy = gpu.stop()
 
     # Peak memory per rank (and its max), utilisation and energy; host names of all ranks.
-    peaks = torch.tensor(
-        [metrics.peak_rss_bytes(), torch.cuda.max_memory_allocated(device) if cuda else 0],
-        dtype=torch.float64,
-        device=device,
-    )
+    peaks = torch.tensor(memory.finish(), dtype=torch.float64, device=device)
     hosts = [metrics.hostname()]
-    per_rank = peaks.view(1, 2)
+    per_rank = peaks.view(1, 4)
     if distributed:
         gathered = [torch.zeros_like(peaks) for _ in range(rk.world_size)]
         dist.all_gather(gathered, peaks)
@@ -299,8 +313,7 @@ def main(spec: RunSpec, out: str) -> None:
             data={"train_samples": train_samples, "test_samples": len(test_y)},
             test={"accuracy": test_acc, "loss": test_loss},
             memory={
-                "peak_host_rss_bytes": int(peaks[0].item()),
-                "peak_device_bytes": int(peaks[1].item()) if cuda else None,
+                **memory_block(peaks.tolist(), cuda),
                 "per_rank_host_rss_bytes": [int(v) for v in per_rank[:, 0].tolist()],
                 "per_rank_device_bytes": [int(v) for v in per_rank[:, 1].tolist()]
                 if cuda

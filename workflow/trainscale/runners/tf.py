@@ -35,16 +35,17 @@ import tf_keras as keras  # noqa: E402
 
 from trainscale import data, keras_models, metrics  # noqa: E402
 from trainscale.matrix import RunSpec  # noqa: E402
+from trainscale.memory import PhasePeaks, memory_block  # noqa: E402
 from trainscale.runners.common import (  # noqa: E402
     check_oversubscribed,
     check_steps,
+    evaluates,
     fmt_rate,
     maybe_fault,
     steps_per_epoch,
 )
 
 POLICIES = {"fp32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
-EVAL_BATCH = 1024
 HOST_BYTES = 64  # host names travel between workers as this many bytes
 
 
@@ -186,9 +187,11 @@ def pipeline_options(spec: RunSpec) -> tf.data.Options:
     return o
 
 
-def train_dataset(spec: RunSpec, arrays: data.Arrays, x: np.ndarray) -> tf.data.Dataset:
+def train_dataset(spec: RunSpec, arrays: data.Arrays, x: np.ndarray, steps: int) -> tf.data.Dataset:
     """Epochs of `steps` global batches: the training set replicated `scale` times, reshuffled
-    every epoch with the run's seed (the same order on every worker), remainder dropped."""
+    every epoch with the run's seed (the same order on every worker), remainder dropped; an
+    epoch cut by `steps_per_epoch` takes the first `steps` batches of its order, as PyTorch's
+    runners do, and the next epoch starts a new order."""
     n = len(arrays.train_y)
     total = n * spec.scale
     images, labels, norm = tf.constant(x), tf.constant(arrays.train_y), normaliser(arrays)
@@ -201,6 +204,7 @@ def train_dataset(spec: RunSpec, arrays: data.Arrays, x: np.ndarray) -> tf.data.
         tf.data.Dataset.range(total)
         .shuffle(total, seed=spec.seed, reshuffle_each_iteration=True)
         .batch(spec.global_batch_size, drop_remainder=True)
+        .take(steps)
         .repeat()
         .map(batch)
         .prefetch(tf.data.AUTOTUNE)
@@ -209,10 +213,12 @@ def train_dataset(spec: RunSpec, arrays: data.Arrays, x: np.ndarray) -> tf.data.
 
 
 def eval_dataset(spec: RunSpec, arrays: data.Arrays, x: np.ndarray) -> tf.data.Dataset:
+    """The test set in global batches of the training's (each replica scores its share of a
+    batch, as many images as it trains on per step)."""
     norm = normaliser(arrays)
     return (
         tf.data.Dataset.from_tensor_slices((x, arrays.test_y))
-        .batch(EVAL_BATCH)
+        .batch(spec.global_batch_size)
         .map(lambda a, b: (norm(a), b))
         .with_options(pipeline_options(spec))
     )
@@ -328,10 +334,16 @@ def first_gpu_ordinal() -> int:
     return tf.config.list_physical_devices("GPU").index(tf.config.get_visible_devices("GPU")[0])
 
 
-def device_peak_bytes(gpu: bool, replicas: int) -> int | None:
+def phase_peaks(gpu: bool, replicas: int) -> PhasePeaks:
+    """Training's and evaluation's peak memory apart: host RSS, and on GPUs TensorFlow's peak
+    over this process's replicas (reset with the host's at every evaluation's start and end)."""
     if not gpu:
-        return None
-    return max(tf.config.experimental.get_memory_info(f"GPU:{i}")["peak"] for i in range(replicas))
+        return PhasePeaks()
+    names = [f"GPU:{i}" for i in range(replicas)]
+    return PhasePeaks(
+        lambda: max(tf.config.experimental.get_memory_info(d)["peak"] for d in names),
+        lambda: [tf.config.experimental.reset_memory_stats(d) for d in names],
+    )
 
 
 # --- the run -----------------------------------------------------------------------------------
@@ -345,12 +357,14 @@ def main(spec: RunSpec, out: str) -> None:
     keras.mixed_precision.set_global_policy(POLICIES[spec.precision])
     keras.utils.set_random_seed(spec.seed)  # same fresh initial weights on every worker, repeat
 
-    arrays = data.load(spec.dataset, spec.data_dir, seed=spec.seed)
+    arrays = data.load(spec.dataset, spec.data_dir, seed=spec.seed, samples=spec.samples)
     train_x, test_x = nhwc(arrays.train_x), nhwc(arrays.test_x)
     train_samples = len(arrays.train_y) * spec.scale
-    steps = steps_per_epoch(train_samples, spec.world_size, spec.per_worker_batch_size)
+    steps = steps_per_epoch(
+        train_samples, spec.world_size, spec.per_worker_batch_size, spec.steps_per_epoch
+    )
     check_steps(steps, spec.path, train_samples, spec.global_batch_size)
-    train_ds = train_dataset(spec, arrays, train_x)
+    train_ds = train_dataset(spec, arrays, train_x, steps)
     test_ds = eval_dataset(spec, arrays, test_x)
 
     with strategy.scope():
@@ -362,13 +376,15 @@ def main(spec: RunSpec, out: str) -> None:
         )
 
     synthetic = arrays.info.synthetic
-    evaluate_every_epoch = spec.target_accuracy is not None and not synthetic
     test = {"accuracy": None, "loss": None}
+    memory = phase_peaks(facts["gpu"], facts["replicas"])
 
     def after_epoch(epoch: int, seconds: float, step_seconds: list[float], logs: dict) -> None:
-        scored = evaluate_every_epoch or epoch == spec.epochs
+        scored = evaluates(spec, synthetic, epoch)
         if scored:  # every worker evaluates: under the strategies evaluate is collective
+            memory.evaluation_starts()
             result = model.evaluate(test_ds, verbose=0, return_dict=True)
+            memory.evaluation_ends()
             test.update(accuracy=float(result["accuracy"]), loss=float(result["loss"]))
         e = rec.epoch(
             seconds,
@@ -401,19 +417,13 @@ def main(spec: RunSpec, out: str) -> None:
     utilization, energy = gpu.stop()
 
     # Peak memory: the max over workers; energy summed, utilisation averaged; every host name.
-    mine = [
-        metrics.peak_rss_bytes(),
-        device_peak_bytes(facts["gpu"], facts["replicas"]),
-        utilization,
-        energy,
-    ]
+    mine = [*memory.finish(), utilization, energy]
     gathered = worker_facts(strategy, multiworker, mine, metrics.hostname())
     if not chief:
         return
-    rss = max(v[0] for v, _ in gathered)
-    dev = [v[1] for v, _ in gathered if v[1] is not None]
-    utils = [v[2] for v, _ in gathered if v[2] is not None]
-    energies = [v[3] for v, _ in gathered if v[3] is not None]
+    peaks = [max(v[i] for v, _ in gathered) for i in range(4)]
+    utils = [v[4] for v, _ in gathered if v[4] is not None]
+    energies = [v[5] for v, _ in gathered if v[5] is not None]
     env = metrics.environment(
         rec.start_utc,
         {"tensorflow": tf.__version__, "tf-keras": keras.__version__},
@@ -432,10 +442,7 @@ def main(spec: RunSpec, out: str) -> None:
         model={"params": keras_models.param_count(model)},
         data={"train_samples": train_samples, "test_samples": len(arrays.test_y)},
         test={k: None if synthetic else v for k, v in test.items()},
-        memory={
-            "peak_host_rss_bytes": int(rss),
-            "peak_device_bytes": int(max(dev)) if dev else None,
-        },
+        memory=memory_block(peaks, facts["gpu"]),
         device={
             "kind": "cuda" if facts["gpu"] else "cpu",
             "name": name,

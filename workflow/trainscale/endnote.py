@@ -1,0 +1,55 @@
+"""The message a successful workflow ends with: where the study's results are, naming only
+files that exist and are up to date.
+
+A run of part of the workflow (`--until train`, or one target) builds only some outputs; a
+message naming `summary.txt` that was never built, or one left from an earlier run that no
+longer covers every run, sends the reader to a file that is not the answer. A study output
+counts as built when it exists and is no older than the newest run's metrics.json.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+#: The study's outputs (rule `all`), in the order the message names them.
+STUDY_OUTPUTS: tuple[tuple[str, str], ...] = (
+    ("summary", "summary.txt"),
+    ("report", "report.html"),
+    ("per run", "runs.csv"),
+    ("per cell", "scaling.csv"),
+)
+
+
+def built(results: str | Path) -> tuple[list[tuple[str, Path]], list[Path], int]:
+    """(label, path) of every study output that is up to date, the ones that are missing or
+    older than a run's metrics, and how many runs have metrics."""
+    results = Path(results)
+    runs = list((results / "runs").rglob("metrics.json"))
+    newest = max((p.stat().st_mtime for p in runs), default=0.0)
+    fresh, stale = [], []
+    for label, name in STUDY_OUTPUTS:
+        path = results / name
+        if path.exists() and path.stat().st_mtime >= newest:
+            fresh.append((label, path))
+        else:
+            stale.append(path)
+    return fresh, stale, len(runs)
+
+
+def message(study: str, results: str | Path) -> str:
+    """The end-of-run message, and the summary's text when the summary is up to date."""
+    fresh, stale, n_runs = built(results)
+    lines = [f"\ntrainscale: results of study {study!r} are in {results}/"]
+    if n_runs:
+        lines.append(f"  runs:     {n_runs} × {results}/runs/**/metrics.json")
+    lines += [f"  {label + ':':<9} {path}" for label, path in fresh]
+    if stale:
+        names = ", ".join(p.name for p in stale)
+        lines.append(
+            f"  not built, or older than the runs: {names} (`snakemake` with no target builds them)"
+        )
+    text = "\n".join(lines) + "\n"
+    summary = Path(results) / "summary.txt"
+    if ("summary", summary) in fresh:
+        text += "\n" + summary.read_text()
+    return text

@@ -91,8 +91,8 @@ def test_launch_forms():
 #: ZeRO against its reference: the stages reduce (0-1: all-reduce; 2-3: reduce-scatter) and
 #: average two half-batch gradients where one process averages all 64, and update flat fp32
 #: partitions: the same numbers up to float32 rounding. Measured largest difference after 44
-#: steps: ~1e-7 (stages 0-2) and ~1e-6 (stage 3); rtol 1e-4 / atol 1e-5 allow 10× that and
-#: stay far below a wrong update: with SGD (no momentum) a summed gradient takes 2× steps, a
+#: SGD steps: 3e-8 at every stage; rtol 1e-4 / atol 1e-5 allow 300× that and stay far below a
+#: wrong update: with SGD (no momentum) a summed gradient takes 2× steps, a
 #: difference of the order of the whole training move, which is checked to be ≥ 0.02.
 RTOL, ATOL = 1e-4, 1e-5
 

@@ -28,10 +28,11 @@ def make(strategy, workers=1, **kw):
 
 #: DDP against one process: each step sums two half-batch mean gradients and halves the sum
 #: (gloo all-reduce, then DDP's division) where one process takes the mean of 64: the same
-#: number up to float32 rounding (~1e-7 relative per step). Over 44 steps the largest difference
-#: measured is ~1e-6; rtol 1e-4 / atol 1e-5 allow that 10-fold and stay ~1000× below a wrong
-#: update: with SGD (no momentum) a summed gradient doubles every step, which moves the weights
-#: by about as much as training itself (relative move ≥ tap.MIN_RELATIVE_MOVE, checked).
+#: number up to float32 rounding. Over 44 steps the largest difference measured is 3e-8 (SGD)
+#: and 6e-8 (Adam); rtol 1e-4 / atol 1e-5 allow ~200× that and stay far below a wrong update:
+#: with SGD (no momentum) a summed gradient doubles every step (planted once: largest
+#: difference 0.088; Adam, nearly blind to the scale: 1.6e-4), a difference of the order of the
+#: training move itself (relative move ≥ tap.MIN_RELATIVE_MOVE, checked; measured 0.24 / 0.58).
 RTOL, ATOL = 1e-4, 1e-5
 
 
@@ -82,7 +83,9 @@ def test_ddp_metrics_are_complete_and_sane(tmp_path):
     assert rec["model"]["params"] > 0 and rec["data"]["train_samples"] == 1437
     assert len(rec["epochs"]) == 2 and rec["throughput"] > 0
     assert rec["throughput_per_worker"] == pytest.approx(rec["throughput"] / 2)
-    assert rec["test"]["accuracy"] > 0.5  # chance is 0.1
+    # chance is 0.1; measured for seeds 0-4 (Adam, 2 epochs, scale 1): 0.847-0.911, 0.911 at
+    # seed 0 (DDP equals one process here): 0.8 leaves a margin of ~1.5 seed-to-seed ranges
+    assert rec["test"]["accuracy"] > 0.8
     assert rec["memory"]["peak_host_rss_bytes"] > 50 * 2**20
     assert rec["memory"]["peak_device_bytes"] is None and rec["device"]["kind"] == "cpu"
     assert rec["device"]["utilization_mean"] is None and rec["device"]["energy_joules"] is None

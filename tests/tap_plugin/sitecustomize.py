@@ -40,6 +40,19 @@ def _note(rows: int) -> None:
         f.write(f"{_rank()} {time.time():.6f} {rows}\n")
 
 
+def _in_pipeline_setup() -> bool:
+    """Whether torch.distributed.pipelining calls the loss to infer gradient shapes before its
+    first step (a forward of one micro-batch that no optimizer step follows), not to train."""
+    frame = sys._getframe(2)
+    for _ in range(6):
+        if frame is None:
+            return False
+        if frame.f_code.co_name in ("_backward_metadata_inference", "_prepare_backward_infra"):
+            return True
+        frame = frame.f_back
+    return False
+
+
 def _patch_torch_functional(mod) -> None:
     import torch
 
@@ -47,7 +60,8 @@ def _patch_torch_functional(mod) -> None:
 
     def cross_entropy(input, target, *args, **kw):
         if torch.is_grad_enabled() and input.requires_grad and target.dim() >= 1:
-            _note(int(target.shape[0]))
+            if not _in_pipeline_setup():
+                _note(int(target.shape[0]))
         return real(input, target, *args, **kw)
 
     mod.cross_entropy = cross_entropy

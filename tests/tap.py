@@ -7,7 +7,6 @@ or trains from other weights than it claims fails against them.
 from __future__ import annotations
 
 import os
-from collections import defaultdict
 from pathlib import Path
 
 import numpy as np

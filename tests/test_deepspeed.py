@@ -6,13 +6,13 @@ import shutil
 
 import numpy as np
 import pytest
+import tap
 
 from trainscale import metrics
 from trainscale.launch import Environment, command
 from trainscale.matrix import ConfigError, build_runs
 from trainscale.runners.deepspeed_zero import ds_config, load_fragment, merge
 
-import tap
 from conftest import ROOT, launch, snakemake, validated
 
 

@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+import tap
 import torch
 import torch.nn.functional as F
 from test_collectives import check_busbw_from_raw_timings
@@ -18,7 +19,6 @@ from trainscale.matrix import MODEL_BLOCKS, build_runs
 from trainscale.runners.pipeline import split
 from trainscale.runners.pytorch import make_optimizer, to_tensors
 
-import tap
 from conftest import ROOT, launch, snakemake, validated
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tap
 import torch
 
 from trainscale import horovod_hosts, metrics
@@ -182,3 +183,45 @@ def test_elastic_run_finishes_with_fewer_workers_when_one_is_removed(tmp_path):
     assert rec["horovod"]["final_world_size"] == 1 and rec["device"]["count"] == 1
     # the global batch stays the spec's: one worker then takes all of it, steps are unchanged
     assert {e["steps"] for e in rec["epochs"]} == {89}  # 4 × 1437 // 64
+
+
+#: horovod-torch against one process, SGD without momentum: Horovod averages the two ranks'
+#: half-batch gradients (allreduce, op Average) where one process averages 64: equal up to float32
+#: rounding; rtol 1e-4 / atol 1e-5 allow ~100× the largest difference measured (see the test)
+#: and stay far below a summed gradient's doubled steps, a difference of the order of the
+#: training move (checked ≥ tap.MIN_RELATIVE_MOVE). SGD has no optimizer state, so Horovod's
+#: state broadcast cannot differ from one process here.
+RTOL, ATOL = 1e-4, 1e-5
+
+
+@pytest.mark.slow
+def test_horovod_torch_with_sgd_trains_one_process_weights(tmp_path):
+    """2 Horovod workers × 32 against one process × 64, from the same initial weights, after
+    training that moved them; samples and throughput against the batches the ranks fed."""
+    from conftest import launch
+
+    m = {"model": ["seed-small"], "dataset": ["digits"], "batch_size": [64], "exclude": []}
+    opt = {"name": "sgd", "lr": 0.05}
+    finals, inits = {}, {}
+    for strategy, workers in (("torch", 1), ("horovod-torch", 2)):
+        cfg = {"study": "t", "optimizer": opt, "matrix": m | {"strategy": [strategy]}}
+        spec = build_runs(validated(cfg | {"matrix": cfg["matrix"] | {"workers": [workers]}}))[0][0]
+        out, taps = tmp_path / strategy / "metrics.json", tmp_path / f"{strategy}-tap"
+        save = str(tmp_path / f"{strategy}-{{rank}}.pt")
+        p = launch(spec, out, TRAINSCALE_SAVE_WEIGHTS=save, **tap.env(taps))
+        assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+        rec = metrics.read(out)
+        assert rec["status"] == "ok", rec["error"]
+        tap.assert_throughput_matches_the_work(rec, taps, feeds_per_step=workers)
+        # Horovod's runner fills in {rank}; one process writes the path as given
+        final = save.format(rank=0) if strategy == "horovod-torch" else save
+        finals[strategy] = tap.load(Path(final))
+        inits[strategy] = tap.initial_weights(taps)
+    ref, hvd = finals["torch"], finals["horovod-torch"]
+    for k in inits["torch"]:
+        np.testing.assert_array_equal(inits["horovod-torch"][k], inits["torch"][k], err_msg=k)
+    tap.assert_moved(inits["torch"], ref, "torch")
+    worst = max(float(np.abs(hvd[k] - ref[k]).max()) for k in ref)
+    print(f"largest difference horovod-torch - torch: {worst:.2e}")
+    for k in ref:
+        np.testing.assert_allclose(hvd[k], ref[k], rtol=RTOL, atol=ATOL, err_msg=k)

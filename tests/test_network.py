@@ -38,9 +38,10 @@ PORT = 29511  # the rendezvous port inside the first namespace (its own port spa
 #: lets more than its rate through, but for its burst (≤ 64 KiB of a multi-MiB message: < 2%).
 #: Below: the rate counts whole Ethernet frames, of which TCP/IP and Ethernet headers take ~5%
 #: (1448 payload bytes in 1514), gloo's own framing and the round trips between its chunks a
-#: few % more, and the 2 CPU cores are shared with other work. Measured here: 0.91 × rate at
-#: 100 Mbit/s, 0.89 at 400 Mbit/s; 0.80-1.02 × rate holds all of that and fails a link that is not the bottleneck (busbw far
-#: above the rate) or a benchmark that mis-measures by a factor (2(n−1)/n wrong: 2×).
+#: few % more, and the 2 CPU cores are shared with other work. Measured here: 0.91-0.92 × rate
+#: at 100 Mbit/s, 0.89-0.93 at 300-400 Mbit/s; 0.80-1.02 × rate holds all of that and fails a
+#: link that is not the bottleneck (busbw far above the rate) or a benchmark that mis-measures
+#: by a factor (2(n−1)/n wrong: 2×).
 BUSBW_LOW, BUSBW_HIGH = 0.80, 1.02
 
 #: DDP's step-time rise between a slow and a fast link against the model's prediction

@@ -4,11 +4,11 @@ import dataclasses
 
 import numpy as np
 import pytest
+import tap
 
 from trainscale import metrics
 from trainscale.matrix import build_runs
 
-import tap
 from conftest import launch, validated
 
 pytestmark = pytest.mark.slow

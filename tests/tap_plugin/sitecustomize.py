@@ -59,9 +59,9 @@ def _patch_torch_functional(mod) -> None:
     real = mod.cross_entropy
 
     def cross_entropy(input, target, *args, **kw):
-        if torch.is_grad_enabled() and input.requires_grad and target.dim() >= 1:
-            if not _in_pipeline_setup():
-                _note(int(target.shape[0]))
+        training = torch.is_grad_enabled() and input.requires_grad and target.dim() >= 1
+        if training and not _in_pipeline_setup():
+            _note(int(target.shape[0]))
         return real(input, target, *args, **kw)
 
     mod.cross_entropy = cross_entropy

@@ -151,8 +151,8 @@ def test_zero3_bf16_with_accumulation_and_a_fragment(tmp_path):
     frag = tmp_path / "frag.yaml"
     frag.write_text("zero_optimization:\n  stage3_param_persistence_threshold: 0\n")
     s = make("deepspeed-zero3", precision="bf16", grad_accum=2, deepspeed_config=str(frag))
-    out = tmp_path / "metrics.json"
-    p = launch(s, out)
+    out, taps = tmp_path / "metrics.json", tmp_path / "tap"
+    p = launch(s, out, **tap.env(taps))
     assert p.returncode == 0, p.stderr[-3000:]
     rec = metrics.read(out)
     assert rec["status"] == "ok", rec["error"]
@@ -164,7 +164,12 @@ def test_zero3_bf16_with_accumulation_and_a_fragment(tmp_path):
     }
     assert ds["config"]["gradient_accumulation_steps"] == 2 and ds["config"]["bf16"]["enabled"]
     assert all(ds["breakdown_ms"][k] > 0 for k in ("forward", "backward", "step"))
-    assert rec["test"]["accuracy"] > 0.3 and rec["throughput"] > 0
+    # 2 ranks × 2 accumulated micro-batches of 16 per step: 64 samples a step, counted once
+    tap.assert_throughput_matches_the_work(rec, taps, feeds_per_step=4)
+    # ZeRO-3's training itself is checked against one process in the SGD test above; this bar
+    # catches bf16 or accumulation breaking it: measured 0.917 (seed 0; fp32 one process,
+    # seeds 0-4: 0.847-0.911, the same 2 epochs at scale 1), chance 0.1
+    assert rec["test"]["accuracy"] > 0.8
     assert rec["env"]["frameworks"]["deepspeed"] == "0.19.8"
     # stage 3 with 2 ranks: the estimate divides model states over the 2 devices
     assert rec["memory"]["zero_estimate_bytes"] < 20 * rec["model"]["params"]

@@ -107,8 +107,9 @@ def test_both_launch_through_torchrun():
 #: FSDP against its reference: FSDP reduce-scatters the gradient (a sum over 2 ranks, then ÷ 2)
 #: where DDP all-reduces and one process averages 64 samples: equal up to float32 rounding.
 #: Measured largest difference after 44 steps: 3e-8 against one process (SGD), 0 against DDP
-#: (Adam); rtol 1e-4 / atol 1e-5 allow ~300× that and stay far below a wrong update (SGD without momentum: a summed gradient takes 2× steps,
-#: a difference as large as the whole training move, which is checked to be ≥ 0.02).
+#: (Adam); rtol 1e-4 / atol 1e-5 allow ~300× that and stay far below a wrong update (SGD
+#: without momentum: a summed gradient takes 2× steps, a difference of the order of the whole
+#: training move, which is checked to be ≥ 0.02).
 RTOL, ATOL = 1e-4, 1e-5
 
 

@@ -12,7 +12,7 @@ import pytest
 import tap
 import torch
 
-from trainscale import horovod_hosts, metrics
+from trainscale import data, horovod_hosts, metrics, models
 from trainscale.matrix import build_runs
 
 from conftest import PYTHON, ROOT, SNAKEMAKE, run_env, validated
@@ -122,8 +122,15 @@ def test_study_runs_every_horovod_strategy(study):
 def test_ranks_end_with_identical_weights(study):
     """Horovod averages gradients and broadcast the start: both ranks hold the same model."""
     w = study["weights"]
+    torch.manual_seed(0)  # the study's seed, as the runners seed it just before they build
+    info = data.info("digits")
+    init = models.build("seed-small", info.shape, info.num_classes).state_dict()
     for s in ("horovod-torch", "horovod-torch-elastic"):
         a, b = (torch.load(w / f"{s}-{r}", weights_only=True) for r in (0, 1))
+        # equal ranks prove nothing if nothing trained: the weights moved from the start
+        tap.assert_moved(
+            {k: v.numpy() for k, v in init.items()}, {k: v.numpy() for k, v in a.items()}, s
+        )
         assert a.keys() == b.keys()
         for k in a:
             torch.testing.assert_close(a[k], b[k], rtol=0, atol=0, msg=f"{s} {k}")

@@ -2,7 +2,9 @@
 
 Runs the `torch-ddp` runner (through the real launcher, torchrun + gloo) and the minimal DDP
 loop in benchmarks/minimal_ddp.py on the same model, data, batch, worker and thread counts,
-alternating A/B for several rounds in one process so drift hits both alike, and prints the
+alternating the order for several rounds in one process (odd rounds runner first, even rounds
+the minimal loop first; the `first` column says which), so drift and any first-run advantage
+hit both alike, and prints the
 steady-throughput ratio runner / minimal (1.0 = no overhead; the bar is >= 0.95).
 
 The `deepspeed-zero2` row compares the DeepSpeed runner (ZeRO-2, with DeepSpeed's
@@ -25,7 +27,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "workflow"))
@@ -37,6 +41,9 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 from trainscale import metrics  # noqa: E402
 from trainscale.launch import LAUNCHERS, detect, supervise, worker_env  # noqa: E402
 from trainscale.matrix import RunSpec  # noqa: E402
+
+T = TypeVar("T")
+U = TypeVar("U")
 
 
 def spec(a: argparse.Namespace, strategy: str = "torch-ddp") -> RunSpec:
@@ -123,6 +130,21 @@ def minimal_horovod(s: RunSpec) -> float:
     return json.loads(line[line.index("{") :])["throughput"]
 
 
+#: which side runs first in round i (0-based): FIRST[i % 2]
+FIRST = ("runner", "minimal")
+
+
+def in_order(i: int, run_runner: Callable[[], T], run_minimal: Callable[[], U]) -> tuple[T, U]:
+    """Both sides of round `i`, the runner first in even rounds (0, 2, ...) and the minimal loop
+    first in odd ones: an A/B then B/A alternation, so an order effect (a warm page cache, a
+    burst of load) falls on both sides alike over the rounds. Returns (runner, minimal)."""
+    if i % 2 == 0:
+        a = run_runner()
+        return a, run_minimal()
+    b = run_minimal()
+    return run_runner(), b
+
+
 #: strategy -> (the minimal yardstick, how the row is described)
 BASELINES = {
     "torch-ddp": (minimal, "minimal DDP loop"),
@@ -160,20 +182,19 @@ def tf_row(a: argparse.Namespace) -> None:
         f"(steady = epochs 2..{a.epochs})"
     )
     print(
-        f"{'round':>5} {'runner samples/s':>17} {'minimal samples/s':>18} {'ratio':>7}"
-        f" {'best-epoch ratio':>17}"
+        f"{'round':>5} {'first':>7} {'runner samples/s':>17} {'minimal samples/s':>18}"
+        f" {'ratio':>7} {'best-epoch ratio':>17}"
     )
     ratios, best = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(a.rounds):
-            rec = runner_record(s, Path(tmp))
-            mini = minimal_keras(s)
+            rec, mini = in_order(i, lambda: runner_record(s, Path(tmp)), lambda: minimal_keras(s))
             ratios.append(rec["throughput"] / mini["throughput"])
             fastest = max(e["samples_per_second"] for e in rec["epochs"][1:])
             best.append(fastest / mini["best"])
             print(
-                f"{i + 1:>5} {rec['throughput']:>17,.0f} {mini['throughput']:>18,.0f} "
-                f"{ratios[-1]:>7.3f} {best[-1]:>17.3f}",
+                f"{i + 1:>5} {FIRST[i % 2]:>7} {rec['throughput']:>17,.0f} "
+                f"{mini['throughput']:>18,.0f} {ratios[-1]:>7.3f} {best[-1]:>17.3f}",
                 flush=True,
             )
     print(
@@ -191,14 +212,19 @@ def row(a: argparse.Namespace, strategy: str) -> None:
         f"{strategy}, {workers}, {a.model} on {a.dataset} ×{a.scale}, "
         f"global batch {a.batch}, {a.epochs} epochs (steady = epochs 2..{a.epochs})"
     )
-    print(f"{'round':>5} {'runner samples/s':>17} {'minimal samples/s':>18} {'ratio':>7}")
+    print(
+        f"{'round':>5} {'first':>7} {'runner samples/s':>17} {'minimal samples/s':>18} {'ratio':>7}"
+    )
     ratios = []
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(a.rounds):
-            x_runner = runner(s, Path(tmp))
-            x_min = baseline(s)
+            x_runner, x_min = in_order(i, lambda: runner(s, Path(tmp)), lambda: baseline(s))
             ratios.append(x_runner / x_min)
-            print(f"{i + 1:>5} {x_runner:>17,.0f} {x_min:>18,.0f} {ratios[-1]:>7.3f}", flush=True)
+            print(
+                f"{i + 1:>5} {FIRST[i % 2]:>7} {x_runner:>17,.0f} {x_min:>18,.0f} "
+                f"{ratios[-1]:>7.3f}",
+                flush=True,
+            )
     print(
         f"{strategy} runner / {what}: median ratio {statistics.median(ratios):.3f} "
         f"(min {min(ratios):.3f}, max {max(ratios):.3f}, {a.rounds} rounds)"

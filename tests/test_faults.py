@@ -20,6 +20,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from test_aggregate import failed_record
 from test_runners import make as runners_make
 
 from trainscale import aggregate, metrics
@@ -94,31 +95,41 @@ def test_a_lost_worker_fails_the_run_and_stops_the_others(tmp_path):
 
 
 def test_sigkill_while_writing_metrics_never_leaves_a_partial_file(tmp_path):
-    """Kill a process that rewrites a large metrics file in a loop, many times, at random
-    moments: the file is always absent or whole and valid, never partial."""
+    """Kill a process that rewrites a large metrics file in a loop, at varied moments, until
+    3 kills have landed mid-write (bounded: 30 tries): the file is always absent or whole and
+    valid, never partial. A kill mid-write is one that leaves metrics.write's temp file behind
+    (written partly, never renamed): only such a kill can show a non-atomic write."""
     out = tmp_path / "metrics.json"
-    spec = make("torch")
-    rec = metrics.ok_record(
-        spec.to_dict(),
-        [
-            {"epoch": e, "seconds": 1.0, "samples": 10, "steps": 1, "samples_per_second": 10.0}
-            for e in (1, 2)
-        ],
-        None,
-    )
-    rec["error"] = "x" * 2_000_000  # ~2 MB: the write takes a while
+    # a valid record (metrics.write validates first: an invalid one is never written at all)
+    rec = failed_record(make("torch"), "failed", "x" * 2_000_000)  # ~2 MB: writes take a while
+    metrics.validate(rec)
     src = tmp_path / "rec.json"
     src.write_text(json.dumps(rec))
+    whole = len(json.dumps(rec, indent=1, sort_keys=True))
     writer = (
         "import json, sys; from trainscale import metrics\n"
         f"r = json.load(open({str(src)!r}))\n"
+        "print('ready', flush=True)\n"
         f"while True: metrics.write({str(out)!r}, r)\n"
     )
-    for i in range(8):
-        p = subprocess.Popen([PYTHON, "-c", writer], cwd=ROOT, env=run_env())
-        time.sleep(0.4 + 0.13 * i)
+    mid_write = tries = 0
+    while mid_write < 3:
+        tries += 1
+        assert tries <= 30, f"only {mid_write} of {tries - 1} kills landed during a write"
+        p = subprocess.Popen(
+            [PYTHON, "-c", writer], cwd=ROOT, env=run_env(), stdout=subprocess.PIPE, text=True
+        )
+        assert p.stdout.readline() == "ready\n"
+        time.sleep(0.05 + 0.037 * tries)  # varied moments within and between writes
         p.send_signal(signal.SIGKILL)
         p.wait()
+        p.stdout.close()
+        left = list(tmp_path.glob(".metrics.*.tmp"))
+        assert len(left) <= 1, left
+        if left:  # killed between the temp file's creation and its rename
+            assert left[0].stat().st_size < whole  # partly written
+            left[0].unlink()
+            mid_write += 1
         if out.exists():
             assert metrics.read(out)["error"] == rec["error"]
     assert not [f for f in tmp_path.iterdir() if f.name.endswith("metrics.json") and f != out]

@@ -4,6 +4,7 @@ stage split, and real 2-rank runs over gloo checked against DDP and a single pro
 import itertools
 import json
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -17,6 +18,7 @@ from trainscale.matrix import MODEL_BLOCKS, build_runs
 from trainscale.runners.pipeline import split
 from trainscale.runners.pytorch import make_optimizer, to_tensors
 
+import tap
 from conftest import ROOT, launch, snakemake, validated
 
 
@@ -102,25 +104,57 @@ def test_both_launch_through_torchrun():
         assert "torch.distributed.run" in argv and "--nproc-per-node=2" in argv
 
 
+#: FSDP against its reference: FSDP reduce-scatters the gradient (a sum over 2 ranks, then ÷ 2)
+#: where DDP all-reduces and one process averages 64 samples: equal up to float32 rounding.
+#: Measured largest difference after 44 steps: 3e-8 against one process (SGD), 0 against DDP
+#: (Adam); rtol 1e-4 / atol 1e-5 allow ~300× that and stay far below a wrong update (SGD
+#: without momentum: a summed gradient takes 2× steps, a difference of the order of the whole
+#: training move, which is checked to be ≥ 0.02).
+RTOL, ATOL = 1e-4, 1e-5
+
+
 @pytest.mark.slow
-def test_fsdp_ends_with_ddps_weights_on_the_same_data_order(tmp_path):
-    """FSDP shards parameters, gradients and optimizer state; the optimisation is DDP's."""
-    weights = {}
-    for strategy in ("torch-ddp", "torch-fsdp"):
+@pytest.mark.parametrize(
+    "optimizer, reference",
+    [("sgd", "torch"), ("adam", "torch-ddp")],
+    ids=["sgd-vs-one-process", "adam-vs-ddp"],
+)
+def test_fsdp_ends_with_the_references_weights_on_the_same_data_order(
+    tmp_path, optimizer, reference
+):
+    """FSDP shards parameters, gradients and optimizer state; the optimisation is DDP's and one
+    process's: the same weights from the same initial ones, after training moved them. With SGD
+    (no momentum) a gradient summed over ranks instead of averaged would show; with Adam, the
+    sharded optimizer state must still step like DDP's. FSDP's samples and throughput are
+    checked against the batches its 2 ranks really fed."""
+    opt = {"name": optimizer, "lr": 0.05 if optimizer == "sgd" else 0.001}
+    weights, inits = {}, {}
+    for strategy in (reference, "torch-fsdp"):
         out = tmp_path / strategy / "metrics.json"
         w = tmp_path / f"{strategy}.pt"
-        p = launch(make(strategy), out, TRAINSCALE_SAVE_WEIGHTS=str(w))
+        taps = tmp_path / f"{strategy}-tap"
+        s = make(strategy, workers=1 if strategy == "torch" else 2, optimizer=opt)
+        assert s.global_batch_size == 64
+        p = launch(s, out, TRAINSCALE_SAVE_WEIGHTS=str(w), **tap.env(taps))
         assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
         rec = metrics.read(out)
         assert rec["status"] == "ok", rec["error"]
-        assert len(rec["memory"]["per_rank_host_rss_bytes"]) == 2
-        assert rec["memory"]["peak_host_rss_bytes"] == max(rec["memory"]["per_rank_host_rss_bytes"])
-        weights[strategy] = torch.load(w, weights_only=True)
-    ddp, fsdp = weights["torch-ddp"], weights["torch-fsdp"]
-    assert ddp.keys() == fsdp.keys()
-    for k in ddp:
-        assert fsdp[k].shape == ddp[k].shape  # full (unsharded) tensors
-        torch.testing.assert_close(fsdp[k], ddp[k], rtol=1e-4, atol=1e-5, msg=k)
+        if strategy == "torch-fsdp":
+            assert len(rec["memory"]["per_rank_host_rss_bytes"]) == 2
+            assert rec["memory"]["peak_host_rss_bytes"] == max(
+                rec["memory"]["per_rank_host_rss_bytes"]
+            )
+            tap.assert_throughput_matches_the_work(rec, taps, feeds_per_step=2)
+        weights[strategy] = tap.load(w)
+        inits[strategy] = tap.initial_weights(taps)
+    ref, fsdp = weights[reference], weights["torch-fsdp"]
+    assert ref.keys() == fsdp.keys() == inits["torch-fsdp"].keys()
+    for k in ref:
+        np.testing.assert_array_equal(inits["torch-fsdp"][k], inits[reference][k], err_msg=k)
+    tap.assert_moved(inits[reference], ref, reference)
+    for k in ref:
+        assert fsdp[k].shape == ref[k].shape  # full (unsharded) tensors
+        np.testing.assert_allclose(fsdp[k], ref[k], rtol=RTOL, atol=ATOL, err_msg=k)
 
 
 def single_process_losses(spec) -> list[float]:
@@ -152,8 +186,8 @@ def single_process_losses(spec) -> list[float]:
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 def test_pipeline_micro_batch_losses_match_one_process(tmp_path, schedule):
     spec = make("torch-pipeline", microbatches=4, pipeline_schedule=schedule)
-    out, lp = tmp_path / "metrics.json", tmp_path / "losses.json"
-    p = launch(spec, out, TRAINSCALE_SAVE_LOSSES=str(lp))
+    out, lp, taps = tmp_path / "metrics.json", tmp_path / "losses.json", tmp_path / "tap"
+    p = launch(spec, out, TRAINSCALE_SAVE_LOSSES=str(lp), **tap.env(taps))
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     rec = metrics.read(out)
     assert rec["status"] == "ok", rec["error"]
@@ -162,6 +196,9 @@ def test_pipeline_micro_batch_losses_match_one_process(tmp_path, schedule):
     assert pipe["stages"] == [[0, 2], [2, 3]]  # seed-small: conv+hidden | classifier
     assert sum(pipe["stage_params"]) == rec["model"]["params"]
     assert rec["test"]["accuracy"] > 0.5
+    # every stage walks every batch; the loss (the tap's count) is fed on the last stage, once
+    # per micro-batch: 4 feeds of 16 per step, and the record must count 64 per step, not 128
+    tap.assert_throughput_matches_the_work(rec, taps, feeds_per_step=4)
     got = json.loads(lp.read_text())
     want = single_process_losses(spec)
     assert len(got) == len(want) == 2 * 22 * 4  # epochs × steps × micro-batches

@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from trainscale import horovod_hosts, metrics
+from trainscale import data, horovod_hosts, metrics, models
 from trainscale.matrix import build_runs
 
+import tap
 from conftest import PYTHON, ROOT, SNAKEMAKE, run_env, validated
 
 #: |test accuracy(horovod-*) - test accuracy(torch-ddp)| on digits. Same tolerance and reasons
@@ -121,8 +122,15 @@ def test_study_runs_every_horovod_strategy(study):
 def test_ranks_end_with_identical_weights(study):
     """Horovod averages gradients and broadcast the start: both ranks hold the same model."""
     w = study["weights"]
+    torch.manual_seed(0)  # the study's seed, as the runners seed it just before they build
+    info = data.info("digits")
+    init = models.build("seed-small", info.shape, info.num_classes).state_dict()
     for s in ("horovod-torch", "horovod-torch-elastic"):
         a, b = (torch.load(w / f"{s}-{r}", weights_only=True) for r in (0, 1))
+        # equal ranks prove nothing if nothing trained: the weights moved from the start
+        tap.assert_moved(
+            {k: v.numpy() for k, v in init.items()}, {k: v.numpy() for k, v in a.items()}, s
+        )
         assert a.keys() == b.keys()
         for k in a:
             torch.testing.assert_close(a[k], b[k], rtol=0, atol=0, msg=f"{s} {k}")
@@ -182,3 +190,53 @@ def test_elastic_run_finishes_with_fewer_workers_when_one_is_removed(tmp_path):
     assert rec["horovod"]["final_world_size"] == 1 and rec["device"]["count"] == 1
     # the global batch stays the spec's: one worker then takes all of it, steps are unchanged
     assert {e["steps"] for e in rec["epochs"]} == {89}  # 4 × 1437 // 64
+
+
+#: Horovod against one process / one device, SGD without momentum: Horovod averages the two
+#: ranks' half-batch gradients (allreduce, op Average) where one process averages 64: equal up
+#: to float32 rounding; rtol 1e-4 / atol 1e-5 allow ~300× the largest difference measured
+#: (3e-8, horovod-torch) and stay far below a summed gradient's doubled steps, a difference of
+#: the order of the training move (checked ≥ tap.MIN_RELATIVE_MOVE). SGD has no optimizer
+#: state, so Horovod's state broadcast cannot differ from one process here.
+RTOL, ATOL = 1e-4, 1e-5
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "strategy, reference", [("horovod-torch", "torch"), ("horovod-keras", "tf")]
+)
+def test_horovod_with_sgd_trains_one_process_weights(tmp_path, strategy, reference):
+    """2 Horovod workers × 32 against one process × 64 of the same framework, from the same
+    initial weights, after training that moved them; samples and throughput against the
+    batches the ranks really fed."""
+    from conftest import launch
+
+    m = {"model": ["seed-small"], "dataset": ["digits"], "batch_size": [64], "exclude": []}
+    opt = {"name": "sgd", "lr": 0.05}
+    ext = ".npz" if reference == "tf" else ".pt"
+    finals, inits = {}, {}
+    for s, workers in ((reference, 1), (strategy, 2)):
+        cfg = {
+            "study": "t",
+            "optimizer": opt,
+            "matrix": m | {"strategy": [s], "workers": [workers]},
+        }
+        spec = build_runs(validated(cfg))[0][0]
+        out, taps = tmp_path / s / "metrics.json", tmp_path / f"{s}-tap"
+        save = str(tmp_path / f"{s}-{{rank}}{ext}")
+        p = launch(spec, out, timeout=240, TRAINSCALE_SAVE_WEIGHTS=save, **tap.env(taps))
+        assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+        rec = metrics.read(out)
+        assert rec["status"] == "ok", rec["error"]
+        tap.assert_throughput_matches_the_work(rec, taps, feeds_per_step=workers)
+        # Horovod's runners fill in {rank}; one process writes the path as given
+        finals[s] = tap.load(Path(save.format(rank=0) if s == strategy else save))
+        inits[s] = tap.initial_weights(taps)
+    ref, hvd = finals[reference], finals[strategy]
+    for k in inits[reference]:
+        np.testing.assert_array_equal(inits[strategy][k], inits[reference][k], err_msg=k)
+    tap.assert_moved(inits[reference], ref, reference)
+    worst = max(float(np.abs(hvd[k] - ref[k]).max()) for k in ref)
+    print(f"largest difference {strategy} - {reference}: {worst:.2e}")
+    for k in ref:
+        np.testing.assert_allclose(hvd[k], ref[k], rtol=RTOL, atol=ATOL, err_msg=k)

@@ -16,6 +16,7 @@ import torch
 from trainscale import metrics, tfrun
 from trainscale.matrix import build_runs
 
+import tap
 from conftest import PYTHON, ROOT, base_config, launch, load_yaml, run_env, snakemake, validated
 
 #: Convergence parity: |test accuracy(tf) - test accuracy(torch)| on digits, same data, seed,
@@ -314,3 +315,42 @@ def test_tf_data_parallelism_is_real(study):
         for a, b in zip(rec["epochs"], base["epochs"], strict=True):
             assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-3)
         assert abs(rec["test"]["accuracy"] - base["test"]["accuracy"]) <= 1 / 360 + 1e-9
+
+
+#: tf-mirrored / tf-multiworker against tf, SGD without momentum: each replica's loss is scaled
+#: by 1/global batch and the replicas' gradients summed, where one device averages all 64: the
+#: same numbers up to float32 rounding (measured largest difference: 3e-8 for both);
+#: rtol 1e-4 / atol 1e-5 allow ~300× that and stay far below a summed-for-averaged gradient,
+#: which would double every step, a difference of the order of the training move (checked
+#: ≥ tap.MIN_RELATIVE_MOVE). SGD has no optimizer state that Adam could renormalise a wrong
+#: scale with.
+RTOL, ATOL = 1e-4, 1e-5
+
+
+@pytest.mark.slow
+def test_tf_data_parallel_sgd_trains_one_devices_weights(tmp_path):
+    """tf-mirrored (2 replicas) and tf-multiworker (2 processes) from the same initial weights
+    as tf end with tf's weights, after training that moved them; every run's samples and
+    throughput against the batches its replicas really took (Keras train_step calls)."""
+    opt = {"name": "sgd", "lr": 0.05}
+    finals, inits = {}, {}
+    for strategy, workers in (("tf", 1), ("tf-mirrored", 2), ("tf-multiworker", 2)):
+        cfg = base_config(strategy=[strategy], workers=[workers], batch_size=[64])
+        spec = build_runs(validated({**cfg, "optimizer": opt}))[0][0]
+        out, taps = tmp_path / strategy / "metrics.json", tmp_path / f"{strategy}-tap"
+        w = tmp_path / f"{strategy}.npz"
+        p = launch(spec, out, timeout=240, TRAINSCALE_SAVE_WEIGHTS=str(w), **tap.env(taps))
+        assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+        rec = metrics.read(out)
+        assert rec["status"] == "ok", rec["error"]
+        tap.assert_throughput_matches_the_work(rec, taps, feeds_per_step=workers)
+        finals[strategy], inits[strategy] = tap.load(w), tap.initial_weights(taps)
+    ref = finals["tf"]
+    tap.assert_moved(inits["tf"], ref, "tf")
+    for s in ("tf-mirrored", "tf-multiworker"):
+        for k in ref:
+            np.testing.assert_array_equal(inits[s][k], inits["tf"][k], err_msg=f"{s} init {k}")
+        worst = max(float(np.abs(finals[s][k] - ref[k]).max()) for k in ref)
+        print(f"largest difference {s} - tf: {worst:.2e}")
+        for k in ref:
+            np.testing.assert_allclose(finals[s][k], ref[k], rtol=RTOL, atol=ATOL, err_msg=k)

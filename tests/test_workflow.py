@@ -71,7 +71,9 @@ def test_real_study_through_snakemake(tmp_path):
         rec = metrics.read(f)
         assert rec["status"] == "ok", rec["error"]
         assert rec["throughput"] > 0 and rec["first_epoch_seconds"] > 0
-        assert rec["test"]["accuracy"] > 0.3  # chance is 0.1; 2 epochs of digits reach ~0.9
+        # chance is 0.1; measured for seeds 0-4 (Adam, 2 epochs, scale 2, global batch 64, the
+        # same for all three runs): 0.925-0.944, 0.939 at seed 0; 0.88 leaves ~2 ranges' margin
+        assert rec["test"]["accuracy"] > 0.88
         assert rec["epochs"][1]["train_loss"] < rec["epochs"][0]["train_loss"]
         log = (
             tmp_path

@@ -1,0 +1,124 @@
+"""Read back what tests/tap_plugin/sitecustomize.py recorded inside a run's processes: the
+initial weights every rank built, and every training batch every rank really fed. The counts are
+the test's own, made outside the runner's bookkeeping, so a runner that miscounts its samples
+or trains from other weights than it claims fails against them.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import ROOT
+
+PLUGIN = ROOT / "tests" / "tap_plugin"
+
+#: Training must move the weights by at least this much: ‖w_final − w_init‖ / ‖w_init‖ over all
+#: parameters together. Measured on digits / seed-small, 2 epochs at scale 1, batch 64, seed 0:
+#: 0.24 with SGD lr 0.05 (PyTorch; Keras 0.23), 0.58 with Adam lr 0.001. 0.02 is a tenth of
+#: the smallest and far above what no training leaves (0: the same weights; planted once).
+MIN_RELATIVE_MOVE = 0.02
+
+
+def env(tap: Path) -> dict[str, str]:
+    """Environment for a run whose every process loads the plug-in and writes into `tap`."""
+    tap.mkdir(parents=True, exist_ok=True)
+    path = [str(PLUGIN), str(ROOT / "workflow"), os.environ.get("PYTHONPATH", "")]
+    return {"TRAINSCALE_TEST_TAP": str(tap), "PYTHONPATH": os.pathsep.join(filter(None, path))}
+
+
+def initial_weights(tap: Path) -> dict[str, np.ndarray]:
+    """The initial weights (as numpy arrays by name, or by position for Keras), checked to be the
+    same in every process that built a model."""
+    files = sorted(tap.glob("init-*.pt")) + sorted(tap.glob("init-*.npz"))
+    assert files, f"no initial weights recorded in {tap}: was the plug-in loaded?"
+    inits = [load(f) for f in files]
+    for other in inits[1:]:
+        assert other.keys() == inits[0].keys()
+        for k in other:
+            np.testing.assert_array_equal(other[k], inits[0][k], err_msg=f"initial {k}")
+    return inits[0]
+
+
+def load(path: Path) -> dict[str, np.ndarray]:
+    """Weights from a torch state dict (.pt) or a Keras get_weights() .npz, as numpy arrays."""
+    if path.suffix == ".npz":
+        with np.load(path) as z:
+            return {k: z[k] for k in z.files}
+    import torch
+
+    state = torch.load(path, weights_only=True)
+    return {k: v.float().numpy() for k, v in state.items()}
+
+
+def relative_move(init: dict[str, np.ndarray], final: dict[str, np.ndarray]) -> float:
+    """‖final − init‖ / ‖init‖ over all tensors (float64)."""
+    assert init.keys() == final.keys()
+    diff = sum(float(((final[k] - init[k]).astype(np.float64) ** 2).sum()) for k in init)
+    norm = sum(float((init[k].astype(np.float64) ** 2).sum()) for k in init)
+    return (diff / norm) ** 0.5
+
+
+def assert_moved(init: dict, final: dict, what: str) -> float:
+    move = relative_move(init, final)
+    assert move >= MIN_RELATIVE_MOVE, (
+        f"{what}: training moved the weights by {move:.3g} (relative), "
+        f"less than {MIN_RELATIVE_MOVE}: did it train from these initial weights?"
+    )
+    return move
+
+
+def batches(tap: Path) -> list[tuple[int, float, int]]:
+    """Every training batch recorded: (rank, unix seconds, rows), in time order."""
+    rows = []
+    for f in tap.glob("samples-*.txt"):
+        for line in f.read_text().splitlines():
+            r, t, n = line.split()
+            rows.append((int(r), float(t), int(n)))
+    return sorted(rows, key=lambda x: x[1])
+
+
+def assert_throughput_matches_the_work(rec: dict, tap: Path, feeds_per_step: int) -> None:
+    """The record's samples and throughput against the batches the ranks really fed.
+
+    `feeds_per_step`: recorded batches per optimizer step over the whole job (ranks × replicas
+    × micro-batches; a pipeline feeds the loss on its last stage only). Checks, per epoch:
+    samples == steps × global batch == rows the ranks fed; the epoch's seconds cover the span
+    from its first fed batch to its last, and fit between the previous epoch's last fed batch
+    and the next epoch's first (for the last epoch: the time the record was written); then
+    throughput == steady samples / steady seconds (metrics' definition) of those epochs."""
+    fed = batches(tap)
+    epochs = rec["epochs"]
+    assert len(epochs) >= 2, "throughput needs a steady epoch (epochs 2..E)"
+    g = rec["spec"]["global_batch_size"]
+    per_epoch = [e["steps"] * feeds_per_step for e in epochs]
+    assert len(fed) == sum(per_epoch), (
+        f"the ranks fed {len(fed)} batches; the record's steps say {sum(per_epoch)}"
+    )
+    start = 0
+    spans = []
+    for e, count in zip(epochs, per_epoch, strict=True):
+        mine = fed[start : start + count]
+        start += count
+        rows = sum(n for _, _, n in mine)
+        assert e["samples"] == e["steps"] * g == rows, (
+            f"epoch {e.get('epoch')}: recorded {e['samples']} samples, {e['steps']} steps × "
+            f"global batch {g} = {e['steps'] * g}; the ranks really fed {rows}"
+        )
+        spans.append((mine[0][1], mine[-1][1]))
+    written = datetime.fromisoformat(rec["env"]["end_utc"]).timestamp()  # after the last epoch
+    slack = 0.05  # time stamps are taken inside a step, the epoch's clock just outside it
+    for i, (e, (first, last)) in enumerate(zip(epochs, spans, strict=True)):
+        assert e["seconds"] >= last - first - slack, (i, e["seconds"], last - first)
+        after = spans[i - 1][1] if i else None
+        before = spans[i + 1][0] if i + 1 < len(spans) else written
+        if after is not None and before is not None:
+            assert e["seconds"] <= before - after + slack, (i, e["seconds"], before - after)
+    steady = epochs[1:]
+    assert rec["throughput"] == pytest.approx(
+        sum(e["samples"] for e in steady) / sum(e["seconds"] for e in steady), rel=1e-9
+    )

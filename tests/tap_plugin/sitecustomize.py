@@ -1,0 +1,143 @@
+"""A test plug-in, never imported by production code: put this directory on PYTHONPATH and set
+TRAINSCALE_TEST_TAP=DIR, and every process of a run (each rank) writes into DIR
+
+- `init-<pid>.pt` / `init-<pid>.npz`: the model's weights as `trainscale.models.build` /
+  `trainscale.keras_models.build` returned them, i.e. before any training step;
+- `samples-<pid>.txt`: one line `<rank> <unix seconds> <rows>` for every training batch this
+  process really fed: for PyTorch runners each call of `F.cross_entropy` that builds a graph
+  (a training loss; evaluation runs under no_grad), for TensorFlow runners each call of the Keras
+  model's `train_step` (once per replica and step, with that replica's share of the batch).
+
+It wraps those functions after their module is imported (a meta-path finder), so the runners
+run unchanged. tests/tap.py reads the files back.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import os
+import sys
+import time
+
+TAP = os.environ.get("TRAINSCALE_TEST_TAP")
+
+
+def _rank() -> int:
+    for k in ("RANK", "HOROVOD_RANK", "OMPI_COMM_WORLD_RANK"):
+        if k in os.environ:
+            return int(os.environ[k])
+    cfg = os.environ.get("TF_CONFIG")
+    if cfg:
+        import json
+
+        return int(json.loads(cfg)["task"]["index"])
+    return 0
+
+
+def _note(rows: int) -> None:
+    with open(os.path.join(TAP, f"samples-{os.getpid()}.txt"), "a") as f:
+        f.write(f"{_rank()} {time.time():.6f} {rows}\n")
+
+
+def _in_pipeline_setup() -> bool:
+    """Whether torch.distributed.pipelining calls the loss to infer gradient shapes before its
+    first step (a forward of one micro-batch that no optimizer step follows), not to train."""
+    frame = sys._getframe(2)
+    for _ in range(6):
+        if frame is None:
+            return False
+        if frame.f_code.co_name in ("_backward_metadata_inference", "_prepare_backward_infra"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _patch_torch_functional(mod) -> None:
+    import torch
+
+    real = mod.cross_entropy
+
+    def cross_entropy(input, target, *args, **kw):
+        training = torch.is_grad_enabled() and input.requires_grad and target.dim() >= 1
+        if training and not _in_pipeline_setup():
+            _note(int(target.shape[0]))
+        return real(input, target, *args, **kw)
+
+    mod.cross_entropy = cross_entropy
+
+
+def _patch_models(mod) -> None:
+    real = mod.build
+
+    def build(*args, **kw):
+        import torch
+
+        net = real(*args, **kw)
+        state = net.state_dict()
+        if not any(v.is_meta for v in state.values()):
+            path = os.path.join(TAP, f"init-{os.getpid()}.pt")
+            torch.save({k: v.detach().cpu().clone() for k, v in state.items()}, path)
+        return net
+
+    mod.build = build
+
+
+def _patch_keras_models(mod) -> None:
+    real = mod.build
+
+    def build(*args, **kw):
+        import numpy as np
+        import tensorflow as tf
+
+        model = real(*args, **kw)
+        np.savez(os.path.join(TAP, f"init-{os.getpid()}.npz"), *model.get_weights())
+        real_step = model.train_step
+
+        def train_step(data):  # traced once; runs once per replica and step
+            def note(rows):
+                _note(int(rows))
+                return rows
+
+            rows = tf.py_function(note, [tf.shape(data[1])[0]], tf.int32)
+            with tf.control_dependencies([rows]):
+                return real_step(data)
+
+        model.train_step = train_step
+        return model
+
+    mod.build = build
+
+
+PATCHES = {
+    "torch.nn.functional": _patch_torch_functional,
+    "trainscale.models": _patch_models,
+    "trainscale.keras_models": _patch_keras_models,
+}
+
+
+class _Loader(importlib.abc.Loader):
+    def __init__(self, real, patch) -> None:
+        self.real, self.patch = real, patch
+
+    def create_module(self, spec):
+        return self.real.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        self.real.exec_module(module)
+        self.patch(module)
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name not in PATCHES:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _Loader(spec.loader, PATCHES[name])
+        return spec
+
+
+if TAP:
+    os.makedirs(TAP, exist_ok=True)
+    sys.meta_path.insert(0, _Finder())

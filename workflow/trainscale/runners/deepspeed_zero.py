@@ -32,6 +32,7 @@ from trainscale.runners.common import (
     maybe_fault,
     steps_per_epoch,
 )
+from trainscale.runners.exposed import batches_of, measure_exposed_communication
 from trainscale.runners.pytorch import (
     _Indexable,
     barrier,
@@ -40,7 +41,6 @@ from trainscale.runners.pytorch import (
     make_optimizer,
     to_tensors,
 )
-from trainscale.runners.exposed import batches_of, measure_exposed_communication
 
 #: ds_config keys the study owns: a user fragment may not override them.
 STUDY_KEYS = (

@@ -1,11 +1,12 @@
 """Exposed communication: how much of a multi-worker step is communication that the step waits
 for, measured rather than modelled.
 
-After the timed epochs (their evaluation and the memory peaks) every multi-worker PyTorch-family run takes
-`STEPS` extra optimizer steps with gradient synchronisation off, on the same batches, timed on
-rank 0 like the epochs' steps (device synchronised) and counted in no epoch or throughput
-figure. The weights and optimizer state are restored afterwards, so the run ends with the
-weights its epochs trained. Definitions (the `communication` block of metrics.json):
+After the timed epochs (their evaluation and the memory peaks) every multi-worker
+PyTorch-family run takes `STEPS` extra optimizer steps with gradient synchronisation off, on
+the same batches, timed on rank 0 like the epochs' steps (device synchronised) and counted in
+no epoch or throughput figure. The weights and optimizer state are restored afterwards, so
+the run ends with the weights its epochs trained.
+Definitions (the `communication` block of metrics.json):
 
 - compute_seconds_per_step: the median of rank 0's wall seconds over the no-sync steps.
 - step_seconds_per_step: the mean over the steady epochs (2..E) of rank 0's median step time

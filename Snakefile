@@ -17,6 +17,7 @@ include: "workflow/rules/data.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/aggregate.smk"
 include: "workflow/rules/collectives.smk"
+include: "workflow/rules/predict.smk"
 include: "workflow/rules/report.smk"
 
 
@@ -27,6 +28,7 @@ rule all:
         f"{RESULTS}/summary.txt",
         f"{RESULTS}/scaling.csv",
         f"{RESULTS}/report.html",
+        prediction_files(),
 
 
 onstart:

@@ -29,6 +29,7 @@ rule report_html:
         collectives=rules.collectives_table.output.collectives,
         communication=rules.collectives_table.output.communication,
         figures=[f"{RESULTS}/figures/{name}.png" for name in FIGURES],
+        predictions=prediction_files(),
     output:
         html=report(
             f"{RESULTS}/report.html",

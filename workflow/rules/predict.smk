@@ -1,20 +1,7 @@
 # Predicted scaling (trainscale/predict.py): the step-time model fitted to the measured runs and
 # the all-reduce benchmark, extrapolated to predict.world_sizes with bootstrap bands, and its
-# leave-one-out check. On (predict.enabled, the default) when the study has a multi-worker cell.
-PREDICT = config["predict"]["enabled"] and any(r.world_size > 1 for r in RUNS)
-
-
-def prediction_files():
-    """The predictions' outputs the report shows; none when predictions are off."""
-    if not PREDICT:
-        return []
-    return [
-        f"{RESULTS}/predictions.csv",
-        f"{RESULTS}/prediction_check.csv",
-        f"{RESULTS}/figures/predicted_scaling.png",
-    ]
-
-
+# leave-one-out check. On (predict.enabled, the default) when the study has a multi-worker cell
+# (PREDICT and prediction_files() in common.smk).
 rule predictions:
     input:
         runs=rules.runs_table.output.csv,

@@ -29,8 +29,10 @@ dataset, scale, batch size, batch mode, precision), for N workers on `nodes` nod
 - throughput_pred = global batch / t_step; efficiency_pred = throughput / (N · X1), X1 the mean
   measured throughput at N = 1 (the model's own when N = 1 was not measured).
 - band: 2.5 and 97.5 percentiles of 200 bootstrap refits, each resampling the runs of every
-  measured world size with replacement and reading the benchmark at a random point between
-  its median and 95th-percentile time; widened to contain the point prediction.
+  measured world size with replacement, reading the benchmark at a random point between its
+  median and 95th-percentile time, and scaling the step by one run's deviation from its cell's
+  mean drawn from the study's repeats (so the band is where one measurement should fall; no
+  such term without repeats); widened to contain the point prediction.
 - measured rows (`basis` measured): mean throughput over the cell's ok runs, band = its 95% CI
   (cut at 0).
 - leave-one-out check (prediction_check.csv): for each measured world size N > 1, the model
@@ -89,7 +91,7 @@ CHECK_COLUMNS = [
     "note",
 ]
 BOOTSTRAP = 200
-GRID = 400
+GRID = 2000
 
 
 # --------------------------------------------------------------------------------------------
@@ -281,20 +283,24 @@ def t_comm(strategy: str, n: int, nodes: int, size: float, net: Network, u: floa
     return 0.0 if link is None else VOLUME[strategy] * link.ring_seconds(n, size, u)
 
 
-def fit_compute(obs: pd.DataFrame) -> tuple[float, float, str]:
+def _arrays(obs: pd.DataFrame) -> dict:
+    """One family's runs as numpy arrays (the bootstrap refits thousands of times)."""
+    a = {k: obs[k].to_numpy(float) for k in ("world_size", "nodes", "b", "t_step", "compute")}
+    a["strategy"], a["S"] = str(obs["strategy"].iloc[0]), float(obs["S"].iloc[0])
+    return a
+
+
+def fit_compute(a: dict) -> tuple[float, float, str]:
     """(c0, c1, note) of t_compute(b) = c0 + c1·b from N = 1 steps and no-sync computes."""
-    one = obs[obs["world_size"] == 1]
-    multi = obs[(obs["world_size"] > 1) & obs["compute"].notna()]
-    b = np.concatenate([one["b"].to_numpy(float), multi["b"].to_numpy(float)])
-    t = np.concatenate([one["t_step"].to_numpy(float), multi["compute"].to_numpy(float)])
+    one = a["world_size"] == 1
+    multi = (a["world_size"] > 1) & ~np.isnan(a["compute"])
+    b = np.concatenate([a["b"][one], a["b"][multi]])
+    t = np.concatenate([a["t_step"][one], a["compute"][multi]])
     if not len(b):
         raise ValueError("no run measures computation (no N = 1 run, no no-sync compute)")
     if len(np.unique(b)) < 2:
-        return (
-            0.0,
-            float(t.mean() / b[0]),
-            (f"compute measured at one per-worker batch ({b[0]:g}): assumed proportional to it"),
-        )
+        note = f"compute measured at one per-worker batch ({b[0]:g}): assumed proportional to it"
+        return 0.0, float(t.mean() / b[0]), note
     c1, c0 = np.polyfit(b, t, 1)
     if c0 < 0:
         return 0.0, float((b * t).sum() / (b * b).sum()), "compute fit through 0 (intercept < 0)"
@@ -304,68 +310,76 @@ def fit_compute(obs: pd.DataFrame) -> tuple[float, float, str]:
     return float(c0), float(c1), f"compute linear in the per-worker batch, fitted at b = {bs}"
 
 
-def fit(obs: pd.DataFrame, net: Network, u: float = 0.0) -> Fit:
+def fit(obs: pd.DataFrame | dict, net: Network, u: float = 0.0) -> Fit:
     """The model's parameters from one family's runs (see the module docstring)."""
-    c0, c1, note = fit_compute(obs)
-    multi = obs[obs["world_size"] > 1]
-    if not len(multi):
+    a = _arrays(obs) if isinstance(obs, pd.DataFrame) else obs
+    c0, c1, note = fit_compute(a)
+    multi = a["world_size"] > 1
+    if not multi.any():
         return Fit(c0, c1, 0.0, 0.0, (note, "no multi-worker run: t_fixed = overlap = 0"))
-    strategy = str(obs["strategy"].iloc[0])
-    comp = multi["compute"].where(multi["compute"].notna(), c0 + c1 * multi["b"])
-    e = np.maximum(0.0, multi["t_step"].to_numpy(float) - comp.to_numpy(float))
-    tc = np.array(
-        [
-            t_comm(strategy, n, k, s, net, u)
-            for n, k, s in zip(multi["world_size"], multi["nodes"], multi["S"], strict=True)
-        ]
-    )
-    shapes = multi.groupby(["world_size", "nodes"]).ngroups
-    if shapes == 1:
+    n, k, b, comp = a["world_size"][multi], a["nodes"][multi], a["b"][multi], a["compute"][multi]
+    comp = np.where(np.isnan(comp), c0 + c1 * b, comp)
+    e = np.maximum(0.0, a["t_step"][multi] - comp)
+    shapes, inverse = np.unique(np.stack([n, k], axis=1), axis=0, return_inverse=True)
+    per_shape = [t_comm(a["strategy"], int(x), int(y), a["S"], net, u) for x, y in shapes]
+    tc = np.asarray(per_shape)[inverse.ravel()]
+    if len(shapes) == 1:
         d = float(e.mean() - tc.mean())
         how = "one multi-worker world size: t_fixed and overlap not separable, "
         if d >= 0:
             return Fit(c0, c1, d, 0.0, (note, how + "overlap = 0"))
         return Fit(c0, c1, 0.0, -d, (note, how + "t_fixed = 0"))
-    best = None
-    for o in np.linspace(0.0, max(float(tc.max()), 1e-12), GRID):
-        hidden = np.maximum(0.0, tc - o)
-        tf = max(0.0, float((e - hidden).mean()))
-        sse = float(((e - tf - hidden) ** 2).sum())
-        if best is None or sse < best[0] - 1e-18:
-            best = (sse, tf, float(o))
-    _, tf, o = best
-    return Fit(c0, c1, tf, o, (note, f"t_fixed and overlap fitted over {shapes} world sizes"))
+    grid = np.linspace(0.0, max(float(tc.max()), 1e-12), GRID)
+    hidden = np.maximum(0.0, tc[None, :] - grid[:, None])  # (grid, runs)
+    t_fixed = np.maximum(0.0, (e[None, :] - hidden).mean(axis=1))
+    sse = ((e[None, :] - t_fixed[:, None] - hidden) ** 2).sum(axis=1)
+    i = int(np.argmin(sse))
+    how = f"t_fixed and overlap fitted over {len(shapes)} multi-worker world sizes"
+    return Fit(c0, c1, float(t_fixed[i]), float(grid[i]), (note, how))
 
 
 # --------------------------------------------------------------------------------------------
 # predictions, bands and the leave-one-out check
 
 
-def _resample(obs: pd.DataFrame, rng: np.random.Generator) -> pd.DataFrame:
-    """The runs of every measured world size drawn again with replacement."""
-    parts = []
-    for _, g in obs.groupby(["world_size", "nodes"]):
-        parts.append(g.iloc[rng.integers(0, len(g), len(g))])
-    return pd.concat(parts, ignore_index=True)
+def _groups(a: dict) -> list[np.ndarray]:
+    """Indices of the runs of each measured (N, nodes)."""
+    key = a["world_size"] * 1e6 + a["nodes"]
+    return [np.flatnonzero(key == v) for v in np.unique(key)]
+
+
+def _scatter(a: dict, groups: list[np.ndarray]) -> np.ndarray:
+    """Relative deviations of single runs' step times from their cell's mean (cells with two
+    or more runs): how far one measurement falls from the mean; [0] without repeats."""
+    dev = [a["t_step"][g] / a["t_step"][g].mean() - 1 for g in groups if len(g) > 1]
+    return np.concatenate(dev) if dev else np.zeros(1)
 
 
 def band(
     obs: pd.DataFrame, net: Network, targets: list[tuple[int, int, float]], seed: int = 0
 ) -> tuple[Fit, np.ndarray, np.ndarray, np.ndarray]:
     """(point fit, step seconds, lo, hi) at targets [(N, nodes, b)]: bootstrap percentiles of
-    step time, widened to contain the point prediction."""
-    strategy, size = str(obs["strategy"].iloc[0]), float(obs["S"].iloc[0])
-    point = fit(obs, net)
+    a run's step time, widened to contain the point prediction."""
+    a = _arrays(obs)
+    strategy, size = a["strategy"], a["S"]
+    point = fit(a, net)
     pred = np.array([point.step(strategy, n, k, b, size, net) for n, k, b in targets])
     rng = np.random.default_rng(seed)
+    groups = _groups(a)
+    scatter = _scatter(a, groups)
     draws = np.empty((BOOTSTRAP, len(targets)))
     for i in range(BOOTSTRAP):
         u = float(rng.uniform())
-        f = fit(_resample(obs, rng), net, u)
-        draws[i] = [f.step(strategy, n, k, b, size, net, u) for n, k, b in targets]
+        pick = np.concatenate([g[rng.integers(0, len(g), len(g))] for g in groups])
+        f = fit({**a, **{k: a[k][pick] for k in _COLUMNS}}, net, u)
+        noise = 1 + rng.choice(scatter, len(targets))
+        draws[i] = [f.step(strategy, n, k, b, size, net, u) for n, k, b in targets] * noise
     lo = np.minimum(np.percentile(draws, 2.5, axis=0), pred)
     hi = np.maximum(np.percentile(draws, 97.5, axis=0), pred)
     return point, pred, lo, hi
+
+
+_COLUMNS = ("world_size", "nodes", "b", "t_step", "compute")
 
 
 def _per_worker(batch: int, mode: str, n: int) -> float:

@@ -195,3 +195,25 @@ def test_exposed_block_and_replica_keep_the_weights():
     assert not opt.state
     slow = exposed.block(epochs[:2], 5.0, "ddp-no_sync")
     assert slow["exposed_seconds_per_step"] == 0.0
+
+
+def test_runners_without_a_switch_record_null_with_the_reason():
+    """A multi-worker TF run records `communication` with null figures and why; a one-worker
+    run has no such block; both follow the metrics schema."""
+    from test_aggregate import spec_for
+
+    from trainscale import metrics
+
+    for strategy, workers in (("tf-multiworker", 2), ("torch", 1)):
+        rec = metrics.Recorder(spec_for(strategy, workers).to_dict())
+        rec.training_starts()
+        for _ in range(2):
+            rec.epoch(1.0, samples=64, steps=1, train_loss=1.0, step_seconds=[1.0])
+        out = rec.record(model={"params": 10})
+        metrics.validate(out)
+        if workers == 1:
+            assert "communication" not in out
+        else:
+            c = out["communication"]
+            assert c["exposed_seconds_per_step"] is None and c["method"] is None
+            assert "no switch" in c["note"]

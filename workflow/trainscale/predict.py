@@ -501,3 +501,23 @@ def predict_study(
 
 #: predict.world_sizes by default: 4 … 512, powers of 2.
 DEFAULT_WORLD_SIZES = [2**k for k in range(2, 10)]
+
+
+def fitted_parameters(runs: pd.DataFrame, coll: pd.DataFrame, predict_cfg: dict) -> list[dict]:
+    """Per family the fitted model (seconds): c0, c1 (per sample), t_fixed, overlap and the
+    notes on how they were fitted: what a scaling card carries to another cluster."""
+    obs = observations(runs)
+    if not len(obs):
+        return []
+    net = network(coll, predict_cfg, int(obs["workers"].max()))
+    out = []
+    for _, fam in obs.groupby(FAMILY, sort=True, dropna=False):
+        try:
+            f = fit(fam, net)
+        except ValueError:
+            continue
+        key = {k: fam[k].iloc[0] for k in FAMILY}
+        out.append({**{k: v.item() if hasattr(v, "item") else v for k, v in key.items()},
+                    "c0": f.c0, "c1": f.c1, "t_fixed": f.t_fixed, "overlap": f.overlap,
+                    "notes": list(f.notes)})  # fmt: skip
+    return out

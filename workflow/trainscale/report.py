@@ -501,7 +501,19 @@ def build(
         )
     out = Path(out)
     notes = plots.render_all(study, out / "figures", jobs=jobs, meanwhile=lambda: study.write(out))
-    write_html(study, out / "report.html", out / "figures", config=config, notes=notes)
+    predicted = None
+    predict_cfg = {"enabled": True, **((config or {}).get("predict") or {})}
+    if predict_cfg["enabled"] and len(study.runs) and (study.runs["spec.world_size"] > 1).any():
+        from trainscale import predict_plot
+
+        pred, check, _ = predict.predict_study(study.runs, study.collectives, predict_cfg)
+        pred.to_csv(out / "predictions.csv", index=False)
+        check.to_csv(out / "prediction_check.csv", index=False)
+        png = predict_plot.draw(pred, out / "figures")[0]
+        predicted = predict_plot.section(out / "predictions.csv", out / "prediction_check.csv", png)
+    write_html(
+        study, out / "report.html", out / "figures", config=config, notes=notes, predicted=predicted
+    )
     return study
 
 
@@ -524,6 +536,7 @@ def main(argv: list[str] | None = None) -> int:
               scaling.csv   one row per cell: mean/std/95% CI over repeats, speedup, efficiency
               invalid.csv   metrics files that failed validation, and why
               summary.txt   fastest strategy per model and worker count, and its efficiency
+              predictions.csv, prediction_check.csv   predicted scaling (config `predict`)
               figures/      <figure>.svg and .png
               report.html   one self-contained file (figures embedded) to open or mail
             """

@@ -217,3 +217,12 @@ def test_runners_without_a_switch_record_null_with_the_reason():
             c = out["communication"]
             assert c["exposed_seconds_per_step"] is None and c["method"] is None
             assert "no switch" in c["note"]
+
+
+def test_a_study_of_one_multi_worker_size_is_predicted_and_says_the_check_was_not_made():
+    runs = runs_from_model(2e-3, 1e-4, 5e-4, 1.3e-3, [2], batch=64, repeats=2, noise=0.05)
+    pred, check, _ = predict.predict_study(runs, benchmark(), {"world_sizes": [4, 8]})
+    assert list(pred["basis"]) == ["measured", "predicted", "predicted"]
+    assert pred["assumptions"].str.contains("model's N = 1 throughput").all()
+    (c,) = check.itertuples(index=False)
+    assert pd.isna(c.predicted) and "could not be made" in c.note

@@ -438,6 +438,8 @@ def family_predictions(
                 throughput_hi=g / lo[i], efficiency_pred=g / step[i] / (n * x1),
                 basis="predicted", assumptions="; ".join(assume),
             )  # fmt: skip
+        if 1 not in measured:
+            row["assumptions"] += "; efficiency against the model's N = 1 throughput (not measured)"
         rows.append(row)
     notes = [
         f"{strategy} batch {batch} global: no prediction at N = {n} (the batch does not split "
@@ -459,6 +461,10 @@ def family_check(obs: pd.DataFrame, net: Network) -> list[dict]:
         row = {**key, "world_size": int(n), "nodes": int(k), "measured": measured}
         fitted_on = sorted({int(v) for v in rest["world_size"]})
         row["fitted_on"] = " ".join(map(str, fitted_on))
+        if not len(rest):
+            row["note"] = f"check could not be made: N = {int(n)} is the only world size measured"
+            rows.append(row)
+            continue
         try:
             point, step, lo, hi = band(rest, net, [(int(n), int(k), _per_worker(batch, mode, n))])
         except ValueError as e:

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from trainscale import aggregate, collectives, predict
+from trainscale import aggregate, collectives, predict, predict_network
 
 ALPHA, BW = 20e-6, 1e9  # the generated network: 20 µs per ring step, 1 GB/s per link
 PARAMS = 250_000  # S = 1 MB of fp32 gradient
@@ -80,7 +80,7 @@ def test_fit_gives_back_the_parameters_the_metrics_were_made_with():
     truth = {"c0": 2e-3, "c1": 1e-4, "t_fixed": 5e-4, "overlap": 1.3e-3}
     runs = runs_from_model(**truth, sizes=[1, 2, 4, 8, 16], repeats=3, noise=0.003)
     obs = predict.observations(runs)
-    net = predict.network(benchmark(), {"gpus_per_node": 16}, 16)
+    net = predict_network.network(benchmark(), {"gpus_per_node": 16}, 16)
     f = predict.fit(obs, net)
     got = {"c0": f.c0, "c1": f.c1, "t_fixed": f.t_fixed, "overlap": f.overlap}
     for k, v in truth.items():
@@ -166,9 +166,9 @@ def test_logical_device_cells_are_never_ranked_fastest():
 
 def test_bad_network_and_card_are_named():
     with pytest.raises(ValueError, match="link_gbps"):
-        predict.described_link({"latency_us": 3}, "predict.network")
+        predict_network.described_link({"latency_us": 3}, "predict.network")
     with pytest.raises(ValueError, match="predict.card: /nonexistent.json does not exist"):
-        predict.network(aggregate.read_collectives(None), {"card": "/nonexistent.json"}, 2)
+        predict_network.network(aggregate.read_collectives(None), {"card": "/nonexistent.json"}, 2)
 
 
 def test_exposed_block_and_replica_keep_the_weights():

@@ -156,5 +156,13 @@ def section(predictions_csv: str | Path, check_csv: str | Path, png: str | Path)
         "knees": knees(pred, check),
         "check": rows,
         "check_rate": f"{inside} of {len(done)}" if len(done) else "no check could be made",
-        "assumptions": sorted({a for s in predicted["assumptions"] for a in str(s).split("; ")}),
+        "assumptions": sorted(
+            {a for s in predicted["assumptions"] for a in str(s).split("; ")}
+            - {
+                a
+                for s in predicted["assumptions"]
+                for a in str(s).split("; ")
+                if " node(s) of " in a
+            }
+        ),
     }

@@ -17,6 +17,7 @@ include: "workflow/rules/data.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/aggregate.smk"
 include: "workflow/rules/collectives.smk"
+include: "workflow/rules/predict.smk"
 include: "workflow/rules/report.smk"
 
 
@@ -28,6 +29,7 @@ rule all:
         f"{RESULTS}/scaling.csv",
         f"{RESULTS}/report.html",
         f"{RESULTS}/scaling-card.json",
+        prediction_files(),
 
 
 onstart:

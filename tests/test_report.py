@@ -228,7 +228,7 @@ def test_report_is_self_contained_escaped_and_complete(built):
     out, study = built
     page = (out / "report.html").read_text()
     srcs = re.findall(r'<img src="([^"]+)"', page)
-    assert len(srcs) == len(FIGURES)
+    assert len(srcs) == len(FIGURES) + 1  # + the predicted-scaling figure
     for src in srcs:
         assert src.startswith("data:image/png;base64,")
         assert base64.b64decode(src.split(",", 1)[1]).startswith(PNG)
@@ -336,7 +336,7 @@ def test_report_renders_in_headless_chromium(built, tmp_path):
     console = [line for line in p.stderr.splitlines() if ":CONSOLE" in line]
     assert any("trainscale-check" in line for line in console), p.stderr[-3000:]
     check = next(line for line in console if "trainscale-check" in line)
-    assert f"images={len(FIGURES)} broken=0" in check
+    assert f"images={len(FIGURES) + 1} broken=0" in check  # + the predicted-scaling figure
     errors = [line for line in console if "trainscale-check" not in line]
     assert errors == [], errors  # no CSP violations, failed loads or script errors
     shot = out / "report-screenshot.png"

@@ -87,11 +87,38 @@ def test_real_study_through_snakemake(tmp_path):
     assert len(rows) == 3 and {r["status"] for r in rows} == {"ok"}
     assert {r["spec.world_size"] for r in rows} == {"1", "2"}
     assert "results of study 'ci-torch' are in results/ci-torch/" in p.stdout + p.stderr
+    # exposed communication in the multi-worker run; predictions beside, never in, the tables
+    (two,) = [metrics.read(f) for f in files if "workers~2" in str(f)]
+    comm = two["communication"]
+    assert comm["method"] == "ddp-no_sync" and comm["exposed_seconds_per_step"] >= 0
+    assert comm["compute_seconds_per_step"] > 0 and comm["steps"] == 20
+    pred = list(csv.DictReader((results / "predictions.csv").open()))
+    predicted = [r for r in pred if r["basis"] == "predicted"]
+    assert {int(r["world_size"]) for r in predicted} == {4, 8, 16, 32, 64}  # 128+: batch 64
+    for r in predicted:
+        assert float(r["throughput_lo"]) <= float(r["throughput_pred"]) <= float(r["throughput_hi"])
+    (check,) = list(csv.DictReader((results / "prediction_check.csv").open()))
+    assert check["world_size"] == "2" and check["fitted_on"] == "1" and check["error_pct"]
+    print(f"leave-one-out, torch-ddp N=2 from N=1: error {float(check['error_pct']):+.1f} %")
+    scaling = list(csv.DictReader((results / "scaling.csv").open()))
+    assert {r["world_size"] for r in scaling} == {"1", "2"}
+    assert "N=4" not in (results / "summary.txt").read_text()
+    assert "Predicted scaling" in (results / "report.html").read_text()
     # nothing to do the second time: every result is kept
     again = snakemake(
         tmp_path, "--cores", "2", "-n", "--configfile", str(ROOT / ".test" / "config.yaml")
     )
     assert "Nothing to be done" in again.stdout + again.stderr
+
+
+def test_predictions_are_on_by_default_and_can_be_turned_off(tmp_path):
+    on = snakemake(tmp_path, "-n", "--configfile", str(ROOT / ".test" / "config.yaml"))
+    assert on.returncode == 0, on.stderr
+    assert "prediction_check.csv" in on.stdout
+    cfg = write_config(tmp_path, predict={"enabled": False})
+    off = snakemake(tmp_path, "-n", "--configfile", str(cfg))
+    assert off.returncode == 0, off.stderr
+    assert "prediction_check.csv" not in off.stdout and "report.html" in off.stdout
 
 
 def test_every_run_path_matches_the_run_wildcard(tmp_path):

@@ -241,3 +241,19 @@ def figure_outputs():
         )
         out[f"{name}_png"] = f"{RESULTS}/figures/{name}.png"
     return out
+
+
+# --- predicted scaling (rule `predictions` in predict.smk, trainscale/predict.py)
+#: on (predict.enabled, the default) when the study has a multi-worker cell
+PREDICT = config["predict"]["enabled"] and any(r.world_size > 1 for r in RUNS)
+
+
+def prediction_files():
+    """The predictions' outputs the report shows; none when predictions are off."""
+    if not PREDICT:
+        return []
+    return [
+        f"{RESULTS}/predictions.csv",
+        f"{RESULTS}/prediction_check.csv",
+        f"{RESULTS}/figures/predicted_scaling.png",
+    ]

@@ -30,6 +30,7 @@ rule report_html:
         communication=rules.collectives_table.output.communication,
         figures=[f"{RESULTS}/figures/{name}.png" for name in FIGURES],
         card=rules.scaling_card.output.card,
+        predictions=prediction_files(),
     output:
         html=report(
             f"{RESULTS}/report.html",

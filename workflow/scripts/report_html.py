@@ -3,7 +3,7 @@
 import sys
 from pathlib import Path
 
-from trainscale import aggregate, card, compare, compare_output, report
+from trainscale import aggregate, card, compare, compare_output, predict_plot, report
 
 with open(snakemake.log[0], "w") as log:  # noqa: F821 (injected by Snakemake)
     sys.stderr = log
@@ -28,10 +28,13 @@ with open(snakemake.log[0], "w") as log:  # noqa: F821 (injected by Snakemake)
         except compare.CompareError as e:
             compared = compare_output.section(None, error=str(e))
             print(f"trainscale: compare_with: {e}", file=log)
+    predictions = list(snakemake.input.predictions)  # noqa: F821 (empty: predictions off)
+    predicted = predict_plot.section(*predictions) if predictions else None
     report.write_html(
         study,
         snakemake.output.html,  # noqa: F821
         Path(snakemake.input.figures[0]).parent,  # noqa: F821
         config=dict(snakemake.config),  # noqa: F821
         compared=compared,
+        predicted=predicted,
     )

@@ -31,6 +31,8 @@ never stops the rest. Per-run figures (epoch times, throughput, ...) are defined
   worker: host resident set size, and allocated device memory on GPU.
 - fastest: per model, dataset and N, the cell with the highest mean throughput; the runner-up
   is the best cell of another strategy, and `distinct` says whether their 95% CIs are disjoint.
+  Cells on logical CPU devices (`device.logical`) are never ranked: a code-path check. Predicted
+  throughput (predictions.csv) is never ranked either.
 - communication model (communication.csv): for every DDP-family cell (torch-ddp, torch-fsdp,
   deepspeed-zero0..3) with N > 1, the predicted communication seconds per optimizer step
   t_comm = v · 2(N − 1)/N · S / B. S = gradient bytes (parameters × 4; × 2 for DeepSpeed in
@@ -48,6 +50,9 @@ never stops the rest. Per-run figures (epoch times, throughput, ...) are defined
 - communication share: t_comm / measured step seconds, the fraction of a step the model
   attributes to moving gradients (above 100 %: the benchmark's busbw is lower than training
   achieved, e.g. thanks to overlap).
+- measured exposed communication: the mean over the cell's ok runs of metrics
+  `communication.exposed_seconds_per_step` (step − the step with gradient synchronisation off)
+  and of the no-sync step itself; exposed share = exposed / measured step seconds.
 - network-bound efficiency: E_net = (t1/N) / (t1/N + steps · t_comm), t1 the steady epoch
   seconds of the same strategy at N = 1: the best scaling efficiency this network allows when
   computation scales perfectly and communication does not overlap it; compare with the
@@ -391,6 +396,8 @@ def fastest(scaling: pd.DataFrame) -> pd.DataFrame:
     """Per model, dataset and N: the fastest cell, its efficiency, and the best other strategy."""
     cols = ["model", "dataset", "world_size"]
     s = scaling[scaling["throughput_mean"].notna()] if len(scaling) else scaling
+    if "logical" in s and len(s):  # logical CPU devices: a code-path check, never "fastest"
+        s = s[~s["logical"].astype(bool)]
     if not len(s):
         return pd.DataFrame(columns=[*cols, "strategy"])
     s = s.sort_values("throughput_mean", ascending=False, kind="stable")
@@ -524,6 +531,10 @@ COMM_COLUMNS = [
     "comm_share",
     "efficiency",
     "network_bound_efficiency",
+    "measured_compute_seconds",
+    "measured_exposed_seconds",
+    "exposed_share",
+    "exposed_method",
     "note",
 ]
 
@@ -542,6 +553,7 @@ def communication_frame(
     ]
     ok = runs[runs["status"] == "ok"]
     per_cell = ok.groupby([f"spec.{k}" for k in CELL], dropna=False).first()
+    exposed = _exposed_by_cell(ok)
     rows = []
     for c in cells.itertuples(index=False):
         key = tuple(getattr(c, k) for k in CELL)
@@ -566,7 +578,10 @@ def communication_frame(
             measured_step_seconds=step_s,
             efficiency=c.efficiency,
             note="",
+            **exposed.get(key, {}),
         )
+        if pd.notna(row.get("measured_exposed_seconds", np.nan)):
+            row["exposed_share"] = row["measured_exposed_seconds"] / step_s
         same = (
             coll[
                 (coll["backend"] == backend)
@@ -611,6 +626,25 @@ def communication_frame(
     return pd.DataFrame(rows, columns=COMM_COLUMNS)
 
 
+def _exposed_by_cell(ok: pd.DataFrame) -> dict[tuple, dict]:
+    """Per cell: mean no-sync step and exposed communication over its ok runs, and the method
+    (metrics `communication.*`, trainscale/runners/exposed.py)."""
+    cols = ("communication.compute_seconds_per_step", "communication.exposed_seconds_per_step")
+    if not len(ok) or cols[1] not in ok:
+        return {}
+    out = {}
+    for key, g in ok.groupby([f"spec.{k}" for k in CELL], dropna=False):
+        methods = g.get("communication.method", pd.Series(dtype=object)).dropna().unique()
+        note = g.get("communication.note", pd.Series(dtype=object)).dropna().unique()
+        out[key] = {
+            "measured_compute_seconds": pd.to_numeric(g[cols[0]], errors="coerce").mean(),
+            "measured_exposed_seconds": pd.to_numeric(g[cols[1]], errors="coerce").mean(),
+            "exposed_method": ", ".join(map(str, methods))
+            or ("not measured: " + str(note[0]) if len(note) else ""),
+        }
+    return out
+
+
 def read_collectives(path: str | Path | None) -> pd.DataFrame:
     if not path or not Path(path).exists():
         return pd.DataFrame(columns=COLLECTIVE_COLUMNS)
@@ -620,7 +654,8 @@ def read_collectives(path: str | Path | None) -> pd.DataFrame:
 def read_communication(path: str | Path | None) -> pd.DataFrame:
     if not path or not Path(path).exists():
         return pd.DataFrame(columns=COMM_COLUMNS)
-    return pd.read_csv(path, dtype={"note": object}).fillna({"note": ""})
+    df = pd.read_csv(path, dtype={"note": object, "exposed_method": object})
+    return df.fillna({"note": "", "exposed_method": ""})
 
 
 # --------------------------------------------------------------------------------------------
@@ -798,6 +833,14 @@ def summary_text(
                 f"(batch {r.batch_size} {r.batch_mode}, scale {r.scale}, {r.precision}) "
                 f"{human(r.throughput_mean)}{ci} samples/s, {eff}{ahead}{flag}"
             )
+    logical = scaling[(scaling["ok"] > 0) & scaling["logical"].astype(bool)] if len(fast) else fast
+    if len(logical):
+        lines += ["", "not ranked (logical CPU devices: a code-path check, not a speed-up):"]
+        lines += [
+            f"  {r.strategy} {r.model} on {r.dataset}, N={r.world_size}, batch {r.batch_size} "
+            f"{r.batch_mode}: {human(r.throughput_mean)} samples/s"
+            for r in logical.itertuples(index=False)
+        ]
     ok = scaling[scaling["ok"] > 0] if len(scaling) else scaling
     if len(ok):
         lines += [

@@ -18,6 +18,10 @@ Every per-run figure in metrics.json is defined here, once:
   start-up to the end of the last epoch, every evaluation left out (trainscale.memory).
 - evaluation peak memory (`memory.eval_peak_*`): the same peaks over the evaluations alone;
   null where nothing was evaluated (synthetic data, whose accuracy means nothing).
+- communication (multi-worker runs): compute_seconds_per_step, the median rank-0 step time of
+  extra steps with gradient synchronisation off (after the timed epochs, in no other figure);
+  exposed_seconds_per_step = max(0, steady step − compute); method says how synchronisation
+  was switched off, or is null with the reason (trainscale/runners/exposed.py).
 """
 
 from __future__ import annotations
@@ -292,6 +296,35 @@ class GpuMonitor:
         return (sum(samples) / len(samples) if samples else None), energy
 
 
+#: Strategies whose runs cannot switch gradient synchronisation off, and why: their multi-worker
+#: runs record `communication` with null figures and this reason.
+NO_EXPOSED_MEASUREMENT = {
+    "tf-mirrored": "TensorFlow: Keras model.fit under a tf.distribute strategy has no switch for "
+    "its gradient all-reduce",
+    "tf-multiworker": "TensorFlow: Keras model.fit under a tf.distribute strategy has no switch "
+    "for its gradient all-reduce",
+    "horovod-keras": "Keras model.fit with Horovod's DistributedOptimizer has no switch for its "
+    "all-reduce",
+    "torch-pipeline": "pipeline parallelism: its communication is the activations and gradients "
+    "passed between stages, which the schedule needs; its cost is the pipeline bubble",
+    "torch-dp": "nn.DataParallel: scatter, replicate and gather run inside forward, in one "
+    "process; there is no synchronisation to switch off",
+}
+
+
+def not_measured_communication(strategy: str) -> dict:
+    """The `communication` block of a multi-worker run whose runner measured none."""
+    why = NO_EXPOSED_MEASUREMENT.get(strategy, f"{strategy}: not measured by its runner")
+    return {
+        "compute_seconds_per_step": None,
+        "step_seconds_per_step": None,
+        "exposed_seconds_per_step": None,
+        "method": None,
+        "steps": 0,
+        "note": why,
+    }
+
+
 class Recorder:
     """Collects a run's measurements on rank 0 and turns them into one metrics record."""
 
@@ -301,6 +334,8 @@ class Recorder:
         self.start_utc = utc_now()
         self.setup_seconds: float | None = None
         self.epochs: list[dict] = []
+        #: the `communication` block a runner measured (runners/exposed.py), or None
+        self.communication: dict | None = None
 
     def training_starts(self) -> None:
         self.setup_seconds = time.perf_counter() - self.t0
@@ -336,6 +371,10 @@ class Recorder:
         rec["setup_seconds"] = self.setup_seconds
         rec["wall_seconds"] = time.perf_counter() - self.t0
         rec.update(parts)
+        if self.spec.get("world_size", 1) > 1:
+            rec["communication"] = self.communication or not_measured_communication(
+                self.spec["strategy"]
+            )
         if data.info(self.spec["dataset"]).synthetic:  # random labels: accuracy means nothing
             rec["test"] = {"accuracy": None, "loss": None}
             for e in rec["epochs"]:

@@ -23,7 +23,7 @@ import yaml
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 import trainscale
-from trainscale import aggregate, collectives, metrics
+from trainscale import aggregate, collectives, metrics, predict
 from trainscale.aggregate import Study, human
 
 REPORTS = Path(__file__).resolve().parents[2] / "reports"
@@ -274,6 +274,10 @@ def _communication_rows(study: Study) -> list[dict]:
                 "share": pct(r.comm_share),
                 "efficiency": pct(r.efficiency),
                 "bound": pct(r.network_bound_efficiency),
+                "compute": _seconds(getattr(r, "measured_compute_seconds", None)),
+                "exposed": _seconds(getattr(r, "measured_exposed_seconds", None)),
+                "exposed_share": pct(getattr(r, "exposed_share", None)),
+                "exposed_method": str(getattr(r, "exposed_method", "") or ""),
                 "note": r.note if isinstance(r.note, str) else "",
             }
         )
@@ -391,15 +395,19 @@ def context(
     notes: dict[str, str | None],
     config: dict | None = None,
     compared: dict | None = None,
+    predicted: dict | None = None,
 ) -> dict:
     """Everything the template shows, already formatted; `compared` is the "Compared with …"
-    section (trainscale.compare_output.section), None when the study sets no compare_with."""
+    section (trainscale.compare_output.section), None when the study sets no compare_with;
+    `predicted` is the "Predicted scaling" section (trainscale.predict_plot.section), None when
+    predictions are off."""
     runs = study.runs
     counts = runs["status"].value_counts().to_dict() if len(runs) else {}
     over = int(runs["oversubscribed"].astype(bool).sum()) if len(runs) else 0
     run_intro, run_defs = definitions(metrics.__doc__ or "")
     cell_intro, cell_defs = definitions(aggregate.__doc__ or "")
     coll_intro, coll_defs = definitions(collectives.__doc__ or "")
+    pred_intro, pred_defs = definitions(predict.__doc__ or "")
     run_intro, cell_intro = _code_segments(run_intro), _code_segments(cell_intro)
     figures = _figure_entries(Path(figures_dir) if figures_dir else None, notes)
     scaling = _scaling_rows(study)
@@ -416,6 +424,7 @@ def context(
         "figures": figures,
         "scaling": scaling,
         "communication": _communication_rows(study),
+        "predicted": predicted,
         "n_collectives": _n_measured_collectives(study),
         "failed_collectives": _failed_collective_rows(study),
         "failed": _failed_rows(study),
@@ -431,6 +440,8 @@ def context(
             "cells": cell_defs,
             "coll_intro": _code_segments(coll_intro),
             "coll": coll_defs,
+            "pred_intro": _code_segments(pred_intro),
+            "pred": pred_defs,
         },
     }
 
@@ -453,6 +464,7 @@ def write_html(
     config: dict | None = None,
     notes: dict[str, str | None] | None = None,
     compared: dict | None = None,
+    predicted: dict | None = None,
 ) -> Path:
     """report.html for `study`, embedding figures_dir/<name>.png; `notes` (why a figure has no
     data) are recomputed from the tables when not given."""
@@ -462,9 +474,8 @@ def write_html(
         notes = {name: plots.why_absent(name, study) for name in plots.FIGURES}
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(
-        render_html(context(study, figures_dir, notes, config, compared)), encoding="utf-8"
-    )
+    ctx = context(study, figures_dir, notes, config, compared=compared, predicted=predicted)
+    out.write_text(render_html(ctx), encoding="utf-8")
     return out
 
 
@@ -495,7 +506,19 @@ def build(
         )
     out = Path(out)
     notes = plots.render_all(study, out / "figures", jobs=jobs, meanwhile=lambda: study.write(out))
-    write_html(study, out / "report.html", out / "figures", config=config, notes=notes)
+    predicted = None
+    predict_cfg = {"enabled": True, **((config or {}).get("predict") or {})}
+    if predict_cfg["enabled"] and len(study.runs) and (study.runs["spec.world_size"] > 1).any():
+        from trainscale import predict_plot
+
+        pred, check, _ = predict.predict_study(study.runs, study.collectives, predict_cfg)
+        pred.to_csv(out / "predictions.csv", index=False)
+        check.to_csv(out / "prediction_check.csv", index=False)
+        png = predict_plot.draw(pred, out / "figures")[0]
+        predicted = predict_plot.section(out / "predictions.csv", out / "prediction_check.csv", png)
+    write_html(
+        study, out / "report.html", out / "figures", config=config, notes=notes, predicted=predicted
+    )
     return study
 
 
@@ -518,6 +541,7 @@ def main(argv: list[str] | None = None) -> int:
               scaling.csv   one row per cell: mean/std/95% CI over repeats, speedup, efficiency
               invalid.csv   metrics files that failed validation, and why
               summary.txt   fastest strategy per model and worker count, and its efficiency
+              predictions.csv, prediction_check.csv   predicted scaling (config `predict`)
               figures/      <figure>.svg and .png
               report.html   one self-contained file (figures embedded) to open or mail
             """

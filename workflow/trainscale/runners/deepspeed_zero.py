@@ -34,6 +34,7 @@ from trainscale.runners.common import (
     maybe_fault,
     steps_per_epoch,
 )
+from trainscale.runners.exposed import batches_of, measure_exposed_communication
 from trainscale.runners.pytorch import (
     _Indexable,
     barrier,
@@ -247,6 +248,14 @@ def main(spec: RunSpec, out: str) -> None:
     dist.all_reduce(peaks, op=dist.ReduceOp.MAX)
     hosts: list = [None] * rk.world_size
     dist.all_gather_object(hosts, metrics.hostname())
+    # After the timed epochs and the memory peaks; in none of their figures.
+    if rk.world_size > 1:
+        replica = models.build(spec.model, arrays.info.shape, arrays.info.num_classes).to(device)
+        rec.communication = measure_exposed_communication(
+            "replica", rec.epochs, replica.to(dtype) if dtype else replica,
+            make_optimizer(spec, replica.parameters()),
+            batches_of(train_x, train_y, order, micro, dtype), device, grad_accum=ga,
+        )  # fmt: skip
     weights_path = os.environ.get("TRAINSCALE_SAVE_WEIGHTS")  # final weights, for tests
     weights = None
     if weights_path:

@@ -42,6 +42,7 @@ from trainscale.runners.common import (
     maybe_fault,
     steps_per_epoch,
 )
+from trainscale.runners.exposed import batches_of, measure_exposed_communication
 from trainscale.runners.pytorch import (
     DTYPES,
     _Indexable,
@@ -221,6 +222,17 @@ def main(spec: RunSpec, out: str) -> None:
     peaks = torch.tensor(trainer.memory.finish(), dtype=torch.float64)
     peaks = hvd.allreduce(peaks, op=hvd.Max)
     hosts = hvd.allgather_object(metrics.hostname())
+    # After the timed epochs and the memory peaks; in none of their figures.
+    if hvd.size() > 1:
+        info = data.info(spec.dataset)
+        replica = models.build(spec.model, info.shape, info.num_classes)
+        order = torch.randperm(len(trainer.train_y), generator=torch.Generator().manual_seed(0))
+        b = spec.global_batch_size // hvd.size()
+        rec.communication = measure_exposed_communication(
+            "replica", rec.epochs, replica.to(device), make_optimizer(spec, replica.parameters()),
+            batches_of(trainer.train_x, trainer.train_y, order.to(device), b), device,
+            trainer.dtype, trainer.scaler,
+        )  # fmt: skip
     energy_t = hvd.allreduce(torch.tensor([energy or 0.0, utilization or 0.0]), op=hvd.Sum)
     if cuda:
         energy, utilization = energy_t[0].item(), energy_t[1].item() / hvd.size()

@@ -36,6 +36,7 @@ from trainscale.runners.common import (
     maybe_fault,
     steps_per_epoch,
 )
+from trainscale.runners.exposed import batches_of, measure_exposed_communication
 
 # DDP warns when a 1-input-channel conv's weight gradient has other strides than its bucket
 # view; it costs one small copy per step, and the message would fill every log.
@@ -298,6 +299,12 @@ def main(spec: RunSpec, out: str) -> None:
         dist.all_reduce(energy_t)
         if cuda:
             energy, utilization = energy_t[0].item(), energy_t[1].item() / rk.world_size
+    # After the timed epochs and the memory peaks; in none of their figures.
+    if distributed and rk.world_size > 1:
+        rec.communication = measure_exposed_communication(
+            "fsdp" if fsdp else "ddp", rec.epochs, model, opt,
+            batches_of(train_x, train_y, order, b), device, dtype, scaler,
+        )  # fmt: skip
     weights_path = os.environ.get("TRAINSCALE_SAVE_WEIGHTS")  # final weights, for tests
     weights = None
     if weights_path:  # FSDP's full state dict is a collective: every rank takes part

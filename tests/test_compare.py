@@ -7,6 +7,7 @@ is flagged by name, a single-repeat or failed cell is not comparable, bad input 
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import subprocess
 from pathlib import Path
@@ -165,7 +166,9 @@ def test_scaling_card_validates_and_two_cards_compare(study, tmp_path):
     )
     assert [p["world_size"] for p in group["by_n"]] == [1, 2]
     assert all(p["throughput"]["n"] == 2 for p in group["by_n"])
-    assert group["prediction"] is None  # no fitted prediction yet
+    fitted = group["prediction"]  # the step-time model of trainscale.predict, not a measurement
+    assert set(fitted) == {"c0", "c1", "t_fixed", "overlap", "notes"}, fitted
+    assert all(math.isfinite(fitted[k]) for k in ("c0", "c1", "t_fixed", "overlap"))
     assert group["by_n"][1]["efficiency"] > 0
     (bench,) = written["collectives"]
     assert (bench["backend"], bench["workers"], bench["nodes"]) == ("gloo", 2, 1)

@@ -226,3 +226,24 @@ def test_a_study_of_one_multi_worker_size_is_predicted_and_says_the_check_was_no
     assert pred["assumptions"].str.contains("model's N = 1 throughput").all()
     (c,) = check.itertuples(index=False)
     assert pd.isna(c.predicted) and "could not be made" in c.note
+
+
+def test_another_clusters_scaling_card_gives_the_links_between_nodes(tmp_path):
+    """predict.card: a trainscale scaling card (its collectives nest each benchmark's sizes)
+    whose 2-node all-reduce stands for the inter-node links of this study's prediction."""
+    import json
+
+    sizes = [
+        {"bytes": 2**k, "p50_seconds": 2**k / 1e8 + 50e-6, "busbw_bytes_per_second": 1e8}
+        for k in range(10, 24)
+    ]
+    bench = {"backend": "nccl", "workers": 4, "nodes": 2, "world_size": 8, "device": "cuda"}
+    card = {
+        "schema": "trainscale.scaling-card/1",
+        "collectives": [{**bench, "hosts": [], "sizes": sizes}],
+    }
+    path = tmp_path / "card.json"
+    path.write_text(json.dumps(card))
+    net = predict_network.network(aggregate.read_collectives(None), {"card": str(path)}, 4)
+    assert net.inter is not None and "scaling card" in net.inter.source
+    assert net.inter.n_measured == 8 and net.inter.sizes[-1] == 2**23

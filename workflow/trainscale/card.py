@@ -362,8 +362,33 @@ def from_files(
             "invalid": [{"path": p, "error": why} for p, why in invalid],
         },
     }
+    _add_predictions(card, records, collective_paths)
     validate(card, f"scaling card of {source}")
     return card
+
+
+def _add_predictions(card: dict, records: list[dict], collective_paths: list[Path]) -> None:
+    """Each group's fitted step-time model (trainscale.predict: c0, c1, t_fixed, overlap and
+    how they were fitted), what another cluster's prediction can start from; null where the
+    model does not cover the strategy or the runs do not fit it. Never a measurement."""
+    from trainscale import predict
+
+    try:
+        coll = aggregate.collectives_frame(collective_paths)
+    except (OSError, ValueError):
+        coll = aggregate.collectives_frame([])
+    try:
+        fitted = predict.fitted_parameters(aggregate.runs_frame(records), coll, {})
+    except (ValueError, KeyError):
+        return
+    by_group = {tuple(_plain(f[k]) for k in GROUP): f for f in fitted}
+    for g in card["scaling"]:
+        f = by_group.get(tuple(g[k] for k in GROUP))
+        if f:
+            g["prediction"] = {
+                k: (_plain(f[k]) if k != "notes" else [str(n) for n in f[k]])
+                for k in ("c0", "c1", "t_fixed", "overlap", "notes")
+            }
 
 
 def load(source: str | Path) -> dict:

@@ -86,7 +86,17 @@ def card_link(path: str) -> Link:
     card = json.loads(p.read_text())
     if isinstance(card.get("network"), dict):
         return described_link(card["network"], f"scaling card {path} (network)")
-    rows = pd.DataFrame(card.get("collectives") or [])
+    entries = card.get("collectives") or []
+    # a trainscale scaling card nests each benchmark's sizes; flat rows are taken as they are
+    rows = pd.DataFrame(
+        [
+            {**{k: v for k, v in e.items() if k != "sizes"}, **size}
+            for e in entries
+            for size in e["sizes"]
+        ]
+        if entries and "sizes" in entries[0]
+        else entries
+    )
     if len(rows) and {"nodes", "bytes", "p50_seconds"} <= set(rows):
         multi = rows[rows["nodes"] > 1]
         if len(multi):

@@ -72,10 +72,11 @@ def assert_moved(init: dict, final: dict, what: str) -> float:
     return move
 
 
-def batches(tap: Path) -> list[tuple[int, float, int]]:
-    """Every training batch recorded: (rank, unix seconds, rows), in time order."""
+def batches(tap: Path, kind: str = "samples") -> list[tuple[int, float, int]]:
+    """Every training batch recorded (`kind` "exposed": the no-sync steps a multi-worker run
+    takes after its epochs): (rank, unix seconds, rows), in time order."""
     rows = []
-    for f in tap.glob("samples-*.txt"):
+    for f in tap.glob(f"{kind}-*.txt"):
         for line in f.read_text().splitlines():
             r, t, n = line.split()
             rows.append((int(r), float(t), int(n)))
@@ -118,6 +119,15 @@ def assert_throughput_matches_the_work(rec: dict, tap: Path, feeds_per_step: int
         before = spans[i + 1][0] if i + 1 < len(spans) else written
         if after is not None and before is not None:
             assert e["seconds"] <= before - after + slack, (i, e["seconds"], before - after)
+    # the extra steps with gradient synchronisation off (exposed communication) came after
+    # the last epoch, and none of them is among the epochs' batches counted above
+    extra = batches(tap, "exposed")
+    comm = rec.get("communication") or {}
+    if comm.get("method"):
+        assert len(extra) == comm["steps"] * feeds_per_step, (len(extra), comm)
+        assert extra[0][1] > spans[-1][1], "no-sync steps before the last epoch ended"
+    else:
+        assert extra == [], comm
     steady = epochs[1:]
     assert rec["throughput"] == pytest.approx(
         sum(e["samples"] for e in steady) / sum(e["seconds"] for e in steady), rel=1e-9

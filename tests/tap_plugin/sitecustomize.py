@@ -6,7 +6,10 @@ TRAINSCALE_TEST_TAP=DIR, and every process of a run (each rank) writes into DIR
 - `samples-<pid>.txt`: one line `<rank> <unix seconds> <rows>` for every training batch this
   process really fed: for PyTorch runners each call of `F.cross_entropy` that builds a graph
   (a training loss; evaluation runs under no_grad), for TensorFlow runners each call of the Keras
-  model's `train_step` (once per replica and step, with that replica's share of the batch).
+  model's `train_step` (once per replica and step, with that replica's share of the batch);
+- `exposed-<pid>.txt`: the same lines for the extra steps a multi-worker run takes with
+  gradient synchronisation off (`trainscale.runners.exposed`), which count in no epoch and no
+  throughput figure, so they are kept apart from the training batches.
 
 It wraps those functions after their module is imported (a meta-path finder), so the runners
 run unchanged. tests/tap.py reads the files back.
@@ -35,8 +38,12 @@ def _rank() -> int:
     return 0
 
 
+#: which file a fed batch is noted in: "samples" (training) or "exposed" (the no-sync steps)
+_PHASE = ["samples"]
+
+
 def _note(rows: int) -> None:
-    with open(os.path.join(TAP, f"samples-{os.getpid()}.txt"), "a") as f:
+    with open(os.path.join(TAP, f"{_PHASE[-1]}-{os.getpid()}.txt"), "a") as f:
         f.write(f"{_rank()} {time.time():.6f} {rows}\n")
 
 
@@ -75,8 +82,10 @@ def _patch_models(mod) -> None:
 
         net = real(*args, **kw)
         state = net.state_dict()
-        if not any(v.is_meta for v in state.values()):
-            path = os.path.join(TAP, f"init-{os.getpid()}.pt")
+        path = os.path.join(TAP, f"init-{os.getpid()}.pt")
+        # the first real model a process builds is the one it trains; a later one (the local
+        # replica that times the no-sync steps of DeepSpeed and Horovod runs) is not
+        if not any(v.is_meta for v in state.values()) and not os.path.exists(path):
             torch.save({k: v.detach().cpu().clone() for k, v in state.items()}, path)
         return net
 
@@ -109,10 +118,24 @@ def _patch_keras_models(mod) -> None:
     mod.build = build
 
 
+def _patch_exposed(mod) -> None:
+    real = mod.measure_exposed_communication
+
+    def measure_exposed_communication(*args, **kw):
+        _PHASE.append("exposed")
+        try:
+            return real(*args, **kw)
+        finally:
+            _PHASE.pop()
+
+    mod.measure_exposed_communication = measure_exposed_communication
+
+
 PATCHES = {
     "torch.nn.functional": _patch_torch_functional,
     "trainscale.models": _patch_models,
     "trainscale.keras_models": _patch_keras_models,
+    "trainscale.runners.exposed": _patch_exposed,
 }
 
 

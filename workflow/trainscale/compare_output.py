@@ -8,10 +8,8 @@ import json
 import re
 from pathlib import Path
 
-from jinja2 import Environment, FileSystemLoader, StrictUndefined
-
 from trainscale.aggregate import human
-from trainscale.report import REPORTS, TEMPLATE
+from trainscale.report import REPORTS, TEMPLATE, templates
 
 PAGE = "compare.html.j2"
 
@@ -162,13 +160,7 @@ def report_style() -> str:
 
 
 def render_html(result: dict) -> str:
-    env = Environment(
-        loader=FileSystemLoader(REPORTS),
-        autoescape=True,
-        undefined=StrictUndefined,
-        trim_blocks=True,
-        lstrip_blocks=True,
-    )
+    env = templates()
     from trainscale import compare, references, report
 
     doc = references.__doc__ if result["mode"] == "reference" else compare.__doc__

@@ -446,15 +446,20 @@ def context(
     }
 
 
-def render_html(ctx: dict) -> str:
-    env = Environment(
+def templates() -> Environment:
+    """The jinja2 environment of every page trainscale writes (reports/*.j2): autoescaped,
+    strict about missing values."""
+    return Environment(
         loader=FileSystemLoader(REPORTS),
         autoescape=True,
         undefined=StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    return env.get_template(TEMPLATE).render(**ctx)
+
+
+def render_html(ctx: dict) -> str:
+    return templates().get_template(TEMPLATE).render(**ctx)
 
 
 def write_html(

@@ -235,6 +235,18 @@ def supervisors(workdir: Path) -> dict[int, tuple[int, str]]:
     return found
 
 
+def leftovers(workdir: Path) -> list[tuple[int, str]]:
+    """(pid, command) of every process still running in `workdir`."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and Path(os.readlink(proc / "cwd")) == workdir:
+                found.append((int(proc.name), (proc / "cmdline").read_text().replace("\0", " ")))
+        except OSError:
+            continue
+    return found
+
+
 def wait_for(what, timeout: float = 180.0, every: float = 0.5):
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -307,6 +319,10 @@ def test_runs_cancelled_or_lost_with_their_node_are_recorded_and_the_report_buil
             p.wait(timeout=60)
         if down:
             subprocess.run(["scontrol", "update", f"nodename={down}", "state=RESUME"])
+            # a node "lost" on this host keeps the lost job's batch process (the jobstep
+            # Snakemake, waiting for files that never come): end it as a lost node would
+            for proc, _ in leftovers(work):
+                os.kill(proc, signal.SIGKILL)
     recs = records(work, "ci-lost")
     cancelled, lost = recs[0], recs[1]
     assert cancelled["status"] == "failed", cancelled["error"]

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import tempfile
 import time
@@ -163,7 +162,9 @@ def slurm_account(job_id: str) -> str:
     rows = _run(["sacct", "-j", job_id, "-X", "-n", "-P", "-o", fields])
     if any(r.split("|")[0] == job_id for r in rows.splitlines()):
         return rows
-    job = dict(re.findall(r"(\w+)=(\S*)", _run(["scontrol", "show", "job", "-o", job_id])))
+    from trainscale.launch import scontrol_fields  # launch imports this module
+
+    job = scontrol_fields(_run(["scontrol", "show", "job", "-o", job_id]))
     if job.get("JobId") != job_id:
         return ""
     keys = ("JobId", "JobState", "ExitCode", "NodeList", "RunTime")

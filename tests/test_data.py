@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from trainscale import data
+from trainscale import data, data_catalogue, data_download, data_formats
 from trainscale.data import DataError
 
 MNIST_NAMES = (
@@ -103,8 +103,9 @@ def test_info_unknown_names_the_choices():
         data.info("imagenet")
 
 
-def test_module_imports_no_framework():
-    source = Path(data.__file__).read_text()
+@pytest.mark.parametrize("module", [data, data_catalogue, data_download, data_formats])
+def test_module_imports_no_framework(module):
+    source = Path(module.__file__).read_text()
     assert "import torch" not in source
     assert "tensorflow" not in source.replace("TensorFlow", "")
     assert "pickle" not in source.replace("pickles", "").replace("unpickle", "")
@@ -235,7 +236,7 @@ def test_cifar_verify_checks_sizes(tmp_path, monkeypatch):
     with pytest.raises(DataError, match="30730000") as err:
         data.verify("cifar10", tmp_path)
     assert str(base / "data_batch_1.bin") in str(err.value)
-    monkeypatch.setattr(data, "CIFAR_RECORDS_PER_FILE", 3)
+    monkeypatch.setattr(data_catalogue, "CIFAR_RECORDS_PER_FILE", 3)
     data.verify("cifar10", tmp_path)
 
 
@@ -477,7 +478,7 @@ def patch_cifar(monkeypatch, url: str, checksum: str) -> None:
     monkeypatch.setitem(
         data.SOURCES, "cifar10", (dataclasses.replace(src, urls=(url,), md5=checksum),)
     )
-    monkeypatch.setattr(data, "CIFAR_RECORDS_PER_FILE", 3)
+    monkeypatch.setattr(data_catalogue, "CIFAR_RECORDS_PER_FILE", 3)
 
 
 def test_download_cifar_extracts_only_expected_members(tmp_path, server, monkeypatch):

@@ -497,7 +497,7 @@ def capacity_problems(runs: list[RunSpec], accelerator: str, cpus: int, gpus: in
     if nodes:
         problems.append(
             f"matrix.nodes {nodes}: runs across nodes need a cluster; run with "
-            "--profile profiles/slurm (README, 'SLURM'), or use nodes: [1] here"
+            "--profile profiles/slurm (docs/slurm.md), or use nodes: [1] here"
         )
     have, unit = (gpus, "GPUs") if accelerator == "cuda" else (cpus, "CPU cores")
     workers = sorted({r.workers for r in runs if r.workers > have})

@@ -69,16 +69,20 @@ def type_text(node: dict) -> str:
 
 
 def cell(text: str) -> str:
-    """One table cell: a single line, with pipes escaped."""
-    return " ".join(str(text).split()).replace("|", "\\|")
+    """One table cell: a single line, pipes escaped, `<study>` shown rather than taken for HTML."""
+    text = " ".join(str(text).split()).replace("|", "\\|")
+    return text.replace("<", "&lt;").replace(">", "&gt;")
 
 
 def rows(node: dict, schema: dict, prefix: str = "") -> Iterator[tuple[str, dict]]:
-    """(dotted key, schema node) for every property, depth first; array items add `[]`."""
+    """(dotted key, schema node) for every property, depth first; array items add `[]`.
+
+    A key its object requires gets `required: True` in the node it yields."""
+    required = set(node.get("required", ()))
     for name, child in node.get("properties", {}).items():
         child = resolve(child, schema)
         path = f"{prefix}{name}"
-        yield path, child
+        yield path, {**child, "required": name in required}
         yield from rows(child, schema, path + ".")
         items = child.get("items")
         if isinstance(items, dict):
@@ -93,6 +97,7 @@ def table(schema: dict, with_default: bool) -> str:
         kind = cell(type_text(node))
         if with_default:
             default = f"`{json.dumps(node['default'])}`" if "default" in node else ""
+            default = default or ("required" if node["required"] else "")
             lines.append(f"| `{path}` | {kind} | {cell(default)} | {meaning} |")
         else:
             lines.append(f"| `{path}` | {kind} | {meaning} |")

@@ -92,6 +92,17 @@ def test_no_pipe_line_is_left_outside_a_table(page):
     assert stray == [], f"{page.name}: lines outside any table: {stray}"
 
 
+HTML = {"p", "code", "pre", "h1", "h2", "h3", "h4", "ul", "ol", "li", "strong", "em", "a"}
+HTML |= {"table", "thead", "tbody", "tr", "th", "td", "img", "hr", "blockquote", "br"}
+
+
+@pytest.mark.parametrize("page", PAGES, ids=ids(PAGES))
+def test_no_text_is_taken_for_html(page):
+    """`<study>` or `<uid>` outside code is an HTML tag to the renderer, and vanishes."""
+    tags = set(re.findall(r"</?([A-Za-z][\w-]*)", MD.render(page.read_text()))) - HTML
+    assert tags == set(), f"{page.name}: {sorted(tags)} would not show; write &lt;...&gt;"
+
+
 def test_the_broken_table_of_before_is_caught():
     """The check itself: the strategy table with a blank line in it, as the README had it."""
     broken = "| a | b |\n| --- | --- |\n| 1 | 2 |\n\n| 3 | 4 |\n"

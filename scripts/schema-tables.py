@@ -49,12 +49,14 @@ def type_text(node: dict) -> str:
         return " / ".join(f"`{v}`" if v is not None else "null" for v in node["enum"])
     kinds = node.get("type", "")
     kinds = kinds if isinstance(kinds, list) else [kinds]
-    text = ", ".join(str(k) for k in kinds if k)
     items = node.get("items")
+    of = ""
     if isinstance(items, dict) and "enum" in items:
-        text += " of " + " / ".join(f"`{v}`" for v in items["enum"])
+        of = " of " + " / ".join(f"`{v}`" for v in items["enum"])
     elif isinstance(items, dict) and items.get("type"):
-        text += f" of {items['type']}"
+        of = f" of {items['type']}"
+    named = [f"{k}{of}" if k == "array" else str(k) for k in kinds if k and k != "null"]
+    text = ", ".join(named) + (" or null" if "null" in kinds else "")
     bounds = [
         f"{sym} {node[key]}"
         for key, sym in (

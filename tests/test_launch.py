@@ -108,10 +108,11 @@ def test_thread_budget_follows_spec():
 
 
 def test_one_process_strategies_are_the_single_process_launches():
-    from trainscale.matrix import IMPLEMENTED, ONE_PROCESS
+    from trainscale import catalog
+    from trainscale.matrix import IMPLEMENTED
 
     single = {s for s in IMPLEMENTED if launch.LAUNCHERS[s] is launch.single_process}
-    assert single == ONE_PROCESS & IMPLEMENTED
+    assert single == set(catalog.names(one_process=True)) & IMPLEMENTED
 
 
 def test_unlaunchable_strategy_raises():

@@ -84,6 +84,10 @@ def pipeline_batch(batch_size: int, mode: str, world: int) -> tuple[int, int]:
     return gbs, gbs
 
 
+# torch-pipeline's own constraints: one stage per worker, cut between the model's top-level
+# blocks; the global batch is split into `microbatches` equal micro-batches.
+
+
 def _pipeline_stages(c: Cell) -> str | None:
     blocks = MODELS[c.model].blocks
     if blocks < c.world:
@@ -104,6 +108,7 @@ def _pipeline_microbatches(c: Cell) -> str | None:
 
 
 def _pipeline_precision(c: Cell) -> str | None:
+    """fp16 would need a loss scaler whose skipped steps agree across stages; there is none."""
     if c.precision not in STRATEGIES["torch-pipeline"].precisions:
         return (
             f"torch-pipeline: {c.precision} needs a loss scaler that skips steps on every stage "

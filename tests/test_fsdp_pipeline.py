@@ -12,9 +12,9 @@ import torch.nn.functional as F
 from test_collectives import check_busbw_from_raw_timings
 from torch.utils.data.distributed import DistributedSampler
 
-from trainscale import data, metrics, models
+from trainscale import catalog, data, metrics, models
 from trainscale.launch import Environment, command
-from trainscale.matrix import MODEL_BLOCKS, build_runs
+from trainscale.matrix import build_runs
 from trainscale.runners.pipeline import split
 from trainscale.runners.pytorch import make_optimizer, to_tensors
 
@@ -45,7 +45,7 @@ def test_model_blocks_table_matches_the_models():
     for name in models.MODELS:
         with torch.device("meta"):
             net = models.build(name, shape, 10)
-        assert MODEL_BLOCKS[name] == len(models.blocks(net)), name
+        assert catalog.MODELS[name].blocks == len(models.blocks(net)), name
 
 
 def test_split_is_contiguous_and_minimises_the_largest_stage():

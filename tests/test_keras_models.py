@@ -12,9 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from trainscale import data, keras_models, models
+from trainscale import catalog, data, keras_models, models
 from trainscale.keras_models import keras, tf
-from trainscale.matrix import MODEL_MIN_SIDE
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -41,7 +40,7 @@ PAIRS = [
     pytest.param(model, shape, classes, id=f"{model}-{name}")
     for model in models.MODELS
     for (shape, classes), name in SHAPES.items()
-    if min(shape[1:]) >= MODEL_MIN_SIDE[model]
+    if min(shape[1:]) >= catalog.MODELS[model].min_side
 ]
 
 

@@ -108,10 +108,11 @@ def test_thread_budget_follows_spec():
 
 
 def test_one_process_strategies_are_the_single_process_launches():
-    from trainscale.matrix import IMPLEMENTED, ONE_PROCESS
+    from trainscale import catalog
+    from trainscale.matrix import IMPLEMENTED
 
     single = {s for s in IMPLEMENTED if launch.LAUNCHERS[s] is launch.single_process}
-    assert single == ONE_PROCESS & IMPLEMENTED
+    assert single == set(catalog.names(one_process=True)) & IMPLEMENTED
 
 
 def test_unlaunchable_strategy_raises():
@@ -125,25 +126,6 @@ def test_spec_survives_the_shell():
     s = spec("torch-ddp", workers=[2])
     argv = command(s, LOCAL, "results/a b/metrics.json")
     assert shlex.split(shlex.join(argv)) == argv
-
-
-@pytest.mark.parametrize(
-    "nodelist, hosts",
-    [
-        ("n1", ("n1",)),
-        ("n[1-3]", ("n1", "n2", "n3")),
-        ("gpu[01-02,7],login", ("gpu01", "gpu02", "gpu7", "login")),
-        ("a[9-11]", ("a9", "a10", "a11")),
-    ],
-)
-def test_expand_nodelist(nodelist, hosts):
-    assert launch.expand_nodelist(nodelist) == hosts
-
-
-def test_detect_environment():
-    assert launch.detect({}).mode == "local"
-    env = launch.detect({"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "n[1-2]"})
-    assert (env.mode, env.nodes, env.job_id, env.head) == ("slurm", ("n1", "n2"), "42", "n1")
 
 
 def test_classify():
@@ -302,107 +284,7 @@ def test_multi_node_rendezvous_dials_the_first_nodes_slurm_address():
     assert "TRAINSCALE_NODE_ADDRS=n1=10.0.0.1,n2=10.0.0.2" in command(tf, env, "m.json")
 
 
-@pytest.mark.parametrize(
-    "strategy, workers, nodes, accelerator, expected",
-    [
-        ("torch", 1, 1, "cpu", {"nodes": 1, "tasks": 1, "cpus_per_task": 1}),
-        ("torch-ddp", 2, 1, "cpu", {"nodes": 1, "tasks": 1, "cpus_per_task": 2}),
-        (
-            "torch-ddp",
-            4,
-            2,
-            "cuda",
-            {
-                "nodes": 2,
-                "tasks": 2,
-                "cpus_per_task": 4,
-                "mpi": "srun",
-                "gres": "gpu:4",
-                "tasks_per_gpu": 0,
-            },
-        ),
-        (
-            "tf-multiworker",
-            2,
-            2,
-            "cpu",
-            {
-                "nodes": 2,
-                "tasks": 4,
-                "cpus_per_task": 1,
-                "mpi": "srun",
-                "slurm_extra": "--ntasks-per-node=2",
-            },
-        ),
-        ("tf-multiworker", 2, 1, "cpu", {"nodes": 1, "tasks": 1, "cpus_per_task": 2}),
-        (
-            "deepspeed-zero2",
-            2,
-            2,
-            "cpu",
-            {"nodes": 2, "tasks": 2, "cpus_per_task": 2, "mpi": "srun"},
-        ),
-    ],
-)
-def test_slurm_resources_allocate_what_the_launcher_starts(
-    strategy, workers, nodes, accelerator, expected
-):
-    s = spec(strategy, workers=[workers], nodes=[nodes], batch_size=[64])
-    res = launch.slurm_resources(s, accelerator)
-    assert res.pop("runtime") == s.timeout_minutes + 5  # the run's own timeout fires first
-    assert res == expected
-    env = Environment(mode="slurm", nodes=tuple(f"n{i}" for i in range(nodes)), port=1, job_id="1")
-    line = shlex.join(command(s, env, "m.json"))
-    if nodes > 1:  # the launcher's srun asks for exactly the tasks the allocation holds
-        per_node = expected["tasks"] // nodes
-        assert f"srun --nodes={nodes} --ntasks={expected['tasks']} " in line
-        assert f"--ntasks-per-node={per_node}" in line
-        srun = launch.srun(s, per_node)  # the check target probes the same tasks
-        assert launch.probe_command(s, env)[: len(srun)] == srun
-    else:
-        assert "srun" not in line and launch.probe_command(s, env)[0] == env.python
-
-
-def test_slurm_time_parsing_and_scontrol_fields():
-    assert launch.slurm_seconds("1-02:03:04") == 93784
-    assert launch.slurm_seconds("05:00") == 300
-    assert launch.slurm_seconds("UNLIMITED") is None
-    f = launch.scontrol_fields(
-        "JobId=7 JobName=x NodeList=n[1-2] TimeLimit=00:10:00 RunTime=00:01:30"
-    )
-    assert f["NodeList"] == "n[1-2]" and f["TimeLimit"] == "00:10:00"
-
-
-def test_in_allocation_reads_nodes_addresses_and_time_left_from_scontrol():
-    """The jobstep executor drops SLURM_JOB_NODELIST: the launcher asks the controller."""
-    answers = {
-        ("show", "job", "-o", "7"): "JobId=7 NodeList=n[1-2] TimeLimit=00:10:00 RunTime=00:01:30",
-        ("show", "node", "-o", "n1,n2"): "NodeName=n1 NodeAddr=10.0.0.1 Port=1\n"
-        "NodeName=n2 NodeAddr=10.0.0.2 Port=2\n",
-    }
-    s = spec("torch-ddp", workers=[1], nodes=[2])
-    env = launch.in_allocation(
-        Environment(mode="slurm", job_id="7"), s, scontrol=lambda *a: answers[a]
-    )
-    assert env.nodes == ("n1", "n2") and env.addrs == ("10.0.0.1", "10.0.0.2")
-    assert (env.time_limit, env.time_left) == (600, 510)
-    assert env.head == "10.0.0.1"
-
-
-def test_deadline_is_the_runs_timeout_unless_slurm_ends_the_job_sooner():
-    s = spec("torch-ddp", workers=[2])  # timeout_minutes from the schema default
-    own = s.timeout_minutes * 60
-    far = Environment(mode="slurm", job_id="7", time_limit=own + 600, time_left=own + 500)
-    assert launch.deadline(s, far)[0] == own
-    near = Environment(mode="slurm", job_id="7", time_limit=120, time_left=100)
-    seconds, why = launch.deadline(s, near)
-    assert seconds == 100 - launch.SLURM_MARGIN_SECONDS
-    assert "SLURM time limit of job 7" in why and "TimeLimit 2 min" in why
-    assert launch.deadline(s, LOCAL)[0] == own
-
-
 # --- Horovod: horovodrun over gloo locally, with the node list on SLURM, elastic discovery ---
-
 HVD = ["/venv/bin/python", "-m", "horovod.runner.launch", "--gloo"]
 
 

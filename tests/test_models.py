@@ -13,22 +13,17 @@ import torch.nn.functional as F
 import yaml
 from torch import nn
 
+from trainscale import catalog
 from trainscale.models import MODELS, blocks, build, param_count
 
 MNIST = (1, 28, 28)
 DIGITS = (1, 8, 8)
 IMAGENET = (3, 224, 224)
 
-# Published figures (torchvision for the ImageNet models, the seed scripts / PyTorch example
-# for the small ones); seed-large follows from its spec (flat 4608 on MNIST).
+# Published figures (the catalog's: torchvision for the ImageNet models, the seed scripts /
+# PyTorch example for the small ones; seed-large follows from its spec, flat 4608 on MNIST).
 PUBLISHED: dict[str, tuple[tuple[int, int, int], int, int]] = {
-    "seed-small": (MNIST, 10, 402_442),
-    "seed-large": (MNIST, 10, 4_104_202),
-    "mnist-convnet": (MNIST, 10, 21_840),
-    "vgg19": (IMAGENET, 1000, 143_667_240),
-    "resnet50": (IMAGENET, 1000, 25_557_032),
-    "alexnet": (IMAGENET, 1000, 61_100_840),
-    "googlenet": (IMAGENET, 1000, 6_624_904),
+    m.name: (m.published_input, m.published_classes, m.params) for m in catalog.MODELS.values()
 }
 
 SCHEMA = Path(__file__).resolve().parents[1] / "workflow" / "schemas" / "config.schema.yaml"
@@ -168,12 +163,8 @@ def test_bad_shapes_are_rejected(in_shape: tuple[int, ...], num_classes: int) ->
 
 @pytest.fixture(scope="module")
 def min_side() -> dict[str, int]:
-    """The lead's MODEL_MIN_SIDE table; skip until trainscale.matrix provides it."""
-    matrix = pytest.importorskip("trainscale.matrix")
-    table = getattr(matrix, "MODEL_MIN_SIDE", None)
-    if table is None:
-        pytest.skip("trainscale.matrix has no MODEL_MIN_SIDE yet")
-    return dict(table)
+    """The catalog's smallest input side of every model."""
+    return {m.name: m.min_side for m in catalog.MODELS.values()}
 
 
 def test_min_side_table_covers_every_model(min_side: dict[str, int]) -> None:

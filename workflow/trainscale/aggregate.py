@@ -72,7 +72,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from trainscale import collectives, metrics
+from trainscale import catalog, collectives, metrics
 from trainscale.matrix import MATRIX_KEYS
 
 #: Columns first in runs.csv, in this order; every other flattened field follows.
@@ -467,14 +467,7 @@ COLLECTIVE_COLUMNS = [
 ]
 
 #: DDP-family strategies -> traffic of one optimizer step in all-reduces of the gradient (v).
-COMM_VOLUME = {
-    "torch-ddp": 1.0,
-    "torch-fsdp": 1.5,
-    "deepspeed-zero0": 1.0,
-    "deepspeed-zero1": 1.0,
-    "deepspeed-zero2": 1.0,
-    "deepspeed-zero3": 1.5,
-}
+COMM_VOLUME = catalog.comm_volumes("torch.distributed")
 
 
 def collectives_frame(paths: Iterable[str | Path]) -> pd.DataFrame:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainscale import metrics
+from trainscale.slurm import scontrol_fields
 
 #: SLURM job states (sacct's first word) that end a job for good, and the run status each one
 #: is recorded as when the job wrote no record of its own.
@@ -162,8 +163,6 @@ def slurm_account(job_id: str) -> str:
     rows = _run(["sacct", "-j", job_id, "-X", "-n", "-P", "-o", fields])
     if any(r.split("|")[0] == job_id for r in rows.splitlines()):
         return rows
-    from trainscale.launch import scontrol_fields  # launch imports this module
-
     job = scontrol_fields(_run(["scontrol", "show", "job", "-o", job_id]))
     if job.get("JobId") != job_id:
         return ""

@@ -34,15 +34,10 @@ import tensorflow as tf  # noqa: E402
 import tf_keras as keras  # noqa: E402
 from tf_keras import layers  # noqa: E402
 
-MODELS: tuple[str, ...] = (
-    "seed-small",
-    "seed-large",
-    "mnist-convnet",
-    "vgg19",
-    "resnet50",
-    "alexnet",
-    "googlenet",
-)
+from trainscale import catalog  # noqa: E402
+
+#: The models this module builds: the catalog's, in its order.
+MODELS: tuple[str, ...] = tuple(catalog.MODELS)
 
 Shape = tuple[int, int, int]
 

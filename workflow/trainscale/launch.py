@@ -1,11 +1,11 @@
 """Launch one run with its framework's own launcher, watch it, and make sure a record exists.
 
-`command(spec, env)` is a pure function from a run spec and the machine it lands on (local
-or a SLURM allocation) to the exact command line; it is unit-tested for every strategy and
-every form, including GPU and multi-node ones this machine cannot run. `main` is the
-supervisor the Snakemake rule calls: it runs that command in its own process group under the
-run's timeout and, if the run ended without writing metrics (crash, OOM, timeout), writes a
-failure record in its place, so one bad cell never hides the rest of the matrix.
+`main` is the supervisor the Snakemake rule calls (`python -m trainscale.launch`): it runs the
+run's command line (trainscale.launch_commands) in its own process group under the run's
+timeout, or less where its SLURM job ends sooner (trainscale.slurm), and, if the run ended
+without writing metrics (crash, OOM, timeout), writes a failure record in its place, so one bad
+cell never hides the rest of the matrix. This module is also the launch interface the rules and
+benchmarks import: it re-exports the command-line and SLURM names.
 """
 
 from __future__ import annotations
@@ -13,9 +13,7 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
-import hashlib
 import json
-import math
 import os
 import re
 import shlex
@@ -26,209 +24,75 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from trainscale import attempts, metrics
-from trainscale.matrix import RunSpec
+from trainscale.launch_commands import (
+    LAUNCHER_FORMS,
+    LAUNCHERS,
+    TF_ENV,
+    Environment,
+    command,
+    horovodrun,
+    job_environment,
+    probe_command,
+    single_process,
+    srun,
+    tasks_per_node,
+    tfrun,
+    torchrun,
+    worker_env,
+)
+from trainscale.runspec import RunSpec
+from trainscale.slurm import (
+    SLURM_MARGIN_SECONDS,
+    SLURM_RESOURCE_KEYS,
+    _scontrol,
+    deadline,
+    detect,
+    expand_nodelist,
+    in_allocation,
+    scontrol_fields,
+    slurm_request,
+    slurm_resources,
+    slurm_seconds,
+)
 
-
-@dataclass(frozen=True)
-class Environment:
-    """Where a run is launched: this host alone, or a SLURM allocation of `nodes`."""
-
-    mode: str  # "local" or "slurm"
-    python: str = "python"
-    nodes: tuple[str, ...] = ()  # SLURM host names, first = rendezvous host
-    port: int = 0  # rendezvous port; 0 = the OS picks a free one (single node only)
-    job_id: str | None = None
-    cache_dir: str = ".cache"  # persistent build caches (DeepSpeed's JIT-compiled ops)
-    addrs: tuple[str, ...] = ()  # SLURM NodeAddr of each node (how other nodes reach it)
-    time_limit: float | None = None  # the SLURM job's time limit, seconds
-    time_left: float | None = None  # seconds until it, when the run starts
-    restarts: int | None = None  # times SLURM requeued the job before this start
-
-    @property
-    def head(self) -> str:
-        """Rendezvous host: the first node's SLURM NodeAddr, else its name, else loopback."""
-        return (self.addrs or self.nodes or ("127.0.0.1",))[0]
-
-
-def worker_env(spec: RunSpec, env: Environment | None = None) -> dict[str, str]:
-    """Environment every worker process gets: its thread budget (a worker is a fixed unit),
-    and for DeepSpeed a persistent cache for the ops it JIT-compiles (built once, not per run)."""
-    n = str(spec.threads_per_worker)
-    out = {"OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n, "OPENBLAS_NUM_THREADS": n}
-    if spec.framework == "deepspeed":
-        cache = env.cache_dir if env else ".cache"
-        out["TORCH_EXTENSIONS_DIR"] = f"{cache}/torch_extensions"
-    if spec.framework == "tensorflow" or spec.strategy == "horovod-keras":
-        out.update(TF_ENV)
-    return out
-
-
-def single_process(spec: RunSpec, env: Environment, worker: list[str]) -> list[str]:
-    """One process (it may drive several GPUs itself, as nn.DataParallel does)."""
-    return [env.python, *worker]
-
-
-def srun(spec: RunSpec, tasks_per_node: int) -> list[str]:
-    """srun across the run's nodes; one failing task ends the step (no rank waits forever)."""
-    return [
-        "srun",
-        f"--nodes={spec.nodes}",
-        f"--ntasks={spec.nodes * tasks_per_node}",
-        f"--ntasks-per-node={tasks_per_node}",
-        "--kill-on-bad-exit=1",
-    ]
-
-
-def torchrun(spec: RunSpec, env: Environment, worker: list[str]) -> list[str]:
-    """torchrun with a c10d rendezvous; across SLURM nodes, srun starts one torchrun per node.
-
-    Locally the endpoint's port is 0: the rendezvous store binds a port the OS picks, so
-    several runs on one host never clash. Across nodes the supervisor picks a free port on
-    the first node (where the batch script runs) and every node's torchrun dials it.
-    """
-    rdzv_id = f"{spec.study}-{hashlib.sha1(spec.path.encode()).hexdigest()[:12]}"
-    if env.job_id:
-        rdzv_id = f"slurm-{env.job_id}"
-    # one node (inside SLURM too): the local form, whatever the allocation's node name is
-    endpoint = f"{env.head}:{env.port}" if spec.nodes > 1 else "127.0.0.1:0"
-    cmd = [
-        env.python,
-        "-m",
-        "torch.distributed.run",
-        f"--nnodes={spec.nodes}",
-        f"--nproc-per-node={spec.workers}",
-        "--rdzv-backend=c10d",
-        f"--rdzv-endpoint={endpoint}",
-        f"--rdzv-id={rdzv_id}",
-        "--max-restarts=0",
-        *worker,
-    ]
-    if spec.nodes == 1:
-        return cmd
-    if env.mode != "slurm":
-        raise ValueError(
-            f"{spec.strategy} with nodes={spec.nodes} needs a SLURM allocation of that many"
-        )
-    return [*srun(spec, tasks_per_node=1), *cmd]
-
-
-#: What every TensorFlow worker needs: tf-keras 2 as tf.keras for every TF strategy (Keras 3's
-#: fit fails under MultiWorkerMirroredStrategy), and TensorFlow's C++ INFO lines silenced.
-TF_ENV = {"TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "1"}
-
-
-def tfrun(spec: RunSpec, env: Environment, worker: list[str]) -> list[str]:
-    """tf-multiworker: one process per worker, MultiWorkerMirroredStrategy between them.
-
-    On one node `python -m trainscale.tfrun` starts the workers with TF_CONFIG on free
-    127.0.0.1 ports (and stops them all when one fails). Across SLURM nodes srun starts one
-    task per worker and the runner resolves the cluster with SlurmClusterResolver, each node's
-    workers listening on the port the supervisor picked on the first node, +1, ...
-    """
-    if spec.nodes == 1:
-        return [env.python, "-m", "trainscale.tfrun", f"--nproc={spec.workers}", "--", *worker]
-    if env.mode != "slurm":
-        raise ValueError(
-            f"{spec.strategy} with nodes={spec.nodes} needs a SLURM allocation of that many"
-        )
-    cluster = ["env", "TRAINSCALE_TF_CLUSTER=slurm", f"TRAINSCALE_TF_PORT={env.port}"]
-    if env.addrs:  # SlurmClusterResolver lists node names; workers dial their NodeAddr
-        pairs = ",".join(f"{n}={a}" for n, a in zip(env.nodes, env.addrs, strict=True))
-        cluster.append(f"TRAINSCALE_NODE_ADDRS={pairs}")
-    return [*srun(spec, tasks_per_node=spec.workers), *cluster, env.python, *worker]
-
-
-def horovodrun(spec: RunSpec, env: Environment, worker: list[str]) -> list[str]:
-    """horovodrun (`python -m horovod.runner.launch`) over gloo, one process per worker.
-
-    Locally `-H localhost:N` on the loopback interface (without `--network-interface lo`
-    elastic gloo waits silently for its timeout); every server horovodrun starts binds a port
-    the OS has free, so several runs share a host. Across SLURM nodes horovodrun runs on the
-    first node and starts each node's workers over ssh (`-H n1:W,n2:W`). The elastic form
-    names a host discovery script (`trainscale.horovod_hosts`) and lets the world shrink to
-    one worker and grow back to the spec's. The workers inherit the environment horovodrun
-    runs in (it exports it to remote hosts too), so the thread budget in `worker_env` reaches
-    every one of them: horovodrun itself sets no OMP_NUM_THREADS.
-    """
-    if spec.nodes > 1 and env.mode != "slurm":
-        raise ValueError(
-            f"{spec.strategy} with nodes={spec.nodes} needs a SLURM allocation of that many"
-        )
-    local = spec.nodes == 1
-    cmd = [env.python, "-m", "horovod.runner.launch", "--gloo", "-np", str(spec.world_size)]
-    if local:
-        cmd += ["--network-interface", "lo"]
-    if spec.strategy == "horovod-torch-elastic":
-        discovery = f"{env.python} -m trainscale.horovod_hosts --slots {spec.workers}"
-        cmd += ["--min-np", "1", "--max-np", str(spec.world_size)]
-        cmd += ["--host-discovery-script", discovery]
-    elif local:
-        cmd += ["-H", f"localhost:{spec.workers}"]
-    else:
-        cmd += ["-H", ",".join(f"{h}:{spec.workers}" for h in env.nodes[: spec.nodes])]
-    return [*cmd, env.python, *worker]
-
-
-#: strategy -> function building its launcher's command line (the one place to add one)
-LAUNCHERS: dict[str, Callable[[RunSpec, Environment, list[str]], list[str]]] = {
-    "torch": single_process,
-    "torch-dp": single_process,
-    "torch-ddp": torchrun,
-    "torch-fsdp": torchrun,
-    "torch-pipeline": torchrun,
-    # DeepSpeed through torchrun, not the `deepspeed` launcher: that one always rendezvouses
-    # on port 29500 (runs side by side clash) and needs a hostfile for multi-node; torchrun
-    # gives free ports locally and the same srun form as torch-ddp across SLURM nodes.
-    "deepspeed-zero0": torchrun,
-    "deepspeed-zero1": torchrun,
-    "deepspeed-zero2": torchrun,
-    "deepspeed-zero3": torchrun,
-    "tf": single_process,
-    "tf-mirrored": single_process,
-    "tf-multiworker": tfrun,
-    "horovod-torch": horovodrun,
-    "horovod-keras": horovodrun,
-    "horovod-torch-elastic": horovodrun,
-}
-
-
-def command(spec: RunSpec, env: Environment, out: str) -> list[str]:
-    """The command line that runs `spec` in `env` and writes metrics to `out`."""
-    try:
-        launcher = LAUNCHERS[spec.strategy]
-    except KeyError:
-        raise ValueError(f"strategy {spec.strategy!r} has no launcher in this version") from None
-    worker = ["-m", "trainscale.runners", "--spec", spec.to_json(), "--out", out]
-    extra = worker_env(spec, env)
-    if spec.horovod_timeline:  # Horovod's timeline, kept beside the run's metrics
-        extra["HOROVOD_TIMELINE"] = str(Path(out).parent / "horovod-timeline.json")
-    prefix = ["env", *(f"{k}={v}" for k, v in sorted(extra.items()))]
-    return [*prefix, *launcher(spec, env, worker)]
-
-
-def tasks_per_node(spec: RunSpec) -> int:
-    """SLURM tasks per node of a run: one per worker for tf-multiworker across nodes (srun
-    starts each worker), else one (torchrun or the runner starts the node's workers)."""
-    return spec.workers if LAUNCHERS.get(spec.strategy) is tfrun and spec.nodes > 1 else 1
-
-
-def probe_command(spec: RunSpec, env: Environment) -> list[str]:
-    """The device probe (trainscale.devices) in every task the run would have."""
-    argv = [env.python, "-m", "trainscale.devices"]
-    return [*srun(spec, tasks_per_node(spec)), *argv] if spec.nodes > 1 else argv
-
-
-def job_environment(package_dir: str | os.PathLike, python: str) -> dict[str, str]:
-    """PYTHONPATH and PATH for Snakemake's jobs: the package importable without installing it
-    (conda envs hold only its dependencies), and `python` resolving to the interpreter that
-    runs Snakemake, so `.venv/bin/snakemake` works without activating the venv."""
-    pythonpath = [str(package_dir), *filter(None, [os.environ.get("PYTHONPATH")])]
-    path = [str(Path(python).parent), os.environ.get("PATH", "")]
-    return {"PYTHONPATH": os.pathsep.join(pythonpath), "PATH": os.pathsep.join(path)}
+__all__ = [
+    "LAUNCHERS",
+    "LAUNCHER_FORMS",
+    "OOM_PATTERNS",
+    "SLURM_MARGIN_SECONDS",
+    "SLURM_RESOURCE_KEYS",
+    "TF_ENV",
+    "Environment",
+    "classify",
+    "command",
+    "deadline",
+    "detect",
+    "exception_lines",
+    "expand_nodelist",
+    "free_port",
+    "horovodrun",
+    "in_allocation",
+    "job_environment",
+    "main",
+    "oom_kills",
+    "probe_command",
+    "recorded_from_slurm",
+    "scontrol_fields",
+    "single_process",
+    "slurm_request",
+    "slurm_resources",
+    "slurm_seconds",
+    "srun",
+    "stamp",
+    "supervise",
+    "tasks_per_node",
+    "tfrun",
+    "torchrun",
+    "worker_env",
+]
 
 
 def free_port() -> int:
@@ -236,167 +100,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("", 0))
         return s.getsockname()[1]
-
-
-def expand_nodelist(nodelist: str) -> tuple[str, ...]:
-    """Expand SLURM's compressed host list ('n[1-3,5],gpu7') without needing scontrol."""
-    hosts: list[str] = []
-    for m in re.finditer(r"([^,\[]+)(?:\[([^\]]+)\])?", nodelist):
-        stem, ranges = m.group(1), m.group(2)
-        if not ranges:
-            hosts.append(stem)
-            continue
-        for part in ranges.split(","):
-            lo, _, hi = part.partition("-")
-            width = len(lo)
-            for i in range(int(lo), int(hi or lo) + 1):
-                hosts.append(f"{stem}{i:0{width}d}")
-    return tuple(h for h in hosts if h)
-
-
-def detect(environ: dict[str, str] | None = None) -> Environment:
-    """Local host, or the SLURM allocation this process runs in (SLURM_JOB_ID is set)."""
-    environ = dict(os.environ if environ is None else environ)
-    job = environ.get("SLURM_JOB_ID")
-    cache = str(Path.cwd() / ".cache")  # the workflow's working directory
-    if not job:
-        return Environment(mode="local", python=sys.executable, cache_dir=cache)
-    nodes = expand_nodelist(environ.get("SLURM_JOB_NODELIST", ""))
-    return Environment(
-        mode="slurm", python=sys.executable, nodes=nodes, job_id=job, cache_dir=cache
-    )
-
-
-def scontrol_fields(text: str) -> dict[str, str]:
-    """`scontrol show ... -o` output (one `Key=Value` line per record) as a dict."""
-    return dict(m.groups() for m in re.finditer(r"(\w+)=(\S*)", text))
-
-
-def slurm_seconds(value: str) -> float | None:
-    """SLURM's `[days-][hours:]minutes:seconds` as seconds; None for UNLIMITED and the like."""
-    m = re.fullmatch(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)", value.strip())
-    if not m:
-        return None
-    d, h, mi, s = (int(x or 0) for x in m.groups())
-    return ((d * 24 + h) * 60 + mi) * 60 + s
-
-
-def _scontrol(*args: str) -> str:
-    try:
-        out = subprocess.run(
-            ["scontrol", *args], capture_output=True, text=True, timeout=30, check=True
-        )
-    except (OSError, subprocess.SubprocessError):
-        return ""
-    return out.stdout
-
-
-def in_allocation(env: Environment, spec: RunSpec, scontrol=_scontrol) -> Environment:
-    """Complete a SLURM environment from the controller: the job's nodes (Snakemake's jobstep
-    executor drops SLURM_JOB_NODELIST from the job's environment), their NodeAddr for
-    rendezvous across nodes, and the job's time left (so the run stops, and is recorded as a
-    timeout, before SLURM's time limit kills the job with nothing written), and how often
-    SLURM requeued it."""
-    if env.mode != "slurm" or not env.job_id:
-        return env
-    job = scontrol_fields(scontrol("show", "job", "-o", env.job_id))
-    nodes = env.nodes or expand_nodelist(job.get("NodeList", ""))
-    addrs: tuple[str, ...] = ()
-    if spec.nodes > 1 and nodes:
-        found = {}
-        for line in scontrol("show", "node", "-o", ",".join(nodes)).splitlines():
-            f = scontrol_fields(line)
-            found[f.get("NodeName")] = f.get("NodeAddr")
-        addrs = tuple(found.get(n) or n for n in nodes)
-    limit, ran = slurm_seconds(job.get("TimeLimit", "")), slurm_seconds(job.get("RunTime", ""))
-    left = limit - ran if limit is not None and ran is not None else None
-    restarts = int(job["Restarts"]) if job.get("Restarts", "").isdigit() else None
-    return dataclasses.replace(
-        env, nodes=nodes, addrs=addrs, time_limit=limit, time_left=left, restarts=restarts
-    )
-
-
-#: Seconds before SLURM's time limit at which a run is stopped, to write its timeout record
-#: (the job then ends COMPLETED with that record, instead of TIMEOUT with no output).
-SLURM_MARGIN_SECONDS = 30
-
-
-def deadline(spec: RunSpec, env: Environment) -> tuple[float, str]:
-    """(seconds the run may take, why that long): the run's own timeout, or less where the
-    SLURM job it runs in ends sooner."""
-    own = spec.timeout_minutes * 60
-    why = f"timeout: no result after timeout_minutes={spec.timeout_minutes}"
-    if env.time_left is not None and env.time_left - SLURM_MARGIN_SECONDS < own:
-        limit = env.time_limit or 0
-        return max(env.time_left - SLURM_MARGIN_SECONDS, 1.0), (
-            f"timeout: SLURM time limit of job {env.job_id} (TimeLimit {limit / 60:g} min, "
-            f"sbatch -t / the `runtime` resource) reached before the run finished; stopped "
-            f"{SLURM_MARGIN_SECONDS} s before it so that this record could be written"
-        )
-    return own, why
-
-
-def slurm_request(
-    workers: int,
-    nodes: int,
-    threads_per_worker: int,
-    accelerator: str,
-    timeout_minutes: float,
-    tasks_per_node: int = 1,
-) -> dict[str, int | str]:
-    """The snakemake-executor-plugin-slurm resources of any job that starts `workers` processes
-    on each of `nodes` nodes: a training run, the all-reduce benchmark of that shape, the
-    device probe, a build. The one place SLURM requests are made, so that every rule asks for
-    what its command launches.
-
-    torchrun and single-process forms run one task per node holding all of the node's workers
-    (cpus_per_task = workers × threads_per_worker); tf-multiworker across nodes runs one task
-    per worker (`tasks_per_node`). A multi-node job runs its own `srun`, so it sets `mpi`
-    (otherwise the jobstep executor wraps it in `srun -n1` and the inner srun finds one node,
-    or waits for CPUs until the time limit). GPUs are requested per node (`gres`), one per
-    worker, with `tasks_per_gpu=0` so the plugin does not turn `tasks` into --ntasks-per-gpu.
-    `runtime` is the job's own timeout plus start-up slack, so that timeout fires first and is
-    recorded.
-    """
-    res: dict[str, int | str] = {
-        "nodes": nodes,
-        "tasks": nodes * tasks_per_node,
-        "cpus_per_task": threads_per_worker * workers // tasks_per_node,
-        "runtime": math.ceil(timeout_minutes) + 5,
-    }
-    if nodes > 1:
-        res["mpi"] = "srun"
-        if tasks_per_node > 1:
-            res["slurm_extra"] = f"--ntasks-per-node={tasks_per_node}"
-    if accelerator == "cuda":
-        res["gres"] = f"gpu:{workers}"
-        res["tasks_per_gpu"] = 0
-    return res
-
-
-#: Every resource key `slurm_request` may set (rules declare each, None where a job needs none).
-SLURM_RESOURCE_KEYS = (
-    "nodes",
-    "tasks",
-    "cpus_per_task",
-    "runtime",
-    "mpi",
-    "gres",
-    "tasks_per_gpu",
-    "slurm_extra",
-)
-
-
-def slurm_resources(spec: RunSpec, accelerator: str) -> dict[str, int | str]:
-    """The SLURM resources of a training run (see `slurm_request`)."""
-    return slurm_request(
-        spec.workers,
-        spec.nodes,
-        spec.threads_per_worker,
-        accelerator,
-        spec.timeout_minutes,
-        tasks_per_node(spec),
-    )
 
 
 OOM_PATTERNS = (

@@ -1,228 +1,25 @@
-"""The experiment matrix: config -> frozen run specifications.
+"""The experiment matrix: config -> frozen run specifications, and the checks of a config.
 
-`build_runs` is a pure function of the (schema-validated) config. Each `RunSpec` it returns is
-the single source of a run's output path (`RunSpec.path`), of the launcher's argument
-(`RunSpec.to_json`) and of the metrics' `spec` (`RunSpec.to_dict`): nothing downstream derives
-these again. This module imports neither torch nor TensorFlow, so the Snakefile stays fast.
+`build_runs` is a pure function of the (schema-validated) config; each `RunSpec`
+(trainscale.runspec) it returns is what a run is. Which combinations cannot run is the
+catalog's to say (`catalog.why_not`); this module adds what only the whole config knows: batch
+splits, exclusions, faults, steps per epoch. `python -m trainscale.matrix CONFIG` checks config
+files without running anything. This module imports neither torch nor TensorFlow, so the
+Snakefile stays fast.
 """
 
 from __future__ import annotations
 
 import itertools
-import json
 import math
 from collections import Counter
-from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 
-from trainscale import data
-from trainscale.runners import RUNNER_MODULES
+from trainscale import catalog, data
+from trainscale.runspec import MATRIX_KEYS, ConfigError, Dropped, Fault, RunSpec
 
-#: Matrix keys in path order. `repeat` follows them in the path.
-MATRIX_KEYS: tuple[str, ...] = (
-    "strategy",
-    "model",
-    "dataset",
-    "scale",
-    "batch_size",
-    "batch_mode",
-    "workers",
-    "nodes",
-    "precision",
-)
-
-#: Strategy -> framework. The vocabulary is fixed; `IMPLEMENTED` says which run in this version.
-FRAMEWORK: dict[str, str] = {
-    "torch": "torch",
-    "torch-dp": "torch",
-    "torch-ddp": "torch",
-    "torch-fsdp": "torch",
-    "torch-pipeline": "torch",
-    "tf": "tensorflow",
-    "tf-mirrored": "tensorflow",
-    "tf-multiworker": "tensorflow",
-    "horovod-torch": "horovod",
-    "horovod-keras": "horovod",
-    "horovod-torch-elastic": "horovod",
-    "deepspeed-zero0": "deepspeed",
-    "deepspeed-zero1": "deepspeed",
-    "deepspeed-zero2": "deepspeed",
-    "deepspeed-zero3": "deepspeed",
-}
-IMPLEMENTED: frozenset[str] = frozenset(RUNNER_MODULES)
-#: Strategies that run as one process (which may drive several devices): process rank 0 only.
-ONE_PROCESS: frozenset[str] = frozenset({"torch", "torch-dp", "tf", "tf-mirrored"})
-
-#: Smallest square input side each model accepts (spatial sizes must stay >= 1 through the
-#: network). Checked against real meta-device forwards in tests/test_models.py.
-MODEL_MIN_SIDE: dict[str, int] = {
-    "seed-small": 2,
-    "seed-large": 8,
-    "mnist-convnet": 16,
-    "vgg19": 32,
-    "resnet50": 1,
-    "alexnet": 63,
-    "googlenet": 15,
-}
-
-
-#: Top-level blocks of each model (`models.blocks`): the most pipeline stages it splits into.
-#: Checked against the built models in tests/test_pipeline.py.
-MODEL_BLOCKS: dict[str, int] = {
-    "seed-small": 3,
-    "seed-large": 6,
-    "mnist-convnet": 4,
-    "vgg19": 8,
-    "resnet50": 18,
-    "alexnet": 8,
-    "googlenet": 11,
-}
-
-#: Models with BatchNorm: training needs at least 2 samples per worker.
-BATCHNORM_MODELS: frozenset[str] = frozenset({"resnet50", "googlenet"})
-
-
-class ConfigError(ValueError):
-    """A config that cannot become a run set; the message names the key and the fix."""
-
-
-@dataclass(frozen=True)
-class Fault:
-    """A fault injected on purpose (config `faults`): `kind` on rank `rank` in epoch `epoch`."""
-
-    kind: str
-    rank: int = 0
-    epoch: int = 1
-
-
-@dataclass(frozen=True)
-class RunSpec:
-    """Everything one training run needs, fixed before it starts."""
-
-    study: str
-    strategy: str
-    model: str
-    dataset: str
-    scale: int
-    batch_size: int
-    batch_mode: str
-    workers: int
-    nodes: int
-    precision: str
-    repeat: int
-    seed: int
-    epochs: int
-    optimizer: str
-    lr: float
-    base_lr: float
-    lr_scaling: str
-    betas: tuple[float, float]
-    eps: float
-    weight_decay: float
-    momentum: float
-    global_batch_size: int
-    per_worker_batch_size: int
-    world_size: int
-    threads_per_worker: int
-    timeout_minutes: float
-    target_accuracy: float | None
-    data_dir: str
-    grad_accum: int = 1
-    deepspeed_config: str | None = None
-    fault: Fault | None = None
-    horovod_timeline: bool = False
-    pipeline_schedule: str | None = None
-    microbatches: int = 1
-    steps_per_epoch: int | None = None
-    samples: int | None = None
-
-    @property
-    def framework(self) -> str:
-        return FRAMEWORK[self.strategy]
-
-    @property
-    def path(self) -> str:
-        """Run id and output sub-path: `key~value` segments, as Snakemake's Paramspace writes."""
-        parts = [f"{k}~{getattr(self, k)}" for k in MATRIX_KEYS]
-        return "/".join([*parts, f"repeat~{self.repeat}"])
-
-    @property
-    def cell(self) -> tuple:
-        """Every matrix value but the repeat: the unit that scaling tables group by."""
-        return tuple(getattr(self, k) for k in MATRIX_KEYS)
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["betas"] = list(self.betas)
-        return d
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
-
-    @classmethod
-    def from_dict(cls, d: dict) -> RunSpec:
-        names = {f.name for f in fields(cls)}
-        missing = {f.name for f in fields(cls) if f.default is MISSING} - set(d)
-        if missing:
-            raise ValueError(f"run spec lacks {sorted(missing)}")
-        kw = {k: d[k] for k in names if k in d}
-        kw["betas"] = tuple(kw["betas"])
-        if kw.get("fault"):
-            kw["fault"] = Fault(**kw["fault"])
-        return cls(**kw)
-
-    @classmethod
-    def from_json(cls, s: str) -> RunSpec:
-        return cls.from_dict(json.loads(s))
-
-
-@dataclass(frozen=True)
-class Dropped:
-    """A matrix combination that will not run, and why."""
-
-    values: dict
-    reason: str
-
-
-def config_problems(config: dict, schema: dict) -> list[str]:
-    """Every place `config` breaks the config schema, one line each, for people: the key as
-    written in YAML (matrix.strategy[0]), the value, what is allowed, and a likely fix for a
-    typo ("did you mean ..."). Empty when the config is valid."""
-    import difflib
-
-    import jsonschema
-
-    def where(path) -> str:
-        out = ""
-        for p in path:
-            out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
-        return out or "<top level>"
-
-    lines = []
-    validator = jsonschema.Draft202012Validator(schema)
-    for e in sorted(validator.iter_errors(config), key=lambda e: list(map(str, e.path))):
-        key = where(e.path)
-        if e.validator == "enum":
-            allowed = [str(v) for v in e.validator_value]
-            close = difflib.get_close_matches(str(e.instance), allowed, n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            lines.append(f"{key}: {e.instance!r} is not one of {', '.join(allowed)}{hint}")
-        elif e.validator == "additionalProperties":
-            known = sorted(e.schema.get("properties", {}))
-            extra = sorted(set(e.instance) - set(known))
-            for k in extra:
-                close = difflib.get_close_matches(k, known, n=1)
-                hint = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(known)}"
-                where_k = f"{key}.{k}" if e.path else k
-                lines.append(f"{where_k}: unknown key; {hint}")
-        elif e.validator == "pattern":
-            lines.append(
-                f"{key}: {e.instance!r} has characters not allowed here (the value becomes a "
-                f"path or part of a command line); allowed: {e.validator_value}"
-            )
-        else:
-            lines.append(f"{key}: {e.message}")
-    return lines
+#: Strategies this version can run: those with a runner.
+IMPLEMENTED: frozenset[str] = frozenset(s.name for s in catalog.STRATEGIES.values() if s.runner)
 
 
 def effective_lr(lr: float, scaling: str, global_batch: int, base_batch: int) -> float:
@@ -238,64 +35,19 @@ def why_not(
     values: dict, accelerator: str, microbatches: int = 1, schedule: str = "gpipe"
 ) -> str | None:
     """The reason a strategy or model cannot do this combination, or None if it can."""
-    s, world = values["strategy"], values["workers"] * values["nodes"]
-    if s == "torch-pipeline":
-        reason = _pipeline_why_not(values, world, microbatches, schedule)
-        if reason:
-            return reason
-    if s == "torch" and world > 1:
-        return "torch is one process on one device: needs workers=1, nodes=1"
-    if s == "torch-dp" and values["nodes"] > 1:
-        return "torch-dp (nn.DataParallel) is one process on one node: needs nodes=1"
-    if s == "torch-dp" and values["workers"] > 1 and accelerator != "cuda":
-        return (
-            "torch-dp with workers>1 needs GPUs: without them nn.DataParallel silently runs one "
-            "replica in one process, which is not parallel"
-        )
-    if s == "tf" and world > 1:
-        return "tf is one process on one device: needs workers=1, nodes=1"
-    if s == "tf-mirrored" and values["nodes"] > 1:
-        return "tf-mirrored (MirroredStrategy) is one process on one node: needs nodes=1"
-    # tf-mirrored with workers>1 and no GPUs runs that many logical CPU devices in one process:
-    # kept (it exercises the strategy's code path), and its metrics say device.logical = true
     shape = data.info(values["dataset"]).shape
-    side = min(shape[1], shape[2])
-    need = MODEL_MIN_SIDE[values["model"]]
-    if side < need:
-        ds = values["dataset"]
-        return f"{values['model']} needs inputs of at least {need}×{need}; {ds} is {side}×{side}"
-    return None
+    cell = catalog.Cell(
+        **{k: values[k] for k in ("strategy", "model", "dataset", "workers", "nodes")},
+        **{k: values[k] for k in ("batch_size", "batch_mode", "precision")},
+        accelerator=accelerator,
+        microbatches=microbatches,
+        schedule=schedule,
+        input_side=min(shape[1], shape[2]),
+    )
+    return catalog.why_not(cell)
 
 
-def _pipeline_why_not(values: dict, world: int, microbatches: int, schedule: str) -> str | None:
-    """torch-pipeline: one stage per worker, cut between the model's top-level blocks; the
-    global batch is split into `microbatches` equal micro-batches."""
-    model, blocks = values["model"], MODEL_BLOCKS[values["model"]]
-    if blocks < world:
-        return (
-            f"torch-pipeline: {model} has {blocks} blocks, too few for {world} pipeline stages "
-            "(one per worker)"
-        )
-    gbs, _ = pipeline_batch(values["batch_size"], values["batch_mode"], world)
-    if gbs % microbatches:
-        return f"torch-pipeline: microbatches {microbatches} do not divide the batch of {gbs}"
-    if gbs // microbatches < 2 and model in BATCHNORM_MODELS:
-        return f"torch-pipeline: {model} has BatchNorm: needs micro-batches of at least 2"
-    if values["precision"] == "fp16":
-        return (
-            "torch-pipeline: fp16 needs a loss scaler that skips steps on every stage alike; "
-            "use bf16"
-        )
-    if schedule == "1f1b" and microbatches < world:
-        return f"torch-pipeline: 1F1B needs microbatches ({microbatches}) ≥ stages ({world})"
-    return None
-
-
-def pipeline_batch(batch_size: int, mode: str, world: int) -> tuple[int, int]:
-    """(global, per-worker) batch of torch-pipeline: no data parallelism, so every stage sees
-    the whole global batch (`per_worker` mode: batch_size × stages, weak scaling)."""
-    gbs = batch_size * world if mode == "per_worker" else batch_size
-    return gbs, gbs
+pipeline_batch = catalog.pipeline_batch
 
 
 def _excluded(values: dict, exclude: list[dict]) -> bool:
@@ -319,7 +71,7 @@ def _check_faults(faults: list[dict], runs: list[RunSpec]) -> None:
                 "or remove the entry"
             )
         for r in hit:
-            processes = 1 if r.strategy in ONE_PROCESS else r.world_size
+            processes = 1 if catalog.STRATEGIES[r.strategy].one_process else r.world_size
             if r.fault.rank >= processes:
                 raise ConfigError(
                     f"faults[{i}].rank {r.fault.rank} does not exist in {r.path} "
@@ -360,7 +112,7 @@ def build_runs(config: dict, accelerator: str = "cpu") -> tuple[list[RunSpec], l
         )
     opt = config["optimizer"]
     ds_fragment = config.get("deepspeed_config")
-    uses_deepspeed = any(FRAMEWORK[s] == "deepspeed" for s in m["strategy"])
+    uses_deepspeed = any(catalog.strategy(s).framework == "deepspeed" for s in m["strategy"])
     if uses_deepspeed and ds_fragment and not Path(ds_fragment).is_file():
         raise ConfigError(
             f"deepspeed_config: {ds_fragment} does not exist; give the path of a DeepSpeed "
@@ -383,7 +135,7 @@ def build_runs(config: dict, accelerator: str = "cpu") -> tuple[list[RunSpec], l
         world = values["workers"] * values["nodes"]
         split = pipeline_batch if pipe else batch_sizes
         gbs, pwbs = split(values["batch_size"], values["batch_mode"], world)
-        if pwbs < 2 and values["model"] in BATCHNORM_MODELS:
+        if pwbs < 2 and catalog.MODELS[values["model"]].batchnorm:
             reason = f"{values['model']} has BatchNorm: needs at least 2 samples per worker"
             dropped.append(Dropped(values, reason))
             continue
@@ -395,7 +147,8 @@ def build_runs(config: dict, accelerator: str = "cpu") -> tuple[list[RunSpec], l
             dropped.append(Dropped(values, reason))
             continue
         lr = effective_lr(opt["lr"], config["lr_scaling"], gbs, config["base_batch_size"])
-        is_ds = FRAMEWORK[values["strategy"]] == "deepspeed"
+        framework = catalog.STRATEGIES[values["strategy"]].framework
+        is_ds = framework == "deepspeed"
         grad_accum = config.get("grad_accum", 1) if is_ds else 1
         if pwbs % grad_accum:
             raise ConfigError(
@@ -430,7 +183,7 @@ def build_runs(config: dict, accelerator: str = "cpu") -> tuple[list[RunSpec], l
                     deepspeed_config=ds_fragment if is_ds else None,
                     fault=fault_for(values, repeat, config.get("faults", [])),
                     horovod_timeline=config.get("horovod_timeline", False)
-                    and FRAMEWORK[values["strategy"]] == "horovod",
+                    and framework == "horovod",
                     pipeline_schedule=schedule if pipe else None,
                     microbatches=mb if pipe else 1,
                     steps_per_epoch=limit,
@@ -473,6 +226,47 @@ def summary(runs: list[RunSpec], dropped: list[Dropped]) -> str:
         parts = "; ".join(f"{n} × {r}" for r, n in reasons.most_common())
         line += f", {len(dropped)} combinations dropped ({parts})"
     return line
+
+
+def config_problems(config: dict, schema: dict) -> list[str]:
+    """Every place `config` breaks the config schema, one line each, for people: the key as
+    written in YAML (matrix.strategy[0]), the value, what is allowed, and a likely fix for a
+    typo ("did you mean ..."). Empty when the config is valid."""
+    import difflib
+
+    import jsonschema
+
+    def where(path) -> str:
+        out = ""
+        for p in path:
+            out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+        return out or "<top level>"
+
+    lines = []
+    validator = jsonschema.Draft202012Validator(schema)
+    for e in sorted(validator.iter_errors(config), key=lambda e: list(map(str, e.path))):
+        key = where(e.path)
+        if e.validator == "enum":
+            allowed = [str(v) for v in e.validator_value]
+            close = difflib.get_close_matches(str(e.instance), allowed, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            lines.append(f"{key}: {e.instance!r} is not one of {', '.join(allowed)}{hint}")
+        elif e.validator == "additionalProperties":
+            known = sorted(e.schema.get("properties", {}))
+            extra = sorted(set(e.instance) - set(known))
+            for k in extra:
+                close = difflib.get_close_matches(k, known, n=1)
+                hint = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(known)}"
+                where_k = f"{key}.{k}" if e.path else k
+                lines.append(f"{where_k}: unknown key; {hint}")
+        elif e.validator == "pattern":
+            lines.append(
+                f"{key}: {e.instance!r} has characters not allowed here (the value becomes a "
+                f"path or part of a command line); allowed: {e.validator_value}"
+            )
+        else:
+            lines.append(f"{key}: {e.message}")
+    return lines
 
 
 def gpu_count() -> int:

@@ -43,7 +43,7 @@ from typing import Any
 import yaml
 
 import trainscale
-from trainscale import data, nvml_devices
+from trainscale import catalog, data, nvml_devices
 
 SCHEMA_ID = "trainscale.metrics/1"
 SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schemas" / "metrics.schema.yaml"
@@ -298,18 +298,7 @@ class GpuMonitor:
 
 #: Strategies whose runs cannot switch gradient synchronisation off, and why: their multi-worker
 #: runs record `communication` with null figures and this reason.
-NO_EXPOSED_MEASUREMENT = {
-    "tf-mirrored": "TensorFlow: Keras model.fit under a tf.distribute strategy has no switch for "
-    "its gradient all-reduce",
-    "tf-multiworker": "TensorFlow: Keras model.fit under a tf.distribute strategy has no switch "
-    "for its gradient all-reduce",
-    "horovod-keras": "Keras model.fit with Horovod's DistributedOptimizer has no switch for its "
-    "all-reduce",
-    "torch-pipeline": "pipeline parallelism: its communication is the activations and gradients "
-    "passed between stages, which the schedule needs; its cost is the pipeline bubble",
-    "torch-dp": "nn.DataParallel: scatter, replicate and gather run inside forward, in one "
-    "process; there is no synchronisation to switch off",
-}
+NO_EXPOSED_MEASUREMENT = catalog.exposed_unmeasured()
 
 
 def not_measured_communication(strategy: str) -> dict:

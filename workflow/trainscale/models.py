@@ -17,15 +17,10 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-MODELS: tuple[str, ...] = (
-    "seed-small",
-    "seed-large",
-    "mnist-convnet",
-    "vgg19",
-    "resnet50",
-    "alexnet",
-    "googlenet",
-)
+from trainscale import catalog
+
+#: The models this module builds: the catalog's, in its order.
+MODELS: tuple[str, ...] = tuple(catalog.MODELS)
 
 Shape = tuple[int, int, int]
 

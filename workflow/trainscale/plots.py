@@ -29,9 +29,8 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import FixedLocator, MaxNLocator, NullLocator
 from seaborn.utils import relative_luminance
 
-from trainscale import aggregate
+from trainscale import aggregate, catalog
 from trainscale.aggregate import Study
-from trainscale.matrix import FRAMEWORK
 
 REPORTS = Path(__file__).resolve().parents[2] / "reports"
 #: name -> {title, category}; the single list of figure kinds (also read by report.smk).
@@ -109,14 +108,8 @@ def _labels(df: pd.DataFrame, keys: Sequence[str], only_varying: bool = False) -
     return out
 
 
-#: One colour per strategy, the same in every figure and study (trainscale.matrix order).
-STRATEGY_COLOURS = dict(
-    zip(
-        FRAMEWORK,
-        sns.color_palette("colorblind", 10) + sns.color_palette("dark", 10)[5:],
-        strict=False,
-    )
-)
+#: One colour per strategy, the same in every figure and study (the catalog's).
+STRATEGY_COLOURS = catalog.strategy_colours()
 
 
 def _palette(values: pd.Series, key: str) -> dict:

@@ -50,18 +50,11 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from trainscale import aggregate
+from trainscale import aggregate, catalog
 from trainscale.predict_network import Network, network
 
 #: Gradient traffic per optimizer step, in all-reduces of the gradient (v).
-VOLUME = {
-    **aggregate.COMM_VOLUME,
-    "horovod-torch": 1.0,
-    "horovod-torch-elastic": 1.0,
-    "horovod-keras": 1.0,
-    "tf-mirrored": 1.0,
-    "tf-multiworker": 1.0,
-}
+VOLUME = catalog.comm_volumes()
 #: What a family shares: every matrix value but workers and nodes.
 FAMILY = aggregate.BASELINE
 PREDICTION_COLUMNS = [

@@ -24,7 +24,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data.distributed import DistributedSampler
 
-from trainscale import data, metrics, models
+from trainscale import catalog, data, metrics, models
 from trainscale.matrix import RunSpec
 from trainscale.memory import PhasePeaks, memory_block
 from trainscale.runners.common import (
@@ -44,7 +44,7 @@ warnings.filterwarnings("ignore", message="Grad strides do not match bucket view
 
 DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 #: strategies that run one process per worker under torchrun
-DISTRIBUTED = ("torch-ddp", "torch-fsdp")
+DISTRIBUTED = catalog.names(runner="pytorch", one_process=False)
 
 
 def shard(net: torch.nn.Module, dtype: torch.dtype | None) -> torch.nn.Module:

@@ -1,0 +1,384 @@
+"""The catalog: one row of facts per strategy and per model, and the rules that follow from them.
+
+Every other module reads a strategy's or a model's facts here: the matrix (what may run), the
+launcher (how it starts), the runners (which module trains it), aggregation and prediction (its
+communication volume), the figures (its colour) and the config schema (its name). Adding a
+strategy is one `Strategy` row here plus its runner. This module imports neither torch nor
+TensorFlow, nor anything of trainscale, so the Snakefile and the scripts stay fast to load.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Cell:
+    """What a constraint looks at: one matrix combination and the settings it runs under."""
+
+    strategy: str
+    model: str
+    dataset: str
+    workers: int
+    nodes: int
+    batch_size: int
+    batch_mode: str
+    precision: str
+    accelerator: str  # "cpu" or "cuda"
+    microbatches: int = 1
+    schedule: str = "gpipe"
+    input_side: int = 0  # smallest side of the data set's images
+
+    @property
+    def world(self) -> int:
+        return self.workers * self.nodes
+
+
+#: A constraint: the reason a user reads when `cell` cannot run, or None when it can.
+Constraint = Callable[[Cell], "str | None"]
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """One distributed-training strategy: how it runs, launches, communicates and is drawn."""
+
+    name: str
+    framework: str  # torch | tensorflow | horovod | deepspeed: its conda env and its family
+    runtime: str  # the library its workers train with: torch | tensorflow
+    runner: str | None  # module of trainscale.runners whose main(spec, out) trains it
+    launcher: str  # single-process | torchrun | tfrun | horovodrun (trainscale.launch_commands)
+    one_process: bool  # one process (which may drive several devices), else one per worker
+    multi_node: bool  # may span several nodes
+    one_device: bool  # one process on one device: workers = nodes = 1
+    needs_gpus: bool  # more than one worker only on GPUs
+    precisions: tuple[str, ...]
+    comm_pattern: str  # what travels between workers in one step
+    volume_factor: float | None  # v: a step's traffic in all-reduces of the gradient
+    collectives: str | None  # the library its gradient traffic goes through
+    colour: str  # in every figure; the row order is the strategies' order in figures
+    title: str  # how reasons name it
+    elastic: bool = False  # the world may shrink and grow back (Horovod elastic)
+    why_gpus: str = ""  # why it needs GPUs for more than one worker
+    exposed_unmeasured: str | None = None  # why its runs cannot switch gradient sync off
+    constraints: tuple[Constraint, ...] = ()  # its own rules, checked before the common ones
+
+
+@dataclass(frozen=True)
+class Model:
+    """One model: its shape limits, and the published size its builders are checked against."""
+
+    name: str
+    blocks: int  # top-level blocks (models.blocks): the most pipeline stages it splits into
+    min_side: int  # smallest square input side it accepts (spatial sizes stay >= 1)
+    batchnorm: bool  # training needs at least 2 samples per worker (or micro-batch)
+    params: int  # parameters at the published input and classes
+    published_input: tuple[int, int, int]  # (channels, height, width) of `params`
+    published_classes: int
+
+
+def pipeline_batch(batch_size: int, mode: str, world: int) -> tuple[int, int]:
+    """(global, per-worker) batch of torch-pipeline: no data parallelism, so every stage sees
+    the whole global batch (`per_worker` mode: batch_size × stages, weak scaling)."""
+    gbs = batch_size * world if mode == "per_worker" else batch_size
+    return gbs, gbs
+
+
+# torch-pipeline's own constraints: one stage per worker, cut between the model's top-level
+# blocks; the global batch is split into `microbatches` equal micro-batches.
+
+
+def _pipeline_stages(c: Cell) -> str | None:
+    blocks = MODELS[c.model].blocks
+    if blocks < c.world:
+        return (
+            f"torch-pipeline: {c.model} has {blocks} blocks, too few for {c.world} pipeline "
+            "stages (one per worker)"
+        )
+    return None
+
+
+def _pipeline_microbatches(c: Cell) -> str | None:
+    gbs, _ = pipeline_batch(c.batch_size, c.batch_mode, c.world)
+    if gbs % c.microbatches:
+        return f"torch-pipeline: microbatches {c.microbatches} do not divide the batch of {gbs}"
+    if gbs // c.microbatches < 2 and MODELS[c.model].batchnorm:
+        return f"torch-pipeline: {c.model} has BatchNorm: needs micro-batches of at least 2"
+    return None
+
+
+def _pipeline_precision(c: Cell) -> str | None:
+    """fp16 would need a loss scaler whose skipped steps agree across stages; there is none."""
+    if c.precision not in STRATEGIES["torch-pipeline"].precisions:
+        return (
+            f"torch-pipeline: {c.precision} needs a loss scaler that skips steps on every stage "
+            "alike; use bf16"
+        )
+    return None
+
+
+def _pipeline_schedule(c: Cell) -> str | None:
+    if c.schedule == "1f1b" and c.microbatches < c.world:
+        return f"torch-pipeline: 1F1B needs microbatches ({c.microbatches}) ≥ stages ({c.world})"
+    return None
+
+
+ALL_PRECISIONS = ("fp32", "fp16", "bf16")
+_KERAS_FIT = "TensorFlow: Keras model.fit under a tf.distribute strategy has no switch for its "
+_KERAS_FIT += "gradient all-reduce"
+
+
+def _row(name: str, framework: str, runner: str, launcher: str, colour: str, **kw) -> Strategy:
+    """A strategy row with the defaults of a data-parallel strategy of one process per worker
+    across nodes: all precisions, a ring all-reduce of the gradient (v = 1)."""
+    facts = {
+        "runtime": "torch",
+        "one_process": False,
+        "multi_node": True,
+        "one_device": False,
+        "needs_gpus": False,
+        "precisions": ALL_PRECISIONS,
+        "comm_pattern": "all-reduce of the gradient",
+        "volume_factor": 1.0,
+        "collectives": "torch.distributed",
+        "title": name,
+    }
+    return Strategy(
+        name, framework, runner=runner, launcher=launcher, colour=colour, **(facts | kw)
+    )
+
+
+_ONE_NODE = {"one_process": True, "multi_node": False}
+_ONE_DEVICE = {
+    **_ONE_NODE,
+    "one_device": True,
+    "comm_pattern": "none",
+    "volume_factor": None,
+    "collectives": None,
+}
+_SHARDED = {"comm_pattern": "all-gather of parameters, reduce-scatter of gradients"}
+
+#: Every strategy, in the order of figures and tables.
+STRATEGIES: dict[str, Strategy] = {
+    s.name: s
+    for s in (
+        _row("torch", "torch", "pytorch", "single-process", "#0173b2", **_ONE_DEVICE),
+        _row(
+            "torch-dp",
+            "torch",
+            "pytorch",
+            "single-process",
+            "#de8f05",
+            **_ONE_NODE,
+            needs_gpus=True,
+            comm_pattern="scatter, replicate and gather inside forward",
+            volume_factor=None,
+            collectives=None,
+            title="torch-dp (nn.DataParallel)",
+            why_gpus="without them nn.DataParallel silently runs one replica in one process, "
+            "which is not parallel",
+            exposed_unmeasured="nn.DataParallel: scatter, replicate and gather run inside "
+            "forward, in one process; there is no synchronisation to switch off",
+        ),
+        _row("torch-ddp", "torch", "pytorch", "torchrun", "#029e73"),
+        _row(
+            "torch-fsdp", "torch", "pytorch", "torchrun", "#d55e00", **_SHARDED, volume_factor=1.5
+        ),
+        _row(
+            "torch-pipeline",
+            "torch",
+            "pipeline",
+            "torchrun",
+            "#cc78bc",
+            precisions=("fp32", "bf16"),
+            comm_pattern="activations and gradients between neighbouring stages",
+            volume_factor=None,
+            collectives=None,
+            exposed_unmeasured="pipeline parallelism: its communication is the activations and "
+            "gradients passed between stages, which the schedule needs; its cost is the "
+            "pipeline bubble",
+            constraints=(
+                _pipeline_stages,
+                _pipeline_microbatches,
+                _pipeline_precision,
+                _pipeline_schedule,
+            ),
+        ),
+        _row(
+            "tf",
+            "tensorflow",
+            "tf",
+            "single-process",
+            "#ca9161",
+            runtime="tensorflow",
+            **_ONE_DEVICE,
+        ),
+        # tf-mirrored with workers > 1 and no GPUs runs that many logical CPU devices in one
+        # process: kept (it exercises the strategy's code path); its metrics say device.logical
+        _row(
+            "tf-mirrored",
+            "tensorflow",
+            "tf",
+            "single-process",
+            "#fbafe4",
+            runtime="tensorflow",
+            **_ONE_NODE,
+            comm_pattern="all-reduce of the gradient between the process's devices",
+            volume_factor=1.0,
+            collectives="tf.distribute",
+            title="tf-mirrored (MirroredStrategy)",
+            exposed_unmeasured=_KERAS_FIT,
+        ),
+        _row(
+            "tf-multiworker",
+            "tensorflow",
+            "tf",
+            "tfrun",
+            "#949494",
+            runtime="tensorflow",
+            collectives="tf.distribute",
+            exposed_unmeasured=_KERAS_FIT,
+        ),
+        _row(
+            "horovod-torch",
+            "horovod",
+            "horovod_torch",
+            "horovodrun",
+            "#ece133",
+            collectives="horovod",
+        ),
+        _row(
+            "horovod-keras",
+            "horovod",
+            "horovod_keras",
+            "horovodrun",
+            "#56b4e9",
+            runtime="tensorflow",
+            collectives="horovod",
+            exposed_unmeasured="Keras model.fit with Horovod's DistributedOptimizer has no "
+            "switch for its all-reduce",
+        ),
+        _row(
+            "horovod-torch-elastic",
+            "horovod",
+            "horovod_torch",
+            "horovodrun",
+            "#592f0d",
+            collectives="horovod",
+            elastic=True,
+        ),
+        # DeepSpeed through torchrun, not the `deepspeed` launcher: that one always rendezvouses
+        # on port 29500 (runs side by side clash) and needs a hostfile for multi-node; torchrun
+        # gives free ports locally and the same srun form as torch-ddp across SLURM nodes.
+        _row("deepspeed-zero0", "deepspeed", "deepspeed_zero", "torchrun", "#a23582"),
+        _row("deepspeed-zero1", "deepspeed", "deepspeed_zero", "torchrun", "#3c3c3c"),
+        _row("deepspeed-zero2", "deepspeed", "deepspeed_zero", "torchrun", "#b8850a"),
+        _row(
+            "deepspeed-zero3",
+            "deepspeed",
+            "deepspeed_zero",
+            "torchrun",
+            "#006374",
+            **_SHARDED,
+            volume_factor=1.5,
+        ),
+    )
+}
+
+_MNIST, _IMAGENET = (1, 28, 28), (3, 224, 224)
+
+#: Every model. Blocks are checked against the built models (tests/test_fsdp_pipeline.py), the
+#: minimum side against real meta-device forwards and the parameter counts against the builders
+#: (tests/test_models.py): published figures (torchvision for the ImageNet models, the seed
+#: scripts and the PyTorch example for the small ones; seed-large's follows from its spec).
+MODELS: dict[str, Model] = {
+    m.name: m
+    for m in (
+        Model("seed-small", 3, 2, False, 402_442, _MNIST, 10),
+        Model("seed-large", 6, 8, False, 4_104_202, _MNIST, 10),
+        Model("mnist-convnet", 4, 16, False, 21_840, _MNIST, 10),
+        Model("vgg19", 8, 32, False, 143_667_240, _IMAGENET, 1000),
+        Model("resnet50", 18, 1, True, 25_557_032, _IMAGENET, 1000),
+        Model("alexnet", 8, 63, False, 61_100_840, _IMAGENET, 1000),
+        Model("googlenet", 11, 15, True, 6_624_904, _IMAGENET, 1000),
+    )
+}
+
+
+def strategy(name: str) -> Strategy:
+    """The row of strategy `name`; a KeyError names the known ones."""
+    try:
+        return STRATEGIES[name]
+    except KeyError:
+        raise KeyError(f"unknown strategy {name!r}; known: {', '.join(STRATEGIES)}") from None
+
+
+def model(name: str) -> Model:
+    """The row of model `name`; a KeyError names the known ones."""
+    try:
+        return MODELS[name]
+    except KeyError:
+        raise KeyError(f"unknown model {name!r}; known: {', '.join(MODELS)}") from None
+
+
+def names(**facts) -> tuple[str, ...]:
+    """The strategies whose rows have all of `facts` (e.g. runner="pytorch", one_process=False),
+    in catalog order."""
+    return tuple(
+        s.name for s in STRATEGIES.values() if all(getattr(s, k) == v for k, v in facts.items())
+    )
+
+
+def comm_volumes(collectives: str | None = None) -> dict[str, float]:
+    """strategy -> v for every strategy with a gradient traffic model; with `collectives`, only
+    those whose traffic goes through that library (the all-reduce benchmark measures
+    "torch.distributed")."""
+    return {
+        s.name: s.volume_factor
+        for s in STRATEGIES.values()
+        if s.volume_factor is not None and collectives in (None, s.collectives)
+    }
+
+
+def strategy_colours() -> dict[str, tuple[float, float, float]]:
+    """strategy -> RGB colour (0..1, as matplotlib takes it), in figure order."""
+    return {
+        s.name: tuple(int(s.colour[i : i + 2], 16) / 255 for i in (1, 3, 5))
+        for s in STRATEGIES.values()
+    }
+
+
+def exposed_unmeasured() -> dict[str, str]:
+    """strategy -> why its runs cannot measure exposed communication (they cannot switch their
+    gradient synchronisation off)."""
+    return {s.name: s.exposed_unmeasured for s in STRATEGIES.values() if s.exposed_unmeasured}
+
+
+def _placement(c: Cell) -> str | None:
+    """The rules of one-process strategies and of strategies that need GPUs."""
+    s = STRATEGIES[c.strategy]
+    if s.one_device and c.world > 1:
+        return f"{s.title} is one process on one device: needs workers=1, nodes=1"
+    if not s.multi_node and c.nodes > 1:
+        return f"{s.title} is one process on one node: needs nodes=1"
+    if s.needs_gpus and c.workers > 1 and c.accelerator != "cuda":
+        return f"{s.name} with workers>1 needs GPUs: {s.why_gpus}"
+    return None
+
+
+def _input_side(c: Cell) -> str | None:
+    need = MODELS[c.model].min_side
+    if c.input_side < need:
+        side = c.input_side
+        return f"{c.model} needs inputs of at least {need}×{need}; {c.dataset} is {side}×{side}"
+    return None
+
+
+def why_not(c: Cell) -> str | None:
+    """The reason the strategy or the model cannot run `c`, or None if they can: the strategy's
+    own constraints first, then where it may run, then the model's input size."""
+    for rule in (*STRATEGIES[c.strategy].constraints, _placement, _input_side):
+        reason = rule(c)
+        if reason:
+            return reason
+    return None

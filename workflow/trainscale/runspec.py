@@ -1,0 +1,129 @@
+"""A run specification: everything one training run needs, fixed before it starts.
+
+`RunSpec` is the single source of a run's output path (`RunSpec.path`), of the launcher's
+argument (`RunSpec.to_json`) and of the metrics' `spec` (`RunSpec.to_dict`): nothing downstream
+derives these again. `trainscale.matrix` builds them from the config; the launcher, the runners
+and the aggregation read them. Imports neither torch nor TensorFlow.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import MISSING, asdict, dataclass, fields
+
+from trainscale import catalog
+
+#: Matrix keys in path order. `repeat` follows them in the path.
+MATRIX_KEYS: tuple[str, ...] = (
+    "strategy",
+    "model",
+    "dataset",
+    "scale",
+    "batch_size",
+    "batch_mode",
+    "workers",
+    "nodes",
+    "precision",
+)
+
+
+class ConfigError(ValueError):
+    """A config that cannot become a run set; the message names the key and the fix."""
+
+
+@dataclass(frozen=True)
+class Fault:
+    """A fault injected on purpose (config `faults`): `kind` on rank `rank` in epoch `epoch`."""
+
+    kind: str
+    rank: int = 0
+    epoch: int = 1
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Everything one training run needs, fixed before it starts."""
+
+    study: str
+    strategy: str
+    model: str
+    dataset: str
+    scale: int
+    batch_size: int
+    batch_mode: str
+    workers: int
+    nodes: int
+    precision: str
+    repeat: int
+    seed: int
+    epochs: int
+    optimizer: str
+    lr: float
+    base_lr: float
+    lr_scaling: str
+    betas: tuple[float, float]
+    eps: float
+    weight_decay: float
+    momentum: float
+    global_batch_size: int
+    per_worker_batch_size: int
+    world_size: int
+    threads_per_worker: int
+    timeout_minutes: float
+    target_accuracy: float | None
+    data_dir: str
+    grad_accum: int = 1
+    deepspeed_config: str | None = None
+    fault: Fault | None = None
+    horovod_timeline: bool = False
+    pipeline_schedule: str | None = None
+    microbatches: int = 1
+    steps_per_epoch: int | None = None
+    samples: int | None = None
+
+    @property
+    def framework(self) -> str:
+        return catalog.STRATEGIES[self.strategy].framework
+
+    @property
+    def path(self) -> str:
+        """Run id and output sub-path: `key~value` segments, as Snakemake's Paramspace writes."""
+        parts = [f"{k}~{getattr(self, k)}" for k in MATRIX_KEYS]
+        return "/".join([*parts, f"repeat~{self.repeat}"])
+
+    @property
+    def cell(self) -> tuple:
+        """Every matrix value but the repeat: the unit that scaling tables group by."""
+        return tuple(getattr(self, k) for k in MATRIX_KEYS)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["betas"] = list(self.betas)
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_dict(cls, d: dict) -> RunSpec:
+        names = {f.name for f in fields(cls)}
+        missing = {f.name for f in fields(cls) if f.default is MISSING} - set(d)
+        if missing:
+            raise ValueError(f"run spec lacks {sorted(missing)}")
+        kw = {k: d[k] for k in names if k in d}
+        kw["betas"] = tuple(kw["betas"])
+        if kw.get("fault"):
+            kw["fault"] = Fault(**kw["fault"])
+        return cls(**kw)
+
+    @classmethod
+    def from_json(cls, s: str) -> RunSpec:
+        return cls.from_dict(json.loads(s))
+
+
+@dataclass(frozen=True)
+class Dropped:
+    """A matrix combination that will not run, and why."""
+
+    values: dict
+    reason: str

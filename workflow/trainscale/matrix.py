@@ -15,7 +15,7 @@ from collections import Counter
 from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 
-from trainscale import data
+from trainscale import data, imagecheck, imagesets
 from trainscale.runners import RUNNER_MODULES
 
 #: Matrix keys in path order. `repeat` follows them in the path.
@@ -135,6 +135,9 @@ class RunSpec:
     microbatches: int = 1
     steps_per_epoch: int | None = None
     samples: int | None = None
+    image_size: tuple[int, int] | None = None
+    image_source: imagesets.ImageSource | None = None
+    loader_workers: int = 0
 
     @property
     def framework(self) -> str:
@@ -169,6 +172,10 @@ class RunSpec:
         kw["betas"] = tuple(kw["betas"])
         if kw.get("fault"):
             kw["fault"] = Fault(**kw["fault"])
+        if kw.get("image_size"):
+            kw["image_size"] = tuple(kw["image_size"])
+        if kw.get("image_source"):
+            kw["image_source"] = imagesets.ImageSource.from_dict(kw["image_source"])
         return cls(**kw)
 
     @classmethod
@@ -222,7 +229,7 @@ def config_problems(config: dict, schema: dict) -> list[str]:
             )
         else:
             lines.append(f"{key}: {e.message}")
-    return lines
+    return lines + imagecheck.problems(config)
 
 
 def effective_lr(lr: float, scaling: str, global_batch: int, base_batch: int) -> float:
@@ -235,7 +242,11 @@ def effective_lr(lr: float, scaling: str, global_batch: int, base_batch: int) ->
 
 
 def why_not(
-    values: dict, accelerator: str, microbatches: int = 1, schedule: str = "gpipe"
+    values: dict,
+    accelerator: str,
+    microbatches: int = 1,
+    schedule: str = "gpipe",
+    info: data.DatasetInfo | None = None,
 ) -> str | None:
     """The reason a strategy or model cannot do this combination, or None if it can."""
     s, world = values["strategy"], values["workers"] * values["nodes"]
@@ -258,7 +269,7 @@ def why_not(
         return "tf-mirrored (MirroredStrategy) is one process on one node: needs nodes=1"
     # tf-mirrored with workers>1 and no GPUs runs that many logical CPU devices in one process:
     # kept (it exercises the strategy's code path), and its metrics say device.logical = true
-    shape = data.info(values["dataset"]).shape
+    shape = (info or data.info(values["dataset"])).shape
     side = min(shape[1], shape[2])
     need = MODEL_MIN_SIDE[values["model"]]
     if side < need:
@@ -376,7 +387,8 @@ def build_runs(config: dict, accelerator: str = "cpu") -> tuple[list[RunSpec], l
             continue
         pipe = values["strategy"] == "torch-pipeline"
         mb, schedule = config.get("microbatches", 4), config.get("pipeline_schedule", "gpipe")
-        reason = why_not(values, accelerator, mb, schedule)
+        info = imagesets.info(values["dataset"], config)
+        reason = why_not(values, accelerator, mb, schedule, info)
         if reason:
             dropped.append(Dropped(values, reason))
             continue
@@ -387,10 +399,9 @@ def build_runs(config: dict, accelerator: str = "cpu") -> tuple[list[RunSpec], l
             reason = f"{values['model']} has BatchNorm: needs at least 2 samples per worker"
             dropped.append(Dropped(values, reason))
             continue
-        synthetic = data.info(values["dataset"]).synthetic
-        samples = config.get("samples") if synthetic else None
+        samples = config.get("samples") if info.synthetic else None
         limit = config.get("steps_per_epoch")
-        reason = _too_few_steps(values, samples, world, pwbs, limit)
+        reason = _too_few_steps(values, samples or info.train_samples, world, pwbs, limit)
         if reason:
             dropped.append(Dropped(values, reason))
             continue
@@ -435,6 +446,7 @@ def build_runs(config: dict, accelerator: str = "cpu") -> tuple[list[RunSpec], l
                     microbatches=mb if pipe else 1,
                     steps_per_epoch=limit,
                     samples=samples,
+                    **imagesets.run_fields(values["dataset"], config),
                 )
             )
     if not runs:
@@ -448,13 +460,13 @@ def build_runs(config: dict, accelerator: str = "cpu") -> tuple[list[RunSpec], l
 
 
 def _too_few_steps(
-    values: dict, samples: int | None, world: int, per_worker_batch: int, limit: int | None
+    values: dict, samples: int, world: int, per_worker_batch: int, limit: int | None
 ) -> str | None:
     """Why a cell cannot run `steps_per_epoch` steps per epoch (its data set, scaled, has fewer
     batches), or None. A cell that ran fewer steps than the others would time something else."""
     if limit is None:
         return None
-    n = (samples or data.info(values["dataset"]).train_samples) * values["scale"]
+    n = samples * values["scale"]
     ranks = 1 if values["strategy"] == "torch-pipeline" else world
     full = n // ranks // per_worker_batch
     if full >= limit:

@@ -382,3 +382,33 @@ def test_export_writes_a_built_in_data_set_in_both_layouts(tmp_path):
     assert (
         imagesets.count(imagesets.source_of("digits-shards", {"datasets": entries}), "train") == 100
     )
+
+
+# --- tf.data -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", ["imagefolder", "webdataset"])
+def test_tf_data_splits_over_ranks_once_and_decodes_as_pillow_does(tmp_path, fmt):
+    pytest.importorskip("tensorflow")
+    import torch
+
+    from trainscale import imagedata_tf
+
+    source = write_both(tmp_path, *indexed_images())[fmt]
+    seen, steps = [], set()
+    for rank in (0, 1):
+        train, n = imagedata_tf.train_dataset(source, (SIDE, SIDE), 4, rank, 2, 2, seed=1)
+        steps.add(n)
+        for x, _ in train.take(n):
+            seen += indices(torch.from_numpy(x.numpy().transpose(0, 3, 1, 2)), source)
+    assert steps == {N // 2 // 4} and sorted(seen) == list(range(N))
+    images, labels = patterned_images()
+    source = write_both(tmp_path / "p", images, labels)[fmt]
+    (x, y), *_ = list(imagedata_tf.eval_dataset(source, (16, 12), 100).as_numpy_iterator())
+    from trainscale.imagedata import eval_loader
+
+    (tx, ty), *_ = list(eval_loader(source, (16, 12), 100).epoch(1))
+    assert x.shape == (12, 16, 12, 3) and list(y) == list(ty.numpy())
+    std = np.asarray(source.std)  # both normalised alike; resamplers differ by a few levels
+    diff = np.abs(x - tx.numpy().transpose(0, 2, 3, 1)) * std * 255
+    assert diff.mean() < 3.0, diff.mean()

@@ -71,18 +71,40 @@ class DecodeSample:
         self.size, self.classes = tuple(size), classes
 
     def __call__(self, sample: dict) -> tuple[np.ndarray, int]:
-        where = f"{sample.get('__url__')}: sample {sample.get('__key__')}"
-        raw = next((sample[k] for k in ("jpg", "jpeg", "png") if k in sample), None)
-        if raw is None or "cls" not in sample:
-            missing = "image (.jpg/.png)" if raw is None else "label (.cls)"
-            raise ImageDataError(f"{where}: has no {missing}; rewrite the shard")
-        label = int(sample["cls"].decode().strip())
-        if not 0 <= label < self.classes:
-            raise ImageDataError(
-                f"{where}: label {label} is outside 0..{self.classes - 1}; fix the shard or "
-                "the data set's classes"
-            )
+        raw, label, where = raw_sample(sample, self.classes)
         return decode_image(raw, self.size, where), label
+
+
+class RawSample:
+    """WebDataset sample -> (encoded image bytes, label), for a framework that decodes itself
+    (tf.data's parallel decode_image)."""
+
+    def __init__(self, classes: int) -> None:
+        self.classes = classes
+
+    def __call__(self, sample: dict) -> tuple[bytes, int]:
+        raw, label, _ = raw_sample(sample, self.classes)
+        return raw, label
+
+
+def raw_sample(sample: dict, classes: int) -> tuple[bytes, int, str]:
+    """(image bytes, label, where) of a WebDataset sample; ImageDataError naming the shard and
+    key when it lacks either or its label is out of range."""
+    where = f"{sample.get('__url__')}: sample {sample.get('__key__')}"
+    raw = next((sample[k] for k in ("jpg", "jpeg", "png") if k in sample), None)
+    if raw is None or "cls" not in sample:
+        missing = "image (.jpg/.png)" if raw is None else "label (.cls)"
+        raise ImageDataError(f"{where}: has no {missing}; rewrite the shard")
+    try:
+        label = int(sample["cls"].decode().strip())
+    except ValueError:
+        label = -1
+    if not 0 <= label < classes:
+        raise ImageDataError(
+            f"{where}: label {sample['cls'][:20]!r} is not a class index in 0..{classes - 1}; "
+            "fix the shard or the data set's classes"
+        )
+    return raw, label, where
 
 
 class RankShards:
@@ -180,12 +202,14 @@ def shard_samples(
     batch_size: int | None = None,
     collate=None,
     partial: bool = True,
+    decode: bool = True,
 ):
     """A webdataset.DataPipeline over `shards` for one rank: shards split over ranks
     (RankShards) and over loader processes (webdataset.split_by_worker), so no sample is read
     twice in an epoch; shard order and samples shuffled when `seed` is given; decoded to
-    (uint8 HWC, label); batched by `collate` when `batch_size` is given. An iterable: PyTorch's
-    DataLoader takes it as a Dataset, tf.data through from_generator."""
+    (uint8 HWC, label) (or left encoded, `decode=False`); batched by `collate` when
+    `batch_size` is given. An iterable: PyTorch's DataLoader takes it as a Dataset, tf.data
+    through from_generator."""
     import webdataset as wds
 
     stages: list = [wds.SimpleShardList(shards), RankShards(rank, world_size), wds.split_by_worker]
@@ -194,7 +218,7 @@ def shard_samples(
     stages.append(wds.tarfile_to_samples(handler=wds.reraise_exception))
     if seed is not None:
         stages.append(ShuffledSamples(seed))
-    stages.append(wds.map(DecodeSample(size, classes)))
+    stages.append(wds.map(DecodeSample(size, classes) if decode else RawSample(classes)))
     if batch_size is not None:
         stages.append(wds.batched(batch_size, collation_fn=collate, partial=partial))
     return wds.DataPipeline(*stages)

@@ -82,7 +82,7 @@ def export(
     name: str,
     data_dir: str | Path,
     out: str | Path,
-    shard_size: int = 500,
+    shard_size: int = 200,
     limit: int | None = None,
 ) -> dict:
     """Write built-in data set `name` (its first `limit` train and test images, or all) under
@@ -93,7 +93,7 @@ def export(
     out = Path(out)
     classes = arrays.info.num_classes
     size = list(arrays.info.shape[1:])
-    entry = {"image_size": size, "classes": classes}
+    entry = {"image_size": list(size), "classes": classes}
     places = {}
     for split, x, y in (
         ("train", arrays.train_x, arrays.train_y),
@@ -107,7 +107,7 @@ def export(
             "format": "imagefolder",
             "train": str(places["train"][0]),
             "test": str(places["test"][0]),
-            "image_size": size,
+            "image_size": list(size),
         },
         f"{name}-shards": {
             "format": "webdataset",
@@ -128,7 +128,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("name", choices=EXPORTABLE)
     p.add_argument("data_dir", help="where the built-in data set's files are (config data_dir)")
     p.add_argument("out", type=Path)
-    p.add_argument("--shard-size", type=int, default=500, help="samples per tar shard")
+    p.add_argument("--shard-size", type=int, default=200, help="samples per tar shard")
     p.add_argument("--limit", type=int, default=None, help="export only the first N per split")
     a = p.parse_args(argv)
     entries = export(a.name, a.data_dir, a.out, a.shard_size, a.limit)

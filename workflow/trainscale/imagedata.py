@@ -43,12 +43,14 @@ class Normalise:
 
     def __init__(self, mean: tuple[float, ...], std: tuple[float, ...]) -> None:
         self.mean = torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1) * 255.0
-        self.std = torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1) * 255.0
+        self.inverse_std = 1.0 / (torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1) * 255.0)
 
     def __call__(self, samples: list[tuple[np.ndarray, int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        images = torch.from_numpy(np.stack([s[0] for s in samples])).permute(0, 3, 1, 2)
+        pixels = torch.from_numpy(np.stack([s[0] for s in samples])).permute(0, 3, 1, 2)
+        images = torch.empty(pixels.shape, dtype=torch.float32)
+        images.copy_(pixels)  # uint8 NHWC -> float32 NCHW in one pass, then in place:
         labels = torch.tensor([s[1] for s in samples], dtype=torch.int64)
-        return (images.float() - self.mean) / self.std, labels
+        return images.sub_(self.mean).mul_(self.inverse_std), labels
 
 
 class FolderImages(Dataset):

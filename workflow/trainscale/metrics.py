@@ -374,6 +374,7 @@ class Recorder:
         rec["setup_seconds"] = self.setup_seconds
         rec["wall_seconds"] = time.perf_counter() - self.t0
         rec.update(parts)
+        rec["data"] = {**imagesets.data_block(self.spec), **rec["data"]}  # format, input_shape
         if self.spec.get("world_size", 1) > 1:
             rec["communication"] = self.communication or not_measured_communication(
                 self.spec["strategy"]

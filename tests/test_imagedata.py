@@ -412,3 +412,30 @@ def test_tf_data_splits_over_ranks_once_and_decodes_as_pillow_does(tmp_path, fmt
     std = np.asarray(source.std)  # both normalised alike; resamplers differ by a few levels
     diff = np.abs(x - tx.numpy().transpose(0, 2, 3, 1)) * std * 255
     assert diff.mean() < 3.0, diff.mean()
+
+
+def test_loader_processes_hide_the_decode_behind_the_step(tmp_path):
+    """What the data-wait metric is for: on decode-heavy images, the steady epoch's wait with
+    2 loader processes is well below the wait with none (decode in the step loop)."""
+    import time
+
+    from PIL import Image
+
+    from trainscale.imagedata import train_loader
+
+    rng = np.random.default_rng(0)
+    for i in range(48):
+        folder = tmp_path / "train" / str(i % 2)
+        folder.mkdir(parents=True, exist_ok=True)
+        pixels = rng.integers(0, 256, (480, 640, 3), dtype=np.uint8)  # noise: slow to decode
+        Image.fromarray(pixels).save(folder / f"{i}.jpg", quality=95)
+    source = imagesets.ImageSource("imagefolder", str(tmp_path / "train"), "", 2)
+    waits = {}
+    for workers in (0, 2):
+        loader = train_loader(source, (64, 64), 8, loader_workers=workers)
+        for epoch in (1, 2):
+            batches = datawait.DataWait(loader.epoch(epoch))
+            for _ in batches:
+                time.sleep(0.15)  # the training step
+        waits[workers] = batches.seconds  # the steady (second) epoch
+    assert waits[2] < 0.6 * waits[0], waits

@@ -16,7 +16,7 @@ import yaml
 
 from trainscale import datawait, export_data, imagecheck, imagesets, matrix, metrics
 
-from conftest import run_env, snakemake, validated
+from conftest import ROOT, run_env, snakemake, validated
 
 N, SHARD, CLASSES, SIDE = 48, 6, 3, 24
 #: Solid images whose grey level encodes their index (STEP apart: far beyond JPEG's error).
@@ -439,3 +439,10 @@ def test_loader_processes_hide_the_decode_behind_the_step(tmp_path):
                 time.sleep(0.15)  # the training step
         waits[workers] = batches.seconds  # the steady (second) epoch
     assert waits[2] < 0.6 * waits[0], waits
+
+
+def test_export_data_is_a_snakemake_target(tmp_path):
+    (tmp_path / "config.yaml").write_text((ROOT / "config.yaml").read_text())
+    p = snakemake(tmp_path, "-n", "export_data", "--config", "export_data={dataset: cifar10}")
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "results/export/cifar10" in p.stdout + p.stderr

@@ -17,7 +17,8 @@ A loop uses it as (round two wires this into runners/torch_loop.py):
     for epoch in range(1, spec.epochs + 1):
         batches = datawait.DataWait(train.epoch(epoch))
         for x, y in batches: ...
-        record(..., **datawait.epoch_fields(batches.seconds, gathered_waits))
+        waits = imagedata.rank_waits(batches.seconds)  # a collective: every rank calls it
+        recorder.epoch(...).update(datawait.epoch_fields(batches.seconds, waits))
 """
 
 from __future__ import annotations
@@ -174,6 +175,18 @@ def loaders(spec, rank: int, world_size: int, cuda: bool) -> tuple[ImageLoader, 
     train = train_loader(source, size, batch, rank, world_size, workers, spec.seed, cuda)
     test = eval_loader(source, size, batch, rank, world_size, workers, cuda)
     return train, test
+
+
+def rank_waits(seconds: float) -> list[float]:
+    """Every rank's data wait of this epoch, in rank order (torch.distributed all_gather: every
+    rank must call it), for datawait.epoch_fields; [seconds] when not distributed."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return [seconds]
+    out: list = [None] * dist.get_world_size()
+    dist.all_gather_object(out, float(seconds))
+    return out
 
 
 def resize_batch(x: torch.Tensor, size: tuple[int, int] | None) -> torch.Tensor:

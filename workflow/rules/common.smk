@@ -21,6 +21,7 @@ from snakemake.utils import validate
 
 from trainscale import data as ts_data
 from trainscale import endnote as ts_endnote
+from trainscale import imagesets as ts_imagesets
 from trainscale import matrix as ts_matrix
 from trainscale import overlay as ts_overlay
 
@@ -110,9 +111,9 @@ def run_spec_json(wildcards):
 
 
 def run_threads(wildcards):
-    """Cores one run occupies on its node: workers × threads_per_worker."""
+    """Cores one run occupies on its node: workers × (threads_per_worker + loader_workers)."""
     spec = run_of(wildcards)
-    return spec.workers * spec.threads_per_worker
+    return spec.workers * (spec.threads_per_worker + spec.loader_workers)
 
 
 def job_resources(request):
@@ -168,7 +169,10 @@ def run_inputs(wildcards):
     """Files a run needs: its real dataset's files (fetched by the `download_*` rules), and for
     DeepSpeed the once-built ops and the user's ds_config fragment."""
     spec = run_of(wildcards)
-    files = [str(Path(spec.data_dir) / f) for f in ts_data.info(spec.dataset).files]
+    files = [
+        str(Path(spec.data_dir) / f)
+        for f in ts_imagesets.spec_info(spec.to_dict()).files
+    ]
     if spec.framework == "deepspeed":
         files.append(DEEPSPEED_OPS)
         if spec.deepspeed_config:
@@ -192,6 +196,10 @@ def data_dir_of(path):
     )
 
 
+#: The built-in data set `snakemake export_data` writes in both user layouts (docs/data.md).
+EXPORT_DATASET = config["export_data"]["dataset"]
+
+
 #: The all-reduce benchmark's backend: what torch-ddp uses on the study's accelerator.
 COLLECTIVES_BACKEND = "nccl" if ACCELERATOR == "cuda" else "gloo"
 
@@ -203,7 +211,13 @@ def collective_shapes():
     if not config["collectives"]["enabled"]:
         return [], []
     shapes = sorted({(r.workers, r.nodes) for r in RUNS if r.world_size > 1})
-    pairs = sorted({f"{r.model}:{r.dataset}" for r in RUNS if r.world_size > 1})
+    pairs = sorted(
+        {
+            f"{r.model}:{ts_imagesets.shape_name(r.to_dict())}"
+            for r in RUNS
+            if r.world_size > 1
+        }
+    )
     return shapes, pairs
 
 

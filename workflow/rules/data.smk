@@ -30,3 +30,22 @@ rule download:
     input:
         rules.download_mnist.output,
         rules.download_cifar10.output,
+
+
+rule export_data:
+    input:
+        [f"{config['data_dir']}/{f}" for f in ts_data.info(EXPORT_DATASET).files],
+    output:
+        directory(f"results/export/{EXPORT_DATASET}"),
+    log:
+        f"logs/export/{EXPORT_DATASET}.log",
+    localrule: True
+    conda:
+        "../../envs/torch.yaml"
+    params:
+        dataset=EXPORT_DATASET,
+        data_dir=config["data_dir"],
+        shard_size=config["export_data"]["shard_size"],
+    shell:
+        "python -m trainscale.export_data {params.dataset} {params.data_dir:q} {output:q}"
+        " --shard-size {params.shard_size} > {log:q} 2>&1"

@@ -84,16 +84,16 @@ def summarise(size: int, seconds: list[float], n: int) -> dict:
 
 
 def gradient_bytes(pairs: list[str]) -> int:
-    """The largest gradient (parameters × 4 bytes) of `model:dataset` pairs, built on the meta
-    device (no memory, no time)."""
+    """The largest gradient (parameters × 4 bytes) of `model:dataset` pairs (dataset: a name,
+    or imagesets.shape_name's C×H×W×classes), built on the meta device (no memory, no time)."""
     import torch
 
-    from trainscale import data, models
+    from trainscale import imagesets, models
 
     largest = 0
     for pair in pairs:
         model, _, dataset = pair.partition(":")
-        info = data.info(dataset)
+        info = imagesets.info_of(dataset)  # a data set's name, or C×H×W×classes
         with torch.device("meta"):
             net = models.build(model, info.shape, info.num_classes)
         largest = max(largest, models.param_count(net) * DTYPE_BYTES)

@@ -15,7 +15,7 @@ import math
 from collections import Counter
 from pathlib import Path
 
-from trainscale import catalog, data
+from trainscale import catalog, data, imagecheck, imagesets
 from trainscale.runspec import MATRIX_KEYS, ConfigError, Dropped, Fault, RunSpec
 
 #: Strategies this version can run: those with a runner.
@@ -32,10 +32,14 @@ def effective_lr(lr: float, scaling: str, global_batch: int, base_batch: int) ->
 
 
 def why_not(
-    values: dict, accelerator: str, microbatches: int = 1, schedule: str = "gpipe"
+    values: dict,
+    accelerator: str,
+    microbatches: int = 1,
+    schedule: str = "gpipe",
+    info: data.DatasetInfo | None = None,
 ) -> str | None:
     """The reason a strategy or model cannot do this combination, or None if it can."""
-    shape = data.info(values["dataset"]).shape
+    shape = (info or data.info(values["dataset"])).shape
     cell = catalog.Cell(
         **{k: values[k] for k in ("strategy", "model", "dataset", "workers", "nodes")},
         **{k: values[k] for k in ("batch_size", "batch_mode", "precision")},
@@ -128,7 +132,8 @@ def build_runs(config: dict, accelerator: str = "cpu") -> tuple[list[RunSpec], l
             continue
         pipe = values["strategy"] == "torch-pipeline"
         mb, schedule = config.get("microbatches", 4), config.get("pipeline_schedule", "gpipe")
-        reason = why_not(values, accelerator, mb, schedule)
+        info = imagesets.info(values["dataset"], config)
+        reason = why_not(values, accelerator, mb, schedule, info)
         if reason:
             dropped.append(Dropped(values, reason))
             continue
@@ -139,10 +144,9 @@ def build_runs(config: dict, accelerator: str = "cpu") -> tuple[list[RunSpec], l
             reason = f"{values['model']} has BatchNorm: needs at least 2 samples per worker"
             dropped.append(Dropped(values, reason))
             continue
-        synthetic = data.info(values["dataset"]).synthetic
-        samples = config.get("samples") if synthetic else None
+        samples = config.get("samples") if info.synthetic else None
         limit = config.get("steps_per_epoch")
-        reason = _too_few_steps(values, samples, world, pwbs, limit)
+        reason = _too_few_steps(values, samples or info.train_samples, world, pwbs, limit)
         if reason:
             dropped.append(Dropped(values, reason))
             continue
@@ -188,6 +192,7 @@ def build_runs(config: dict, accelerator: str = "cpu") -> tuple[list[RunSpec], l
                     microbatches=mb if pipe else 1,
                     steps_per_epoch=limit,
                     samples=samples,
+                    **imagesets.run_fields(values["dataset"], config),
                 )
             )
     if not runs:
@@ -201,13 +206,13 @@ def build_runs(config: dict, accelerator: str = "cpu") -> tuple[list[RunSpec], l
 
 
 def _too_few_steps(
-    values: dict, samples: int | None, world: int, per_worker_batch: int, limit: int | None
+    values: dict, samples: int, world: int, per_worker_batch: int, limit: int | None
 ) -> str | None:
     """Why a cell cannot run `steps_per_epoch` steps per epoch (its data set, scaled, has fewer
     batches), or None. A cell that ran fewer steps than the others would time something else."""
     if limit is None:
         return None
-    n = (samples or data.info(values["dataset"]).train_samples) * values["scale"]
+    n = samples * values["scale"]
     ranks = 1 if values["strategy"] == "torch-pipeline" else world
     full = n // ranks // per_worker_batch
     if full >= limit:
@@ -266,7 +271,7 @@ def config_problems(config: dict, schema: dict) -> list[str]:
             )
         else:
             lines.append(f"{key}: {e.message}")
-    return lines
+    return lines + imagecheck.problems(config)
 
 
 def gpu_count() -> int:

@@ -43,7 +43,7 @@ from typing import Any
 import yaml
 
 import trainscale
-from trainscale import catalog, data, nvml_devices
+from trainscale import catalog, datawait, imagesets, nvml_devices
 
 SCHEMA_ID = "trainscale.metrics/1"
 SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schemas" / "metrics.schema.yaml"
@@ -163,9 +163,12 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def oversubscribed(workers_per_node: int, threads_per_worker: int, cores: int) -> bool:
-    """True when a node's workers ask for more threads than it has cores."""
-    return workers_per_node * threads_per_worker > cores
+def oversubscribed(
+    workers_per_node: int, threads_per_worker: int, cores: int, loader_workers: int = 0
+) -> bool:
+    """True when a node's workers, with their data-loader processes, ask for more threads
+    than it has cores."""
+    return workers_per_node * (threads_per_worker + loader_workers) > cores
 
 
 def environment(start_utc: str, frameworks: dict[str, str], hostnames: list[str]) -> dict:
@@ -360,11 +363,12 @@ class Recorder:
         rec["setup_seconds"] = self.setup_seconds
         rec["wall_seconds"] = time.perf_counter() - self.t0
         rec.update(parts)
+        rec["data"] = {**imagesets.data_block(self.spec), **rec["data"]}  # format, input_shape
         if self.spec.get("world_size", 1) > 1:
             rec["communication"] = self.communication or not_measured_communication(
                 self.spec["strategy"]
             )
-        if data.info(self.spec["dataset"]).synthetic:  # random labels: accuracy means nothing
+        if imagesets.spec_info(self.spec).synthetic:  # random labels: accuracy means nothing
             rec["test"] = {"accuracy": None, "loss": None}
             for e in rec["epochs"]:
                 e["test_accuracy"] = e["test_loss"] = None
@@ -396,7 +400,7 @@ def derived(epochs: list[dict], world_size: int, target_accuracy: float | None) 
 def ok_record(spec: dict, epochs: list[dict], target_accuracy: float | None) -> dict:
     base = empty_record(spec, "ok", None)
     base["epochs"] = epochs
-    base.update(derived(epochs, spec["world_size"], target_accuracy))
+    base.update(derived(epochs, spec["world_size"], target_accuracy), **datawait.derived(epochs))
     return base
 
 
@@ -446,5 +450,8 @@ def failure_record(
     rec["wall_seconds"] = wall_seconds
     rec["launch"] = launch
     workers_node = spec["workers"]
-    rec["oversubscribed"] = oversubscribed(workers_node, spec["threads_per_worker"], cpu_count())
+    loaders = spec.get("loader_workers", 0)
+    rec["oversubscribed"] = oversubscribed(
+        workers_node, spec["threads_per_worker"], cpu_count(), loaders
+    )
     return rec

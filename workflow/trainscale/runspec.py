@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import MISSING, asdict, dataclass, fields
 
-from trainscale import catalog
+from trainscale import catalog, imagesets
 
 #: Matrix keys in path order. `repeat` follows them in the path.
 MATRIX_KEYS: tuple[str, ...] = (
@@ -80,6 +80,9 @@ class RunSpec:
     microbatches: int = 1
     steps_per_epoch: int | None = None
     samples: int | None = None
+    image_size: tuple[int, int] | None = None
+    image_source: imagesets.ImageSource | None = None
+    loader_workers: int = 0
 
     @property
     def framework(self) -> str:
@@ -114,6 +117,10 @@ class RunSpec:
         kw["betas"] = tuple(kw["betas"])
         if kw.get("fault"):
             kw["fault"] = Fault(**kw["fault"])
+        if kw.get("image_size"):
+            kw["image_size"] = tuple(kw["image_size"])
+        if kw.get("image_source"):
+            kw["image_source"] = imagesets.ImageSource.from_dict(kw["image_source"])
         return cls(**kw)
 
     @classmethod

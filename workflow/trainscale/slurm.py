@@ -174,7 +174,7 @@ def slurm_resources(spec: RunSpec, accelerator: str) -> dict[str, int | str]:
     return slurm_request(
         spec.workers,
         spec.nodes,
-        spec.threads_per_worker,
+        spec.threads_per_worker + spec.loader_workers,
         accelerator,
         spec.timeout_minutes,
         tasks_per_node(spec),

@@ -95,10 +95,10 @@ def scaling_frame(runs: pd.DataFrame) -> pd.DataFrame:
         target_accuracy=("target_accuracy", "first"),
         runs=("status", "size"),
         ok=("is_ok", "sum"),
-        statuses=("status", _status_counts),
         oversubscribed=("oversubscribed", "any"),
         logical=("logical", "any"),
     )
+    out["statuses"] = _status_counts(d)
     out["failed"] = out["runs"] - out["ok"]
     for name in METRICS:
         n = g[name].count()
@@ -112,9 +112,11 @@ def scaling_frame(runs: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def _status_counts(s: pd.Series) -> str:
-    c = s.value_counts()
-    return ", ".join(f"{n} {st}" for st, n in sorted(c.items()))
+def _status_counts(d: pd.DataFrame) -> pd.Series:
+    """Per cell: "2 failed, 3 ok", the count of each status in the status's sort order."""
+    n = d.groupby([*CELL, "status"], sort=True, dropna=False).size()
+    text = n.astype(str) + " " + n.index.get_level_values("status").astype(str)
+    return text.groupby(level=list(range(len(CELL))), sort=True, dropna=False).agg(", ".join)
 
 
 def _with_baselines(cells: pd.DataFrame) -> pd.DataFrame:

@@ -9,6 +9,8 @@ columns, not records: flattening is the only per-record work, and it runs in par
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import math
 import multiprocessing
@@ -20,6 +22,7 @@ import pandas as pd
 
 from trainscale import metrics
 from trainscale.cells import CELL
+from trainscale.matrix import RunSpec
 
 #: Columns first in runs.csv, in this order; every other flattened field follows.
 LEAD = [
@@ -61,6 +64,20 @@ EPOCH_FIELDS = [
 ]
 
 
+_CELL_TEXT = ("strategy", "model", "dataset", "batch_mode", "precision")
+#: dtypes of the cell columns, in every table that has them.
+CELL_TYPES = {k: ("str" if k in _CELL_TEXT else "int64") for k in CELL}
+#: dtypes of epochs.csv's columns.
+EPOCH_TYPES = {
+    "run": "str",
+    "status": "str",
+    **CELL_TYPES,
+    "world_size": "int64",
+    "repeat": "int64",
+    "epoch": "int64",
+    **dict.fromkeys(EPOCH_FIELDS, "float64"),
+}
+
 #: Reading uses worker processes from this many files on (when jobs > 1).
 PARALLEL_FROM = 400
 #: Files per task handed to a worker: small enough to balance two cores and bound each
@@ -70,14 +87,70 @@ CHUNK = 1000
 Invalid = list[tuple[str, str]]
 
 
+@functools.cache
+def _schema_types() -> dict[str, str]:
+    """runs.csv column -> dtype, from the metrics schema's leaves and RunSpec's fields."""
+    schema = metrics._schema()
+    out: dict[str, str] = {"run": "str", "train_loss_last": "float64"}
+
+    def walk(node: dict, prefix: str, required: bool) -> None:
+        if "$ref" in node:
+            node = {**schema["$defs"][node["$ref"].rsplit("/", 1)[1]], **node}
+        kinds = node.get("type") or []
+        kinds = [kinds] if isinstance(kinds, str) else kinds
+        if "properties" in node:
+            for k, sub in node["properties"].items():
+                walk(sub, f"{prefix}{k}.", required and k in node.get("required", ()))
+            return
+        name, nullable = prefix[:-1], "null" in kinds or not required
+        if "array" in kinds or "string" in kinds or "enum" in node or "const" in node:
+            out[name] = "str"
+        elif "boolean" in kinds:
+            out[name] = "boolean" if nullable else "bool"
+        elif "number" in kinds or ("integer" in kinds and nullable):
+            out[name] = "float64"  # integers that may be missing are floats, as CSV reads them
+
+    walk(schema, "", True)
+    out.pop("epochs", None)  # its own table
+    for f in dataclasses.fields(RunSpec):
+        hint, col = str(f.type), f"spec.{f.name}"
+        if col in out or hint.startswith(("Fault", "tuple")):
+            out.setdefault(col, "str")  # betas: "0.9 0.999"
+        elif hint.startswith("str"):
+            out[col] = "str"
+        elif hint == "bool":
+            out[col] = "bool"
+        elif hint.startswith("float") or "None" in hint:
+            out[col] = "float64"
+    return out
+
+
+def runs_types(columns: Iterable[str]) -> dict[str, str]:
+    """The dtype of each runs column the schema or RunSpec types (framework versions are text)."""
+    known = _schema_types()
+    out = {}
+    for c in columns:
+        if c in known:
+            out[c] = known[c]
+        elif c.startswith("env.frameworks."):
+            out[c] = "str"
+    return out
+
+
+def typed(df: pd.DataFrame, types: dict[str, str]) -> pd.DataFrame:
+    """`df` with the dtypes `types` states for the columns it has."""
+    cast = {c: t for c, t in types.items() if c in df.columns and df[c].dtype != t}
+    return df.astype(cast) if cast else df
+
+
 def find_metrics(runs_dir: str | Path) -> list[Path]:
     """Every metrics.json under `runs_dir` (e.g. results/<study>/runs copied from a cluster)."""
     return sorted(Path(runs_dir).rglob("metrics.json"))
 
 
-def run_id(path: Path) -> str:
+def run_id(path: str | Path) -> str:
     """The run path (`strategy~…/repeat~N`) from a metrics file's location."""
-    parts = path.parent.parts
+    parts = os.path.dirname(os.fspath(path)).split(os.sep)  # strings: 100,000 paths add up
     start = next((i for i, p in enumerate(parts) if p.startswith("strategy~")), len(parts) - 1)
     return "/".join(parts[start:])
 
@@ -91,14 +164,16 @@ def _read_valid(paths: Sequence[str]) -> tuple[list[dict], Invalid]:
         except metrics.MetricsError as e:
             invalid.append((p, str(e).removeprefix(f"{p}: ")))  # the path is listed beside it
             continue
-        rec["run"] = run_id(Path(p))
+        rec["run"] = run_id(p)
         records.append(rec)
     return records, invalid
 
 
 def _tables_of(paths: Sequence[str]) -> tuple[pd.DataFrame, pd.DataFrame, Invalid]:
     records, invalid = _read_valid(paths)
-    return runs_frame(records), epochs_frame(records), invalid
+    runs, epochs = runs_frame(records), epochs_frame(records)
+    # typed here, in the workers, so the parent only joins the chunks
+    return typed(runs, runs_types(runs.columns)), typed(epochs, EPOCH_TYPES), invalid
 
 
 def mp_context() -> multiprocessing.context.BaseContext | None:
@@ -146,13 +221,14 @@ def _flatten(d: dict, prefix: str = "", out: dict | None = None) -> dict:
     becomes its space-separated values; a list of lists or objects, its JSON text."""
     out = {} if out is None else out
     for k, v in d.items():
-        if isinstance(v, dict):
+        kind = type(v)  # JSON's own types: exact checks are faster than isinstance
+        if kind is dict:
             _flatten(v, f"{prefix}{k}.", out)  # an empty dict has no leaves: no column
-        elif isinstance(v, list):
-            nested = any(isinstance(x, list | dict) for x in v)
-            out[f"{prefix}{k}"] = json.dumps(v) if nested else " ".join(map(str, v))
+        elif kind is list:
+            nested = any(type(x) in (list, dict) for x in v)
+            out[prefix + k] = json.dumps(v) if nested else " ".join(map(str, v))
         else:
-            out[f"{prefix}{k}"] = v
+            out[prefix + k] = v
     return out
 
 

@@ -2,17 +2,15 @@
 `Study.write` into results/<study>, `Study.read` back, for the Snakemake scripts and for
 `python -m trainscale.report` alike.
 
-CSV keeps no types, so each table's column types are stated here and applied both when a table
-is built and when it is read: a table read back has the dtypes it was built with, and nothing
-downstream re-types a column. The runs table's types come from the metrics schema (and the run
-specification for the `spec.*` fields the schema leaves open); the other tables' from their
-definitions in `trainscale.cells` and `trainscale.comm_model`.
+CSV keeps no types, so each table's column types are stated and applied both when a table is
+built and when it is read: a table read back has the dtypes it was built with, and nothing
+downstream re-types a column. The runs and epochs tables' types come from the metrics schema
+(`trainscale.metrics_tables`); the other tables' are stated here, after their definitions in
+`trainscale.cells` and `trainscale.comm_model`.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -20,7 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from trainscale import metrics
+from trainscale import metrics_tables
 from trainscale.cells import CELL, METRICS, convergence_frame, fastest, scaling_frame
 from trainscale.comm_model import (
     COLLECTIVE_COLUMNS,
@@ -28,8 +26,14 @@ from trainscale.comm_model import (
     collectives_frame,
     communication_frame,
 )
-from trainscale.matrix import RunSpec
-from trainscale.metrics_tables import EPOCH_FIELDS, LEAD, epochs_frame, read_tables
+from trainscale.metrics_tables import (
+    CELL_TYPES,
+    EPOCH_TYPES,
+    LEAD,
+    epochs_frame,
+    read_tables,
+    runs_types,
+)
 from trainscale.summary import summary_text
 
 #: Table name -> its file in results/<study> (and the Snakemake input/output name it goes by).
@@ -44,20 +48,13 @@ FILES = {
 #: The plain-text answers written beside the tables (`Study.write`, Snakemake output `summary`).
 SUMMARY = "summary.txt"
 
-_CELL_TEXT = ["strategy", "model", "dataset", "batch_mode", "precision"]
 _COMM_TEXT = ("exposed_method", "note")
-_CELL_TYPES = {k: ("str" if k in _CELL_TEXT else "int64") for k in CELL}
 
 #: Column types of the tables other than runs (columns not named are numbers as read).
 TYPES: dict[str, dict[str, str]] = {
-    "epochs": {
-        "run": "str",
-        "status": "str",
-        **_CELL_TYPES,
-        **dict.fromkeys(EPOCH_FIELDS, "float64"),
-    },
+    "epochs": EPOCH_TYPES,
     "scaling": {
-        **_CELL_TYPES,
+        **CELL_TYPES,
         "statuses": "str",
         "baseline_note": "str",
         "efficiency_kind": "str",
@@ -77,7 +74,7 @@ TYPES: dict[str, dict[str, str]] = {
         **dict.fromkeys(COLLECTIVE_COLUMNS[6:], "float64"),
     },
     "communication": {
-        **_CELL_TYPES,
+        **CELL_TYPES,
         "world_size": "int64",
         **dict.fromkeys(("backend", *_COMM_TEXT), "str"),
         **{c: "float64" for c in COMM_COLUMNS[len(CELL) + 2 :] if c not in _COMM_TEXT},
@@ -85,56 +82,6 @@ TYPES: dict[str, dict[str, str]] = {
 }
 #: Text columns where an empty string is a value ("no note"), not a missing one.
 FILLED = {"scaling": ("statuses", "baseline_note"), "communication": ("note", "exposed_method")}
-
-
-@functools.cache
-def _schema_types() -> dict[str, str]:
-    """runs.csv column -> dtype, from the metrics schema's leaves and RunSpec's fields."""
-    schema = metrics._schema()
-    out: dict[str, str] = {"run": "str", "train_loss_last": "float64"}
-
-    def walk(node: dict, prefix: str, required: bool) -> None:
-        if "$ref" in node:
-            node = {**schema["$defs"][node["$ref"].rsplit("/", 1)[1]], **node}
-        kinds = node.get("type") or []
-        kinds = [kinds] if isinstance(kinds, str) else kinds
-        if "properties" in node:
-            for k, sub in node["properties"].items():
-                walk(sub, f"{prefix}{k}.", required and k in node.get("required", ()))
-            return
-        name, nullable = prefix[:-1], "null" in kinds or not required
-        if "array" in kinds or "string" in kinds or "enum" in node or "const" in node:
-            out[name] = "str"
-        elif "boolean" in kinds:
-            out[name] = "boolean" if nullable else "bool"
-        elif "number" in kinds or ("integer" in kinds and nullable):
-            out[name] = "float64"  # integers that may be missing are floats, as CSV reads them
-
-    walk(schema, "", True)
-    out.pop("epochs", None)  # its own table
-    for f in dataclasses.fields(RunSpec):
-        hint, col = str(f.type), f"spec.{f.name}"
-        if col in out or hint.startswith(("Fault", "tuple")):
-            out.setdefault(col, "str")  # betas: "0.9 0.999"
-        elif hint.startswith("str"):
-            out[col] = "str"
-        elif hint == "bool":
-            out[col] = "bool"
-        elif hint.startswith("float") or "None" in hint:
-            out[col] = "float64"
-    return out
-
-
-def runs_types(columns: Iterable[str]) -> dict[str, str]:
-    """The dtype of each runs column the schema or RunSpec types (framework versions are text)."""
-    known = _schema_types()
-    out = {}
-    for c in columns:
-        if c in known:
-            out[c] = known[c]
-        elif c.startswith("env.frameworks."):
-            out[c] = "str"
-    return out
 
 
 def _types(table: str, columns: Iterable[str]) -> dict[str, str]:
@@ -145,7 +92,7 @@ def _types(table: str, columns: Iterable[str]) -> dict[str, str]:
 
 def typed(table: str, df: pd.DataFrame) -> pd.DataFrame:
     """`df` with the stated dtypes of `table`'s columns (and "" for an empty note)."""
-    df = df.astype(_types(table, df.columns))
+    df = metrics_tables.typed(df, _types(table, df.columns))
     fill = [c for c in FILLED.get(table, ()) if c in df and df[c].isna().any()]
     return df.fillna(dict.fromkeys(fill, "")) if fill else df
 

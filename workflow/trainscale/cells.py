@@ -190,6 +190,29 @@ def convergence_frame(epochs: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index()
 
 
+#: The fastest cell's columns that `fastest` keeps.
+_WINNER = [
+    "strategy",
+    "scale",
+    "batch_size",
+    "batch_mode",
+    "workers",
+    "nodes",
+    "precision",
+    "throughput_mean",
+    "throughput_ci95",
+    "speedup",
+    "efficiency",
+    "efficiency_kind",
+    "speedup_vs_single",
+    "baseline_note",
+    "oversubscribed",
+    "logical",
+    "ok",
+    "runs",
+]
+
+
 def fastest(scaling: pd.DataFrame) -> pd.DataFrame:
     """Per model, dataset and N: the fastest cell, its efficiency, and the best other strategy."""
     cols = ["model", "dataset", "world_size"]
@@ -198,46 +221,23 @@ def fastest(scaling: pd.DataFrame) -> pd.DataFrame:
         s = s[~s["logical"].astype(bool)]
     if not len(s):
         return pd.DataFrame(columns=[*cols, "strategy"])
-    s = s.sort_values("throughput_mean", ascending=False, kind="stable")
-    rows = []
-    for key, grp in s.groupby(cols, sort=True):
-        win = grp.iloc[0]
-        others = grp[grp["strategy"] != win["strategy"]]
-        row = dict(zip(cols, key, strict=True))
-        row.update(
-            {
-                k: win[k]
-                for k in (
-                    "strategy",
-                    "scale",
-                    "batch_size",
-                    "batch_mode",
-                    "workers",
-                    "nodes",
-                    "precision",
-                    "throughput_mean",
-                    "throughput_ci95",
-                    "speedup",
-                    "efficiency",
-                    "efficiency_kind",
-                    "speedup_vs_single",
-                    "baseline_note",
-                    "oversubscribed",
-                    "logical",
-                    "ok",
-                    "runs",
-                )
-            }
-        )
-        if len(others):
-            ru = others.iloc[0]
-            row["runner_up"] = ru["strategy"]
-            row["runner_up_throughput"] = ru["throughput_mean"]
-            row["margin"] = win["throughput_mean"] / ru["throughput_mean"] - 1
-            lo = win["throughput_mean"] - win["throughput_ci95"]
-            hi = ru["throughput_mean"] + ru["throughput_ci95"]
-            row["distinct"] = bool(lo > hi) if not (pd.isna(lo) or pd.isna(hi)) else None
-        else:
-            row.update(runner_up=None, runner_up_throughput=np.nan, margin=np.nan, distinct=None)
-        rows.append(row)
-    return pd.DataFrame(rows)
+    s = s.sort_values([*cols, "throughput_mean"], ascending=[True] * 3 + [False], kind="stable")
+    win = s.drop_duplicates(cols)[[*cols, *_WINNER]]
+    # the runner-up: the best cell of another strategy in the same group
+    others = s.merge(win[[*cols, "strategy"]], on=cols, suffixes=("", "_win"))
+    others = others[others["strategy"] != others["strategy_win"]].drop_duplicates(cols)
+    others = others[[*cols, "strategy", "throughput_mean", "throughput_ci95"]].rename(
+        columns={
+            "strategy": "runner_up",
+            "throughput_mean": "runner_up_throughput",
+            "throughput_ci95": "ru_ci95_",
+        }
+    )
+    out = win.merge(others, on=cols, how="left").reset_index(drop=True)
+    x, x2 = out["throughput_mean"], out["runner_up_throughput"]
+    out["margin"] = x / x2 - 1
+    lo, hi = x - out["throughput_ci95"], x2 + out.pop("ru_ci95_")
+    distinct = (lo > hi).to_numpy().astype(object)
+    distinct[(lo.isna() | hi.isna()).to_numpy()] = None
+    out["distinct"] = distinct
+    return out

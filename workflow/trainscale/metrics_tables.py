@@ -119,7 +119,7 @@ def _schema_types() -> dict[str, str]:
         elif hint.startswith("str"):
             out[col] = "str"
         elif hint == "bool":
-            out[col] = "bool"
+            out[col] = "boolean"  # absent from files written before the field existed
         elif hint.startswith("float") or "None" in hint:
             out[col] = "float64"
     return out

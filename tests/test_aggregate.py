@@ -12,8 +12,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from trainscale import aggregate, metrics
+from trainscale import aggregate, metrics, metrics_tables
 from trainscale.matrix import RunSpec, build_runs
+from trainscale.study import Study
 
 from conftest import base_config, launch
 
@@ -149,7 +150,7 @@ def cell(scaling: pd.DataFrame, **keys) -> pd.Series:
 
 
 def test_mean_std_ci_speedup_and_strong_efficiency_by_hand(tmp_path):
-    study = aggregate.build(scaling_study(tmp_path / "runs"))
+    study = Study.build(scaling_study(tmp_path / "runs"))
     assert study.invalid == [] and len(study.runs) == 9
     s = study.scaling
     x1 = [1000 / t for t in (1.0, 1.25, 0.8)]  # 2000 samples over 2 steady epochs of t s
@@ -175,7 +176,7 @@ def test_mean_std_ci_speedup_and_strong_efficiency_by_hand(tmp_path):
 
 
 def test_weak_efficiency_and_speedup_vs_best_single_process(tmp_path):
-    study = aggregate.build(scaling_study(tmp_path / "runs"))
+    study = Study.build(scaling_study(tmp_path / "runs"))
     s = study.scaling
     weak = cell(s, strategy="torch-ddp", world_size=2, batch_mode="per_worker")
     x1, x2 = 2000 / 2.0, 4000 / 2.5
@@ -192,7 +193,7 @@ def test_weak_efficiency_and_speedup_vs_best_single_process(tmp_path):
 
 
 def test_single_repeat_has_no_std_or_ci(tmp_path):
-    study = aggregate.build(scaling_study(tmp_path / "runs"))
+    study = Study.build(scaling_study(tmp_path / "runs"))
     torch = cell(study.scaling, strategy="torch")
     assert torch["throughput_mean"] == pytest.approx(2000)
     assert torch["throughput_n"] == 1
@@ -225,7 +226,7 @@ def test_failed_runs_are_counted_not_averaged_and_missing_baselines_say_why(tmp_
     paths.append(write(runs, base, failed_record(base, "timeout", "killed after 30 min")))
     s = spec_for("torch-ddp", 2, batch_size=128)
     paths.append(write(runs, s, ok_record(s, [1.0, 1.0])))
-    study = aggregate.build(paths)
+    study = Study.build(paths)
     sc = study.scaling
     c = cell(sc, batch_size=64, world_size=2)
     assert (c["runs"], c["ok"], c["failed"], c["statuses"]) == (3, 2, 1, "2 ok, 1 oom")
@@ -251,7 +252,7 @@ def test_time_to_accuracy_counts_the_runs_that_reached_it(tmp_path):
     for r, acc in enumerate([[0.5, 0.95, 0.96], [0.5, 0.6, 0.92], [0.5, 0.6, 0.7]]):
         s = spec_for("torch", 1, repeat=r)
         paths.append(write(runs, s, ok_record(s, [1.0, 1.0], first=2.0, accuracy=acc)))
-    c = aggregate.build(paths).scaling.iloc[0]
+    c = Study.build(paths).scaling.iloc[0]
     assert c["time_to_accuracy_seconds_n"] == 2  # 3.0 s and 4.0 s; the third never reached 0.9
     assert c["time_to_accuracy_seconds_mean"] == pytest.approx(3.5)
     assert c["test_accuracy_mean"] == pytest.approx((0.96 + 0.92 + 0.7) / 3)
@@ -268,7 +269,7 @@ def test_invalid_files_are_listed_and_the_rest_is_counted(tmp_path):
     wrong.write_text(json.dumps({"schema": "trainscale.metrics/1", "status": "ok"}))
     found = aggregate.find_metrics(runs)
     assert len(found) == len(paths) + 2
-    study = aggregate.build(found)
+    study = Study.build(found)
     assert len(study.runs) == len(paths)
     assert {Path(p).parent.name for p, _ in study.invalid} == {"broken", "wrong"}
     assert all(why for _, why in study.invalid)
@@ -280,14 +281,21 @@ def test_parallel_loading_matches_serial(tmp_path, monkeypatch):
     paths = scaling_study(tmp_path / "runs")
     (tmp_path / "bad.json").write_text("[]")
     paths.append(tmp_path / "bad.json")
-    monkeypatch.setattr(aggregate, "PARALLEL_FROM", 2)
+    monkeypatch.setattr(metrics_tables, "PARALLEL_FROM", 2)
+    monkeypatch.setattr(metrics_tables, "CHUNK", 3)  # several chunks per worker
     serial = aggregate.load(paths, jobs=1)
     parallel = aggregate.load(paths, jobs=2)
     assert parallel == serial and len(serial[1]) == 1
+    runs, epochs, invalid = metrics_tables.read_tables(paths, jobs=1)
+    runs2, epochs2, invalid2 = metrics_tables.read_tables(paths, jobs=2)
+    pd.testing.assert_frame_equal(runs2, runs)
+    pd.testing.assert_frame_equal(epochs2, epochs)
+    assert invalid2 == invalid == serial[1]
+    assert list(runs["run"]) == [r["run"] for r in serial[0]]
 
 
 def test_fastest_per_model_and_worker_count(tmp_path):
-    study = aggregate.build(scaling_study(tmp_path / "runs"))
+    study = Study.build(scaling_study(tmp_path / "runs"))
     f = study.fastest.set_index("world_size")
     assert f.loc[1, "strategy"] == "torch"  # 2000 samples/s against ddp's ~1000
     assert f.loc[1, "runner_up"] == "torch-ddp"
@@ -300,15 +308,12 @@ def test_fastest_per_model_and_worker_count(tmp_path):
 
 
 def test_tables_round_trip_through_csv(tmp_path):
-    study = aggregate.build(scaling_study(tmp_path / "runs"), name="t")
+    study = Study.build(scaling_study(tmp_path / "runs"), name="t")
     study.write(tmp_path / "out")
     for f in ("runs.csv", "epochs.csv", "scaling.csv", "invalid.csv", "summary.txt"):
         assert (tmp_path / "out" / f).exists(), f
-    back = aggregate.read_study(
-        tmp_path / "out" / "runs.csv",
-        epochs_csv=tmp_path / "out" / "epochs.csv",
-        invalid_csv=tmp_path / "out" / "invalid.csv",
-    )
+    # scaling recomputed from runs.csv alone equals the one built from the metrics files
+    back = Study.read({t: tmp_path / "out" / f"{t}.csv" for t in ("runs", "epochs", "invalid")})
     cols = ["throughput_mean", "throughput_ci95", "speedup", "efficiency", "speedup_vs_single"]
     pd.testing.assert_frame_equal(back.scaling[cols], study.scaling[cols])
     assert back.runs["oversubscribed"].dtype == bool
@@ -316,12 +321,42 @@ def test_tables_round_trip_through_csv(tmp_path):
     assert back.convergence["train_loss_mean"].notna().all()
 
 
+def test_read_gives_back_what_was_written_with_its_types(tmp_path):
+    """Every table, dtypes included: nothing re-types a column after a round trip."""
+    paths = scaling_study(tmp_path / "runs")
+    (tmp_path / "runs" / "bad").mkdir()
+    (tmp_path / "runs" / "bad" / "metrics.json").write_text("{")
+    study = Study.build(aggregate.find_metrics(tmp_path / "runs"), name="t")
+    assert len(study.invalid) == 1
+    study.write(tmp_path / "out")
+    back = Study.read(tmp_path / "out")
+    assert back.name == "t" and back.invalid == study.invalid
+    for table in ("runs", "epochs", "scaling", "collectives", "communication"):
+        pd.testing.assert_frame_equal(getattr(back, table), getattr(study, table), obj=table)
+    assert back.runs["spec.study"].dtype == "str" and back.runs["error"].dtype == "str"
+    assert back.scaling["baseline_note"].isin([""]).any()  # "" stays a note, not a NaN
+    assert (tmp_path / "out" / "summary.txt").read_text() == study.summary()
+    assert paths
+
+
+def test_write_and_read_name_the_tables_like_snakemake_does(tmp_path):
+    """Snakemake's named input/output: only the tables named are read or written."""
+    paths = scaling_study(tmp_path / "runs")
+    study = Study.build(paths, name="t")
+    study.write({"runs": tmp_path / "runs.csv", "summary": tmp_path / "summary.txt"})
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_file()) == ["runs.csv", "summary.txt"]
+    df = pd.read_csv(tmp_path / "runs.csv")
+    assert len(df) == 9 and list(df.columns[:3]) == ["run", "status", "spec.strategy"]
+    assert "fastest strategy" in (tmp_path / "summary.txt").read_text()
+    back = Study.read({"runs": tmp_path / "runs.csv", "figures": ["ignored.png"]}, name="u")
+    assert back.name == "u" and len(back.scaling) == len(study.scaling) and not back.invalid
+    with pytest.raises(FileNotFoundError, match="runs.csv"):
+        Study.read(tmp_path / "nothing-here")
+
+
 def test_public_functions_kept_working(tmp_path):
     paths = scaling_study(tmp_path / "runs")
-    df = aggregate.write_runs_table(paths, tmp_path / "runs.csv", tmp_path / "summary.txt", "t")
-    assert len(df) == 9 and list(df.columns[:3]) == ["run", "status", "spec.strategy"]
     assert aggregate.run_id(paths[0]).startswith("strategy~torch/")
-    assert "fastest strategy" in (tmp_path / "summary.txt").read_text()
     assert aggregate.human(12721) == "12,700" and aggregate.human(0.51338) == "0.513"
     assert aggregate.human(1) == "1.00" and aggregate.human(99.96) == "100"
     assert aggregate.human(None) == "n/a" and aggregate.human(-0.0155) == "-0.0155"
@@ -344,7 +379,7 @@ def test_tables_from_real_small_runs(tmp_path):
         p = launch(spec, out, timeout=300)
         assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
         paths.append(out)
-    study = aggregate.build(paths)
+    study = Study.build(paths)
     assert study.invalid == [] and (study.runs["status"] == "ok").all()
     recs = {aggregate.run_id(p): metrics.read(p) for p in paths}
     by = {(r["spec"]["strategy"], r["spec"]["world_size"]): r for r in recs.values()}
@@ -376,7 +411,7 @@ def test_logical_device_runs_are_labelled_in_tables_and_summary(tmp_path):
         rec = ok_record(s, [1.0, 1.0])
         rec["device"]["logical"] = w > 1
         paths.append(write(tmp_path / "runs", s, rec))
-    study = aggregate.build(paths, name="logical")
+    study = Study.build(paths, name="logical")
     by_n = study.scaling.set_index("world_size")["logical"]
     assert bool(by_n[2]) and not bool(by_n[1])
     text = aggregate.summary_text(study.runs, [], "logical", study.scaling)

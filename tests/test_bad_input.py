@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from trainscale import aggregate, matrix
+from trainscale.study import Study
 
 from conftest import ROOT, snakemake, validated
 
@@ -182,7 +183,7 @@ def test_study_name_and_errors_are_escaped_in_the_report(tmp_path):
     xss = "<script>alert(1)</script>"
     s = spec_for("torch", 1)
     write(tmp_path / "runs", s, failed_record(s, "failed", f"ValueError: {xss}"))
-    study = aggregate.build(aggregate.find_metrics(tmp_path / "runs"), name=f"s{xss}")
+    study = Study.build(aggregate.find_metrics(tmp_path / "runs"), name=f"s{xss}")
     report.write_html(study, tmp_path / "report.html", None)
     page = (tmp_path / "report.html").read_text()
     assert xss not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page

@@ -12,6 +12,7 @@ import pytest
 from test_aggregate import ok_record, spec_for, write
 
 from trainscale import aggregate, collectives
+from trainscale.study import Study
 
 
 def fake_collectives(path: Path, seconds: dict[int, list[float]], workers: int = 2) -> Path:
@@ -76,7 +77,7 @@ def test_communication_model_by_hand(tmp_path):
     ):
         s = spec_for(strategy, workers)
         paths.append(write(runs, s, ok_record(s, [t, t])))
-    study = aggregate.build(paths)
+    study = Study.build(paths)
     bench = fake_collectives(
         tmp_path / "c.json", {1024: [1e-3] * 3, 2048: [1e-3, 2e-3, 3e-3], 4096: [2e-3] * 3}
     )

@@ -23,8 +23,9 @@ import pytest
 from test_aggregate import failed_record
 from test_runners import make as runners_make
 
-from trainscale import aggregate, metrics
+from trainscale import metrics
 from trainscale.matrix import Fault
+from trainscale.study import Study
 
 from conftest import PYTHON, ROOT, SNAKEMAKE, launch, load_yaml, run_env, snakemake
 
@@ -189,7 +190,7 @@ def test_killed_workflow_reruns_the_incomplete_run_and_keeps_finished_ones(tmp_p
     assert p.returncode == 0, p.stderr[-3000:]
     assert len(list(runs.rglob("metrics.json"))) == 2
     assert first.stat().st_mtime_ns == before  # the finished run was not redone
-    study = aggregate.read_study(tmp_path / "results" / "crash" / "runs.csv")
+    study = Study.read(tmp_path / "results" / "crash")
     assert list(study.runs["status"]) == ["ok", "ok"]
 
 
@@ -202,7 +203,7 @@ def test_fault_study_runs_end_to_end_with_concurrent_jobs(tmp_path):
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     cfg = load_yaml(conf)
     res = tmp_path / "results" / cfg["study"]
-    study = aggregate.read_study(res / "runs.csv")
+    study = Study.read(res)
     faulty = {(f["match"]["strategy"], f["match"]["batch_size"]): f["kind"] for f in cfg["faults"]}
     expect = {"raise": "failed", "hang": "timeout", "oom": "oom", "kill": "failed"}
     for _, row in study.runs.iterrows():

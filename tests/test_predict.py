@@ -95,7 +95,7 @@ def test_one_prediction_computed_by_hand():
     runs["throughput"] = [6400.0, 64 / 9e-3]
     runs["communication.compute_seconds_per_step"] = [np.nan, 6e-3]
     cfg = {"world_sizes": [4], "gpus_per_node": 8, "network": {"link_gbps": 1, "latency_us": 10}}
-    pred, check, _ = predict.predict_study(runs, aggregate.read_collectives(None), cfg)
+    pred, check, _ = predict.predict_study(runs, aggregate.collectives_frame([]), cfg)
     # by hand: t_compute(b) = 2 ms + 0.125 ms · b (through (64, 10 ms) and (32, 6 ms));
     # t_comm(2) = 2·1·10 µs + 1·1 MB / 1 GB/s = 1.02 ms; exposed 3 ms > t_comm: overlap 0,
     # t_fixed = 3 − 1.02 = 1.98 ms; t_comm(4) = 6·10 µs + 1.5 ms = 1.56 ms;
@@ -168,7 +168,7 @@ def test_bad_network_and_card_are_named():
     with pytest.raises(ValueError, match="link_gbps"):
         predict_network.described_link({"latency_us": 3}, "predict.network")
     with pytest.raises(ValueError, match="predict.card: /nonexistent.json does not exist"):
-        predict_network.network(aggregate.read_collectives(None), {"card": "/nonexistent.json"}, 2)
+        predict_network.network(aggregate.collectives_frame([]), {"card": "/nonexistent.json"}, 2)
 
 
 def test_exposed_block_and_replica_keep_the_weights():
@@ -244,6 +244,6 @@ def test_another_clusters_scaling_card_gives_the_links_between_nodes(tmp_path):
     }
     path = tmp_path / "card.json"
     path.write_text(json.dumps(card))
-    net = predict_network.network(aggregate.read_collectives(None), {"card": str(path)}, 4)
+    net = predict_network.network(aggregate.collectives_frame([]), {"card": str(path)}, 4)
     assert net.inter is not None and "scaling card" in net.inter.source
     assert net.inter.n_measured == 8 and net.inter.sizes[-1] == 2**23

@@ -23,6 +23,7 @@ from test_collectives import fake_collectives
 
 from trainscale import aggregate, metrics, plots, report
 from trainscale.matrix import build_runs
+from trainscale.study import Study
 
 from conftest import ROOT, validated
 
@@ -84,21 +85,14 @@ def rich_study(runs: Path) -> list[Path]:
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory) -> tuple[Path, aggregate.Study]:
+def built(tmp_path_factory) -> tuple[Path, Study]:
     """The whole report made by the command line from a directory of metrics files."""
     root = tmp_path_factory.mktemp("rich")
     rich_study(root / "runs")
     rc = report.main(["--runs-dir", str(root / "runs"), "--out", str(root / "out"), "--jobs", "2"])
     assert rc == 0  # invalid files are listed, not fatal
     out = root / "out"
-    study = aggregate.read_study(
-        out / "runs.csv",
-        out / "epochs.csv",
-        out / "scaling.csv",
-        out / "invalid.csv",
-        collectives_csv=out / "collectives.csv",
-        communication_csv=out / "communication.csv",
-    )
+    study = Study.read(out)
     return out, study
 
 
@@ -195,7 +189,7 @@ def test_absent_data_gives_a_note_image_not_an_empty_plot(tmp_path):
         paths.append(write(runs, s, ok_record(s, [1.0, 1.0])))
     s = spec_for("torch-ddp", 2)  # a 2-worker cell whose N=1 baseline was never run
     paths.append(write(runs, s, ok_record(s, [0.6, 0.6])))
-    study = aggregate.build(paths)
+    study = Study.build(paths)
     notes = plots.render_all(study, tmp_path / "figures")
     absent = {n for n, note in notes.items() if note}
     assert absent == {
@@ -216,7 +210,7 @@ def test_absent_data_gives_a_note_image_not_an_empty_plot(tmp_path):
     page = report.render_html(report.context(study, tmp_path / "figures", notes))
     for name in absent:
         assert f"Not drawn: {html.escape(notes[name])}" in page
-    nothing = aggregate.build([])
+    nothing = Study.build([])
     assert all(plots.why_absent(n, nothing) for n in FIGURES)
 
 

@@ -14,6 +14,7 @@ import yaml
 
 from trainscale import aggregate, collectives, data, endnote, matrix, memory, metrics, overlay
 from trainscale.runners.common import evaluates, steps_per_epoch
+from trainscale.study import Study
 
 from conftest import ROOT, launch, snakemake, validated
 
@@ -227,7 +228,7 @@ def test_communication_model_counts_the_steps_run_and_says_when_the_benchmark_wa
     for workers in (1, 2):
         s = dataclasses.replace(spec_for("torch-ddp", workers), steps_per_epoch=5)
         paths.append(write(tmp_path / "runs", s, ok_record(s, [1.0, 1.0])))
-    study = aggregate.build(paths)
+    study = Study.build(paths)
     bench = fake_collectives(tmp_path / "c.json", {1024: [1e-3] * 3, 2048: [1e-3] * 3})
     comm = aggregate.communication_frame(
         study.scaling, study.runs, aggregate.collectives_frame([bench])

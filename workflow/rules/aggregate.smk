@@ -2,7 +2,7 @@ rule runs_table:
     input:
         metrics=all_metrics(),
     output:
-        csv=report(
+        runs=report(
             f"{RESULTS}/runs.csv",
             caption="../../reports/runs.rst",
             category="Tables",
@@ -22,10 +22,10 @@ rule runs_table:
 
 rule scaling_table:
     input:
-        runs=rules.runs_table.output.csv,
+        runs=rules.runs_table.output.runs,
         invalid=rules.runs_table.output.invalid,
     output:
-        csv=report(
+        scaling=report(
             f"{RESULTS}/scaling.csv",
             caption="../../reports/scaling.rst",
             category="Tables",

@@ -36,9 +36,9 @@ rule collectives:
 
 rule collectives_table:
     input:
-        collectives=collective_files(),
-        runs=rules.runs_table.output.csv,
-        scaling=rules.scaling_table.output.csv,
+        benchmarks=collective_files(),
+        runs=rules.runs_table.output.runs,
+        scaling=rules.scaling_table.output.scaling,
     output:
         collectives=report(
             f"{RESULTS}/collectives.csv",

@@ -4,7 +4,7 @@
 # (PREDICT and prediction_files() in common.smk).
 rule predictions:
     input:
-        runs=rules.runs_table.output.csv,
+        runs=rules.runs_table.output.runs,
         collectives=rules.collectives_table.output.collectives,
         card=[config["predict"]["card"]] if config["predict"].get("card") else [],
     output:

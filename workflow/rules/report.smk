@@ -4,9 +4,9 @@
 # so one process draws them all, forking `threads` processes that share the tables.
 rule figures:
     input:
-        runs=rules.runs_table.output.csv,
+        runs=rules.runs_table.output.runs,
         epochs=rules.runs_table.output.epochs,
-        scaling=rules.scaling_table.output.csv,
+        scaling=rules.scaling_table.output.scaling,
         collectives=rules.collectives_table.output.collectives,
     output:
         **figure_outputs(),
@@ -22,10 +22,10 @@ rule figures:
 
 rule report_html:
     input:
-        runs=rules.runs_table.output.csv,
+        runs=rules.runs_table.output.runs,
         epochs=rules.runs_table.output.epochs,
         invalid=rules.runs_table.output.invalid,
-        scaling=rules.scaling_table.output.csv,
+        scaling=rules.scaling_table.output.scaling,
         collectives=rules.collectives_table.output.collectives,
         communication=rules.collectives_table.output.communication,
         figures=[f"{RESULTS}/figures/{name}.png" for name in FIGURES],

@@ -3,16 +3,18 @@
 import sys
 from pathlib import Path
 
-from trainscale import aggregate, predict, predict_plot
+from trainscale import predict, predict_plot
+from trainscale.study import Study
 
-with open(snakemake.log[0], "w") as log:  # noqa: F821 (injected by Snakemake)
+with open(snakemake.log[0], "w") as log:
     sys.stderr = log
-    runs = aggregate.read_runs(snakemake.input.runs)  # noqa: F821
-    coll = aggregate.read_collectives(snakemake.input.collectives)  # noqa: F821
-    pred, check, notes = predict.predict_study(runs, coll, dict(snakemake.params.predict))  # noqa: F821
-    pred.to_csv(snakemake.output.predictions, index=False)  # noqa: F821
-    check.to_csv(snakemake.output.check, index=False)  # noqa: F821
-    predict_plot.draw(pred, Path(snakemake.output.png).parent)  # noqa: F821
+    study = Study.read(snakemake.input, snakemake.config["study"])
+    pred, check, notes = predict.predict_study(
+        study.runs, study.collectives, dict(snakemake.params.predict)
+    )
+    pred.to_csv(snakemake.output.predictions, index=False)
+    check.to_csv(snakemake.output.check, index=False)
+    predict_plot.draw(pred, Path(snakemake.output.png).parent)
     for note in notes:
         print(f"trainscale: {note}", file=log)
     print(f"trainscale: {len(pred)} prediction rows, {len(check)} checks", file=log)

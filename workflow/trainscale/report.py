@@ -501,14 +501,9 @@ def build(
     paths = aggregate.find_metrics(runs_dir)
     # unnamed runs in results/<study>/runs are named after <study>
     default = Path(runs_dir).resolve().parent.name if Path(runs_dir).name == "runs" else "study"
-    study = aggregate.build(paths, name=name, jobs=jobs, default_name=default)
     # the all-reduce benchmark, where it sits beside the runs (results/<study>/collectives)
     found = sorted((Path(runs_dir).parent / "collectives").rglob("*.json"))
-    if found:
-        study.collectives = aggregate.collectives_frame(found)
-        study.communication = aggregate.communication_frame(
-            study.scaling, study.runs, study.collectives
-        )
+    study = Study.build(paths, name, jobs, default_name=default, collectives=found)
     out = Path(out)
     notes = plots.render_all(study, out / "figures", jobs=jobs, meanwhile=lambda: study.write(out))
     predicted = None

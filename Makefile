@@ -6,10 +6,17 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 HOROVOD := $(VENV)/.horovod
 
+# Snakemake imports its SLURM plugin at every start, and the plugin runs `scontrol show config`:
+# ~9 s wherever a SLURM client is configured but no controller answers (this machine once the
+# local test cluster is stopped). Local runs, lint and dry-runs need no controller, so they get
+# one that refuses at once (scripts/slurm-offline.conf; tests/conftest.py does the same for the
+# tests). Inside a SLURM job (SLURM_JOB_ID set) the job's own configuration is kept.
+NO_SLURM := $(if $(SLURM_JOB_ID),,SLURM_CONF=$(CURDIR)/scripts/slurm-offline.conf)
+
 .PHONY: run test setup horovod lint dryrun pytest bench gpu-check clean slurm-profile slurm-start slurm-stop
 
 run: $(STAMP) $(HOROVOD)
-	$(BIN)/snakemake
+	$(NO_SLURM) $(BIN)/snakemake
 
 test: $(STAMP) $(HOROVOD) lint dryrun pytest
 
@@ -32,11 +39,11 @@ lint: $(STAMP)
 	$(BIN)/ruff check workflow tests benchmarks
 	$(BIN)/ruff format --check workflow tests benchmarks
 	$(BIN)/snakefmt --check Snakefile workflow
-	$(BIN)/snakemake --lint
+	$(NO_SLURM) $(BIN)/snakemake --lint
 
 dryrun: $(STAMP)
-	$(BIN)/snakemake -n --quiet rules
-	for c in .test/*.yaml; do $(BIN)/snakemake -n --quiet rules --configfile $$c || exit 1; done
+	$(NO_SLURM) $(BIN)/snakemake -n --quiet rules
+	for c in .test/*.yaml; do $(NO_SLURM) $(BIN)/snakemake -n --quiet rules --configfile $$c || exit 1; done
 
 pytest: $(STAMP) $(HOROVOD)
 	$(BIN)/python -m pytest -q -rs --durations=25 $(PYTEST_ARGS)

@@ -16,6 +16,10 @@
 # through SLURM's NodeAddr (127.0.0.1), which trainscale's launcher uses for rendezvous.
 # Env: NNODES=2 CPUS=<nproc> GPUS=2 SLURM_ACCOUNT=trainscale PORT_BASE=16817
 set -euo pipefail
+# This cluster's clients read /etc/slurm (see above). A SLURM_CONF from the caller (the Makefile
+# and the tests set one whose controller refuses at once: scripts/slurm-offline.conf) would point
+# this script's own checks elsewhere.
+unset SLURM_CONF
 D=${TRAINSCALE_SLURM_DIR:-/tmp/trainscale-slurm}
 NNODES=${NNODES:-2}; CPUS=${CPUS:-$(nproc)}; GPUS=${GPUS:-2}
 ACCT=${SLURM_ACCOUNT:-trainscale}; PORT_BASE=${PORT_BASE:-16817}
@@ -52,8 +56,15 @@ install_packages() {  # idempotent; policy-rc.d keeps apt from starting the serv
   [ -z "$made" ] || rm -f /usr/sbin/policy-rc.d
 }
 
+forget_config() {  # a slurm.conf naming a stopped controller costs every SLURM client ~9 s
+  local f
+  for f in slurm.conf gres.conf slurmdbd.conf; do ours "$ETC/$f" && rm -f "$ETC/$f"; done
+  return 0
+}
+
 stop() {
-  [ -f "$D/pids" ] || { echo "local-slurm: not running ($D/pids absent)"; return 0; }
+  # without the pids file (a start that died early) our configuration may still be there
+  [ -f "$D/pids" ] || { forget_config; echo "local-slurm: not running ($D/pids absent)"; return 0; }
   if scontrol ping 2>/dev/null | grep -q UP; then  # end our jobs first, so none is left behind
     squeue -h -o %i 2>/dev/null | xargs -r scancel 2>/dev/null || true
     sleep 1
@@ -72,9 +83,7 @@ stop() {
   # shellcheck disable=SC2086
   [ -z "$alive" ] || kill -9 $alive
   rm -f "$D/pids"
-  local f
-  for f in slurm.conf gres.conf slurmdbd.conf; do ours "$ETC/$f" && rm -f "$ETC/$f"; done
-  return 0
+  forget_config
 }
 
 ours() { [ -f "$1" ] && head -1 "$1" | grep -qxF "$MARK"; }

@@ -15,6 +15,12 @@ ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = ROOT / "workflow" / "schemas" / "config.schema.yaml"
 PYTHON = sys.executable
 SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
+#: a SLURM configuration whose controller refuses at once (see the file): every Snakemake start
+#: runs `scontrol show config` (snakemake-executor-plugin-slurm, at import), which waits ~9 s
+#: wherever a configured controller does not answer. Only tests/test_slurm.py's `cluster`
+#: fixture needs a real controller: it lifts this while the local cluster is up.
+OFFLINE_SLURM_CONF = ROOT / "scripts" / "slurm-offline.conf"
+os.environ["SLURM_CONF"] = str(OFFLINE_SLURM_CONF)
 
 
 def validated(cfg: dict) -> dict:

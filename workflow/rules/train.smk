@@ -9,7 +9,7 @@ rule train:
         run_conda_env
     threads: run_threads
     resources:
-        **job_resources(run_request),
+        **job_resources(run_request, RUN_REQUESTS.values()),
     params:
         spec=run_spec_json,
         on_failure=config["on_failure"],
@@ -31,7 +31,7 @@ rule probe:
         "../../envs/torch.yaml"
     threads: run_threads
     resources:
-        **job_resources(run_request),
+        **job_resources(run_request, RUN_REQUESTS.values()),
     params:
         spec=run_spec_json,
     shell:

@@ -100,8 +100,13 @@ class RunSpec:
         return tuple(getattr(self, k) for k in MATRIX_KEYS)
 
     def to_dict(self) -> dict:
-        d = asdict(self)
+        # field by field, not dataclasses.asdict: asdict deep-copies every value, and a dry-run
+        # serialises one spec per run (8,000 in a large study)
+        d = {name: getattr(self, name) for name in self.__dataclass_fields__}
         d["betas"] = list(self.betas)
+        for nested in ("fault", "image_source"):
+            if d[nested] is not None:
+                d[nested] = asdict(d[nested])
         return d
 
     def to_json(self) -> str:

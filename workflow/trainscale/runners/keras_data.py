@@ -68,10 +68,11 @@ def train_dataset(
     total = n * spec.scale
     images, labels, norm = tf.constant(x), tf.constant(arrays.train_y), normaliser(arrays)
     b = spec.per_worker_batch_size
-    lo, hi = (0, spec.global_batch_size) if rank is None else (rank * b, (rank + 1) * b)
 
     def batch(idx):
-        idx = idx[lo:hi] % n
+        if rank is not None:  # (decided when the map is traced: no op for the whole batch)
+            idx = idx[rank * b : (rank + 1) * b]
+        idx = idx % n
         return norm(tf.gather(images, idx)), tf.gather(labels, idx)
 
     return (

@@ -116,6 +116,7 @@ class KerasStrategy:
         return [(row, host)]
 
     def fit(self, model, dataset, steps: int, callbacks: list) -> None:
+        """All epochs (Horovod elastic would run this inside `hvd.elastic.run`)."""
         model.fit(
             dataset,
             epochs=self.spec.epochs,

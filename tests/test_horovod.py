@@ -80,9 +80,9 @@ def study(tmp_path_factory) -> dict:
     cmd = [SNAKEMAKE, "-s", str(ROOT / "Snakefile")]
     cmd += ["--directory", str(workdir), "--cores", "2"]
     cmd += ["--configfile", str(ROOT / ".test" / "horovod.yaml")]
-    p = subprocess.run(
-        cmd, capture_output=True, text=True, timeout=900, env=run_env(TRAINSCALE_SAVE_WEIGHTS=save)
-    )
+    # the test plug-in (tests/tap_plugin) saves the Keras weights
+    env = run_env(TRAINSCALE_SAVE_WEIGHTS=save, **tap.env(workdir / "tap"))
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     recs = {}
     for f in sorted((workdir / "results" / "ci-horovod").glob("runs/**/metrics.json")):
@@ -223,13 +223,13 @@ def test_horovod_with_sgd_trains_one_process_weights(tmp_path, strategy, referen
         }
         spec = build_runs(validated(cfg))[0][0]
         out, taps = tmp_path / s / "metrics.json", tmp_path / f"{s}-tap"
-        save = str(tmp_path / f"{s}-{{rank}}{ext}")
+        # every Horovod rank saves its own weights; the one process at the path as given
+        save = str(tmp_path / (f"{s}-{{rank}}{ext}" if s == strategy else f"{s}{ext}"))
         p = launch(spec, out, timeout=240, TRAINSCALE_SAVE_WEIGHTS=save, **tap.env(taps))
         assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
         rec = metrics.read(out)
         assert rec["status"] == "ok", rec["error"]
         tap.assert_throughput_matches_the_work(rec, taps, feeds_per_step=workers)
-        # Horovod's runners fill in {rank}; one process writes the path as given
         finals[s] = tap.load(Path(save.format(rank=0) if s == strategy else save))
         inits[s] = tap.initial_weights(taps)
     ref, hvd = finals[reference], finals[strategy]

@@ -126,6 +126,7 @@ def test_tf_runner_and_its_launchers_never_import_torch():
     code = (
         "import sys; sys.modules['torch'] = None\n"
         "import trainscale.launch, trainscale.tfrun, trainscale.runners.tf\n"
+        "import trainscale.runners.keras_loop, trainscale.cpu_usage\n"
         "import tf_keras, tensorflow as tf\n"
         "assert tf.keras.__name__.startswith('tf_keras'), tf.keras.__name__\n"
         "print('ok', tf.__version__, tf_keras.__version__)\n"
@@ -199,7 +200,7 @@ def _spec(**kw):
 def test_keras_optimizer_follows_pytorch_step_for_step(optimizer):
     """Gradients kept away from zero: there Keras' Adam adds epsilon to sqrt(v) before the bias
     correction (PyTorch after it), a difference that only shows where sqrt(v) ~ eps."""
-    from trainscale.runners import tf as tf_runner
+    from trainscale.runners import keras_loop
 
     spec = _spec(optimizer=optimizer)
     w0 = np.linspace(-1, 1, 6).astype(np.float32)
@@ -210,15 +211,15 @@ def test_keras_optimizer_follows_pytorch_step_for_step(optimizer):
     if spec.optimizer == "sgd":
         kw["momentum"] = spec.momentum
     topt = topt([wt], lr=spec.lr, weight_decay=spec.weight_decay, **kw)
-    wk = tf_runner.tf.Variable(w0)
-    kopt = tf_runner.make_optimizer(spec)
+    wk = keras_loop.tf.Variable(w0)
+    kopt = keras_loop.make_optimizer(spec)
     for _ in range(5):
         loss = ((wt - torch.from_numpy(target)) ** 3).abs().sum()
         topt.zero_grad()
         loss.backward()
         topt.step()
-        with tf_runner.tf.GradientTape() as tape:
-            kloss = tf_runner.tf.reduce_sum(tf_runner.tf.abs((wk - target) ** 3))
+        with keras_loop.tf.GradientTape() as tape:
+            kloss = keras_loop.tf.reduce_sum(keras_loop.tf.abs((wk - target) ** 3))
         kopt.apply_gradients([(tape.gradient(kloss, wk), wk)])
     np.testing.assert_allclose(wk.numpy(), wt.detach().numpy(), rtol=1e-5, atol=1e-6)
 

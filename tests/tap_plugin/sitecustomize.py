@@ -7,6 +7,9 @@ TRAINSCALE_TEST_TAP=DIR, and every process of a run (each rank) writes into DIR
   process really fed: for PyTorch runners each call of `F.cross_entropy` that builds a graph
   (a training loss; evaluation runs under no_grad), for TensorFlow runners each call of the Keras
   model's `train_step` (once per replica and step, with that replica's share of the batch);
+- with TRAINSCALE_SAVE_WEIGHTS=PATH: the final weights of a Keras run (`get_weights()` as
+  `.npz`, once `model.fit` returns), at PATH from rank 0, or, where PATH holds `{rank}` (and
+  `{strategy}`), from every rank at PATH formatted with its rank (and the run's strategy);
 - `exposed-<pid>.txt`: the same lines for the extra steps a multi-worker run takes with
   gradient synchronisation off (`trainscale.runners.exposed`), which count in no epoch and no
   throughput figure, so they are kept apart from the training batches.
@@ -92,6 +95,23 @@ def _patch_models(mod) -> None:
     mod.build = build
 
 
+def _spec_strategy() -> str:
+    """The run's strategy, from the worker's command line (`--spec JSON`)."""
+    import json
+
+    argv = sys.argv
+    return json.loads(argv[argv.index("--spec") + 1])["strategy"] if "--spec" in argv else ""
+
+
+def _save_final_weights(save) -> None:
+    """`save(path)` the final weights where TRAINSCALE_SAVE_WEIGHTS says: with `{rank}` in it
+    (and optionally `{strategy}`) every rank its own, else rank 0 alone at that path."""
+    path = os.environ.get("TRAINSCALE_SAVE_WEIGHTS")
+    if not path or ("{rank}" not in path and _rank() != 0):
+        return
+    save(path.format(rank=_rank(), strategy=_spec_strategy()))
+
+
 def _patch_keras_models(mod) -> None:
     real = mod.build
 
@@ -113,6 +133,14 @@ def _patch_keras_models(mod) -> None:
                 return real_step(data)
 
         model.train_step = train_step
+        real_fit = model.fit
+
+        def fit(*args, **kw):  # the weights training ended with, before any evaluation after
+            history = real_fit(*args, **kw)
+            _save_final_weights(lambda path: np.savez(path, *model.get_weights()))
+            return history
+
+        model.fit = fit
         return model
 
     mod.build = build

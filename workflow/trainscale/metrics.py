@@ -18,6 +18,8 @@ Every per-run figure in metrics.json is defined here, once:
   start-up to the end of the last epoch, every evaluation left out (trainscale.memory).
 - evaluation peak memory (`memory.eval_peak_*`): the same peaks over the evaluations alone;
   null where nothing was evaluated (synthetic data, whose accuracy means nothing).
+- device.utilization_mean: mean over processes of NVML's GPU utilisation, on CPU of their busy
+  share of their thread budget (trainscale.cpu_usage); energy_joules: NVML's sum, null on CPU.
 - communication (multi-worker runs): compute_seconds_per_step, the median rank-0 step time of
   extra steps with gradient synchronisation off (after the timed epochs, in no other figure);
   exposed_seconds_per_step = max(0, steady step − compute); method says how synchronisation

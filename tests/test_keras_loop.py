@@ -1,0 +1,99 @@
+"""The one Keras loop (runners/keras_loop.py) under each of its plug-ins: every TensorFlow
+strategy writes the same metric keys, per-rank memory, utilisation and energy alike."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainscale import metrics
+from trainscale.cpu_usage import CpuBusy, busy_percent
+from trainscale.matrix import build_runs
+
+from conftest import launch, validated
+
+#: (strategy, workers, worker processes) of the family, each run tiny: 2 epochs of 4 steps
+FAMILY = [("tf", 1, 1), ("tf-mirrored", 2, 1), ("tf-multiworker", 2, 2), ("horovod-keras", 2, 2)]
+#: record blocks a plug-in adds on top of the loop's (KerasStrategy.extra_metrics)
+EXTRA = {"horovod-keras": {"horovod"}}
+
+
+def keys(d: dict, prefix: str = "") -> set[str]:
+    """Every key path of a record (`memory.peak_host_rss_bytes`), lists' items left out."""
+    out = set()
+    for k, v in d.items():
+        out.add(prefix + k)
+        if isinstance(v, dict) and k not in ("spec", "frameworks"):
+            out |= keys(v, f"{prefix}{k}.")
+    return out
+
+
+def test_busy_percent_is_the_share_of_the_thread_budget():
+    assert busy_percent(3.0, 2.0, 2) == 75.0
+    assert busy_percent(9.0, 2.0, 2) == 100.0  # more threads than its budget: the unit is full
+    assert busy_percent(1.0, 0.0, 1) is None
+    busy = CpuBusy(threads=1).start()
+    sum(i * i for i in range(2_000_000))  # one busy thread
+    assert 50 < busy.stop() <= 100
+
+
+@pytest.fixture(scope="module")
+def family(tmp_path_factory) -> dict[str, dict]:
+    tmp = tmp_path_factory.mktemp("keras-family")
+    recs = {}
+    for strategy, workers, _ in FAMILY:
+        cfg = {
+            "study": "t",
+            "epochs": 2,
+            "steps_per_epoch": 4,
+            "matrix": {
+                "strategy": [strategy],
+                "model": ["seed-small"],
+                "dataset": ["digits"],
+                "workers": [workers],
+                "batch_size": [64],
+            },
+        }
+        spec = build_runs(validated(cfg))[0][0]
+        out = tmp / strategy / "metrics.json"
+        p = launch(spec, out, timeout=240)
+        assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+        recs[strategy] = metrics.read(out)
+        assert recs[strategy]["status"] == "ok", recs[strategy]["error"]
+    return recs
+
+
+@pytest.mark.slow
+def test_every_keras_runner_writes_the_same_metric_keys(family):
+    """One loop, one record: the same keys in every run of the family (a one-worker run has no
+    `communication` block, and a plug-in's own blocks are named in EXTRA)."""
+    full = keys(family["tf-multiworker"])
+    for strategy, rec in family.items():
+        extra = EXTRA.get(strategy, set())
+        assert extra <= set(rec), strategy
+        got = {k for k in keys(rec) if k.split(".")[0] not in extra}
+        want = (
+            full
+            if rec["spec"]["world_size"] > 1
+            else {k for k in full if not k.startswith("communication")}
+        )
+        assert got == want, (strategy, got ^ want)
+        epoch_keys = [set(e) for e in rec["epochs"]]
+        assert epoch_keys == [set(e) for e in family["tf"]["epochs"]], strategy
+
+
+@pytest.mark.slow
+def test_every_keras_runner_records_per_rank_memory_utilisation_and_step_p95(family):
+    for strategy, _, processes in FAMILY:
+        rec = family[strategy]
+        mem, dev = rec["memory"], rec["device"]
+        per_rank = mem["per_rank_host_rss_bytes"]
+        assert len(per_rank) == processes and all(v > 100 * 2**20 for v in per_rank), strategy
+        assert max(per_rank) == mem["peak_host_rss_bytes"]
+        assert mem["per_rank_device_bytes"] is None  # CPU
+        # the worker processes' busy share of their CPU cores (trainscale.cpu_usage)
+        assert 0 < dev["utilization_mean"] <= 100, (strategy, dev)
+        assert "energy_joules" in dev and dev["energy_joules"] is None  # no sensor on CPU
+        assert dev["count"] == rec["spec"]["world_size"]
+        for e in rec["epochs"]:
+            assert 0 < e["step_seconds_p50"] <= e["step_seconds_p95"], (strategy, e)
+        assert len(rec["env"]["rank_hosts"]) == processes

@@ -184,7 +184,8 @@ def fit(obs: pd.DataFrame | dict, net: Network, u: float = 0.0) -> Fit:
     n, k, b, comp = a["world_size"][multi], a["nodes"][multi], a["b"][multi], a["compute"][multi]
     comp = np.where(np.isnan(comp), c0 + c1 * b, comp)
     e = np.maximum(0.0, a["t_step"][multi] - comp)
-    shapes, inverse = np.unique(np.stack([n, k], axis=1), axis=0, return_inverse=True)
+    keys, first, inverse = np.unique(n * 1e6 + k, return_index=True, return_inverse=True)
+    shapes = np.stack([n[first], k[first]], axis=1)  # (N, nodes) in the order of `keys`
     per_shape = [t_comm(a["strategy"], int(x), int(y), a["S"], net, u) for x, y in shapes]
     tc = np.asarray(per_shape)[inverse.ravel()]
     if len(shapes) == 1:
@@ -193,10 +194,18 @@ def fit(obs: pd.DataFrame | dict, net: Network, u: float = 0.0) -> Fit:
         if d >= 0:
             return Fit(c0, c1, d, 0.0, (note, how + "overlap = 0"))
         return Fit(c0, c1, 0.0, -d, (note, how + "t_fixed = 0"))
+    # The hidden time takes one value per (N, nodes) shape, so the sums over runs reduce to
+    # sums over shapes of each shape's count, Σe and Σe² (grid × shapes, not grid × runs: the
+    # bootstrap refits this thousands of times).
+    count = np.bincount(inverse.ravel(), minlength=len(shapes)).astype(float)
+    sum_e = np.bincount(inverse.ravel(), weights=e, minlength=len(shapes))
+    sum_e2 = np.bincount(inverse.ravel(), weights=e * e, minlength=len(shapes))
+    tcs = np.asarray(per_shape, dtype=float)
     grid = np.linspace(0.0, max(float(tc.max()), 1e-12), GRID)
-    hidden = np.maximum(0.0, tc[None, :] - grid[:, None])  # (grid, runs)
-    t_fixed = np.maximum(0.0, (e[None, :] - hidden).mean(axis=1))
-    sse = ((e[None, :] - t_fixed[:, None] - hidden) ** 2).sum(axis=1)
+    hidden = np.maximum(0.0, tcs[None, :] - grid[:, None])  # (grid, shapes)
+    t_fixed = np.maximum(0.0, (sum_e.sum() - hidden @ count) / count.sum())
+    shift = t_fixed[:, None] + hidden  # what the model says e is, per grid point and shape
+    sse = sum_e2.sum() - 2 * (shift @ sum_e) + (shift * shift) @ count
     i = int(np.argmin(sse))
     how = f"t_fixed and overlap fitted over {len(shapes)} multi-worker world sizes"
     return Fit(c0, c1, float(t_fixed[i]), float(grid[i]), (note, how))

@@ -1,9 +1,10 @@
-"""Snakemake script: every figure of reports/figures.yaml as SVG and PNG from the study's tables."""
+"""Snakemake script: every figure of reports/figures.yaml as PNG (and SVG with config
+`report.svg`) from the study's tables (trainscale.pipeline.figures)."""
 
 import sys
 from pathlib import Path
 
-from trainscale import aggregate, plots
+from trainscale import aggregate, pipeline
 
 with open(snakemake.log[0], "w") as log:  # noqa: F821 (injected by Snakemake)
     sys.stderr = log
@@ -15,6 +16,8 @@ with open(snakemake.log[0], "w") as log:  # noqa: F821 (injected by Snakemake)
         name=snakemake.config["study"],  # noqa: F821
     )
     out = Path(snakemake.output[0]).parent  # noqa: F821
-    notes = plots.render_all(study, out, jobs=snakemake.threads)  # noqa: F821
-    for name, note in notes.items():
-        print(f"trainscale: figure {name}: {note or 'drawn'}", file=log)
+    drawn = pipeline.figures(study, out, dict(snakemake.config), jobs=snakemake.threads)  # noqa: F821
+    for name, d in drawn.items():
+        print(f"trainscale: figure {name}: {d.note or 'drawn'}", file=log)
+        for stem, selection in d.images if d.note is None else ():
+            print(f"trainscale:   {stem}.png{': ' + selection if selection else ''}", file=log)

@@ -131,7 +131,7 @@ def lines(
 ) -> Figure:
     """Facets (the kind's row × col keys) of error-bar lines: colour = `hue`, style = every
     other varying key, so each line is one sequence of cells along `x`."""
-    d = data.copy()
+    d = data.sort_values(x, kind="stable")  # a copy, in x order: every line's points in order
     row, col = kind.row, kind.col
     used = {x, hue, *row, *col}
     style_keys = [k for k in KEYS if k not in used and k in d]
@@ -175,7 +175,6 @@ def lines(
             continue
         bars = []  # every error bar of the axes, drawn as one collection (fast)
         for (hv, sv), s in sub.groupby([hue, "_style"], sort=True):
-            s = s.sort_values(x)
             marker, dash = styles[sv]
             xs = s[x].to_numpy(dtype=float) * dodge[hv]
             ys = s[y].to_numpy(dtype=float)

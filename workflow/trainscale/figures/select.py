@@ -81,7 +81,7 @@ def _reduce(
         cut, kept = fastest(d, speed, k, highlight)
         if n_facets(cut, kind) <= MAX_FACETS or k == 1:
             break
-    named = [h for h in highlight if h in kept]
+    named = [h for h in highlight if h in kept and h not in fastest(d, speed, k, ())[1]]
     plus = f" plus report.highlight ({', '.join(named)})" if named else ""
     return cut, (
         f"Draws only the strategies that matter: per model and dataset the {k} fastest "

@@ -394,11 +394,11 @@ def test_tables_from_real_small_runs(tmp_path):
     assert two["speedup_vs_single"] == pytest.approx(x2 / best1)
     assert len(study.epochs) == 3 * 2 and study.convergence["train_loss_mean"].notna().all()
     # and the figures and report of those real runs
-    from trainscale import plots, report
+    from trainscale import figures, report
 
-    notes = plots.render_all(study, tmp_path / "figures", jobs=2)
-    assert notes["throughput"] is None and notes["speedup"] is None
-    page = report.write_html(study, tmp_path / "report.html", tmp_path / "figures", notes=notes)
+    drawn = figures.render_all(study, tmp_path / "figures", jobs=2)
+    assert drawn["throughput"].note is None and drawn["speedup"].note is None
+    page = report.write_html(study, tmp_path / "report.html", tmp_path / "figures", drawn=drawn)
     text = page.read_text()
     assert "torch-ddp" in text and "Methods" in text and 'src="data:image/png;base64,' in text
 

@@ -16,12 +16,13 @@ import xml.etree.ElementTree as ET
 import zipfile
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 from test_aggregate import failed_record, ok_record, spec_for, write
 from test_collectives import fake_collectives
 
-from trainscale import aggregate, metrics, plots, report
+from trainscale import aggregate, figures, metrics, report
 from trainscale.matrix import build_runs
 from trainscale.study import Study
 
@@ -143,8 +144,11 @@ def test_cli_exit_codes(tmp_path, capsys):
 
 
 def test_figure_kinds_are_listed_once():
-    assert sorted(plots.FIGURES) == sorted(plots.DRAW) == sorted(plots.DATA) == sorted(FIGURES)
-    for name, info in plots.FIGURES.items():
+    assert list(figures.REGISTRY) == list(figures.FIGURES)
+    assert sorted(figures.FIGURES) == sorted(FIGURES)
+    for name, kind in figures.REGISTRY.items():
+        assert kind.name == name and callable(kind.data) and callable(kind.draw), name
+    for name, info in figures.FIGURES.items():
         assert {"title", "category"} <= set(info), name
         assert (ROOT / "reports" / "figures" / f"{name}.rst").read_text().strip(), name
     smk = (ROOT / "workflow" / "rules" / "report.smk").read_text()
@@ -153,13 +157,12 @@ def test_figure_kinds_are_listed_once():
 
 def test_every_figure_is_drawn_for_a_rich_study(built):
     out, study = built
-    notes = {name: plots.why_absent(name, study) for name in FIGURES}
+    notes = {name: figures.why_absent(name, study) for name in FIGURES}
     assert notes == dict.fromkeys(FIGURES), notes
     for name in FIGURES:
         assert (out / "figures" / f"{name}.png").read_bytes().startswith(PNG)
-        svg = ET.parse(out / "figures" / f"{name}.svg").getroot()
-        assert svg.tag.endswith("svg")
-        assert "no data in this study" not in (out / "figures" / f"{name}.svg").read_text()
+    # report.svg is false by default: PNG only
+    assert not list((out / "figures").glob("*.svg"))
 
 
 def test_every_line_fits_its_facet(built):
@@ -167,10 +170,11 @@ def test_every_line_fits_its_facet(built):
     the facets drawn last (a limit fixed too early once cut the larger lines off)."""
     _, study = built
     for name in FIGURES:
-        d = plots.DATA[name](study)
+        kind = figures.REGISTRY[name]
+        d = kind.data(study)
         if name == "efficiency_heatmap":
             continue  # images, not lines
-        fig = plots.DRAW[name](d)
+        fig = kind.draw(d, kind)
         for ax in fig.axes:
             lo, hi = ax.get_ylim()
             for line in ax.get_lines():
@@ -190,7 +194,8 @@ def test_absent_data_gives_a_note_image_not_an_empty_plot(tmp_path):
     s = spec_for("torch-ddp", 2)  # a 2-worker cell whose N=1 baseline was never run
     paths.append(write(runs, s, ok_record(s, [0.6, 0.6])))
     study = Study.build(paths)
-    notes = plots.render_all(study, tmp_path / "figures")
+    drawn = figures.render_all(study, tmp_path / "figures", svg=True)
+    notes = {n: d.note for n, d in drawn.items()}
     absent = {n for n, note in notes.items() if note}
     assert absent == {
         "speedup",
@@ -205,13 +210,56 @@ def test_absent_data_gives_a_note_image_not_an_empty_plot(tmp_path):
     assert "more than one dataset scale" in notes["throughput_scale"]
     for name in FIGURES:
         svg = (tmp_path / "figures" / f"{name}.svg").read_text()
+        assert ET.fromstring(svg).tag.endswith("svg")  # report.svg: true writes SVG as well
         assert (tmp_path / "figures" / f"{name}.png").read_bytes().startswith(PNG)
         assert ("no data in this study" in svg) == (name in absent), name
-    page = report.render_html(report.context(study, tmp_path / "figures", notes))
+    page = report.render_html(report.context(study, tmp_path / "figures", drawn))
     for name in absent:
         assert f"Not drawn: {html.escape(notes[name])}" in page
     nothing = Study.build([])
-    assert all(plots.why_absent(n, nothing) for n in FIGURES)
+    assert all(figures.why_absent(n, nothing) for n in FIGURES)
+
+
+def _cells(strategies: int, models: int, datasets: int = 1) -> pd.DataFrame:
+    """A scaling table of made-up cells: strategy s{i} is faster the larger i is."""
+    rows = [
+        {"strategy": f"s{i:02d}", "model": f"m{m}", "dataset": f"d{d}", "world_size": n,
+         "throughput_mean": 100.0 * (i + 1) * n}
+        for i in range(strategies) for m in range(models) for d in range(datasets)
+        for n in (1, 2)
+    ]  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def test_a_figure_over_12_facets_draws_the_fastest_strategies_and_the_highlighted():
+    from trainscale.figures import select
+
+    kind = figures.REGISTRY["epoch_time"]  # facets: model · dataset × strategy
+    d = _cells(strategies=16, models=2)
+    speed = d.groupby(["model", "dataset", "strategy"])["throughput_mean"].max()
+    assert select.n_facets(d, kind) == 32
+    parts = select.parts(d, kind, speed, highlight=["s00"])
+    assert len(parts) == 1 and parts[0].stem == "epoch_time"
+    assert select.n_facets(parts[0].data, kind) <= select.MAX_FACETS
+    kept = sorted(parts[0].data["strategy"].unique())
+    assert "s00" in kept and "s15" in kept  # the highlighted slow one and the fastest
+    assert len(kept) == 4  # 2 rows × (the 3 fastest + s00) = 8 facets
+    assert "the 3 fastest" in parts[0].note and "report.highlight (s00)" in parts[0].note
+    small = _cells(strategies=3, models=2)
+    assert select.parts(small, kind, speed)[0].note is None  # 6 facets: the whole study
+
+
+def test_a_figure_over_12_facets_without_strategy_facets_is_split_per_model():
+    from trainscale.figures import select
+
+    kind = figures.REGISTRY["warmup"]  # facets: model · dataset × 3 kinds of epoch time
+    d = _cells(strategies=2, models=3, datasets=2)
+    d = pd.concat([d.assign(kind=k) for k in ("a", "b", "c")], ignore_index=True)
+    parts = select.parts(d, kind, pd.Series(dtype=float))
+    assert [p.stem for p in parts] == ["warmup", "warmup--m1", "warmup--m2"]
+    for p, model in zip(parts, ("m0", "m1", "m2"), strict=True):
+        assert set(p.data["model"]) == {model} and select.n_facets(p.data, kind) == 6
+        assert f"one figure per model (3): this one {model}" in p.note and model in p.title
 
 
 # --------------------------------------------------------------------------------------------
@@ -368,6 +416,7 @@ def test_snakemake_reports_copied_results_without_training(tmp_path):
             "epochs": 3,
             "repeats": 2,
             "target_accuracy": 0.6,
+            "report": {"svg": True},
             "matrix": {
                 "strategy": ["torch", "torch-ddp"],
                 "model": ["seed-small"],
@@ -428,8 +477,8 @@ def test_snakemake_reports_copied_results_without_training(tmp_path):
         index = z.read(next(n for n in names if n.endswith("report/report.html"))).decode()
     assert any(n.endswith("/report.html") and "/data/raw/" in n for n in names)
     for name in FIGURES:
-        info = plots.FIGURES[name]
-        assert any(n.endswith(f"/{name}.svg") for n in names), name
+        info = figures.FIGURES[name]
+        assert any(n.endswith(f"/{name}.png") for n in names), name  # --report takes PNG
         assert info["title"] in index and info["category"] in index
     assert '"strategy": "torch, torch-ddp"' in index and '"model": "seed-small"' in index
 

@@ -277,18 +277,25 @@ STUDY_LABELS = {
 
 
 def figure_outputs():
-    """Every figure's SVG (registered for `snakemake --report` under its category, with its own
-    caption and labels) and PNG, as named outputs `<name>_svg` and `<name>_png`."""
+    """Every figure's PNG, registered for `snakemake --report` under its category with its own
+    caption and labels, as named outputs `<name>_png`; and `<name>_svg` with report.svg.
+    """
     out = {}
     for name, fig in FIGURES.items():
-        out[f"{name}_svg"] = report(
-            f"{RESULTS}/figures/{name}.svg",
+        out[f"{name}_png"] = report(
+            f"{RESULTS}/figures/{name}.png",
             caption=f"../../reports/figures/{name}.rst",
             category=fig["category"],
             labels={"figure": fig["title"], **STUDY_LABELS},
         )
-        out[f"{name}_png"] = f"{RESULTS}/figures/{name}.png"
-    return out
+    return {**out, **svg_outputs(FIGURES)}
+
+
+def svg_outputs(names):
+    """`<name>_svg` outputs, only with config report.svg: true (report.html embeds PNG)."""
+    if not config["report"]["svg"]:
+        return {}
+    return {f"{name}_svg": f"{RESULTS}/figures/{name}.svg" for name in names}
 
 
 # --- predicted scaling (rule `predictions` in predict.smk, trainscale/predict.py)

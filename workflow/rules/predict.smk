@@ -8,6 +8,7 @@ rule predictions:
         collectives=rules.collectives_table.output.collectives,
         card=[config["predict"]["card"]] if config["predict"].get("card") else [],
     output:
+        **svg_outputs(["predicted_scaling"]),
         predictions=report(
             f"{RESULTS}/predictions.csv",
             caption="../../reports/predictions.rst",
@@ -20,9 +21,8 @@ rule predictions:
             category="Tables",
             labels={"table": "prediction check (leave-one-out)"},
         ),
-        png=f"{RESULTS}/figures/predicted_scaling.png",
-        svg=report(
-            f"{RESULTS}/figures/predicted_scaling.svg",
+        png=report(
+            f"{RESULTS}/figures/predicted_scaling.png",
             caption="../../reports/figures/predicted_scaling.rst",
             category="Scaling",
             labels={"figure": "Predicted scaling", **STUDY_LABELS},
@@ -34,5 +34,6 @@ rule predictions:
         "../../envs/torch.yaml"
     params:
         predict=config["predict"],
+        report=config["report"],
     script:
         "../scripts/predictions.py"

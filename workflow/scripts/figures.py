@@ -1,15 +1,18 @@
-"""Snakemake script: every figure of reports/figures.yaml as SVG and PNG from the study's tables."""
+"""Snakemake script: every figure of reports/figures.yaml as PNG (and SVG with config
+`report.svg`) from the study's tables (trainscale.pipeline.figures)."""
 
 import sys
 from pathlib import Path
 
-from trainscale import plots
+from trainscale import pipeline
 from trainscale.study import Study
 
 with open(snakemake.log[0], "w") as log:
     sys.stderr = log
     study = Study.read(snakemake.input, snakemake.config["study"])
     out = Path(snakemake.output[0]).parent
-    notes = plots.render_all(study, out, jobs=snakemake.threads)
-    for name, note in notes.items():
-        print(f"trainscale: figure {name}: {note or 'drawn'}", file=log)
+    drawn = pipeline.figures(study, out, dict(snakemake.config), jobs=snakemake.threads)
+    for name, d in drawn.items():
+        print(f"trainscale: figure {name}: {d.note or 'drawn'}", file=log)
+        for stem, selection in d.images if d.note is None else ():
+            print(f"trainscale:   {stem}.png{': ' + selection if selection else ''}", file=log)

@@ -97,9 +97,6 @@ from trainscale.metrics_tables import (
 from trainscale.study import Study, study_name
 from trainscale.summary import human, summary_text
 
-#: The name plots.py forks its figure workers with (kept until it imports `mp_context`).
-_mp_context = mp_context
-
 __all__ = [
     "BASELINE",
     "CELL",

@@ -147,52 +147,96 @@ def _arrays(obs: pd.DataFrame) -> dict:
     return a
 
 
-def fit_compute(a: dict) -> tuple[float, float, str]:
-    """(c0, c1, note) of t_compute(b) = c0 + c1·b from N = 1 steps and no-sync computes."""
-    one = a["world_size"] == 1
-    multi = (a["world_size"] > 1) & ~np.isnan(a["compute"])
-    b = np.concatenate([a["b"][one], a["b"][multi]])
-    t = np.concatenate([a["t_step"][one], a["compute"][multi]])
-    if not len(b):
+def fit_compute(b: np.ndarray, t: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray, str]:
+    """(c0, c1, note of row 0) of t_compute(b) = c0 + c1·b for each row of t (resamples), from
+    the observations w marks (N = 1 steps and no-sync computes at per-worker batches b, the
+    same in every row)."""
+    n = w.sum(axis=1)
+    if not n.all():
         raise ValueError("no run measures computation (no N = 1 run, no no-sync compute)")
-    if len(np.unique(b)) < 2:
-        note = f"compute measured at one per-worker batch ({b[0]:g}): assumed proportional to it"
-        return 0.0, float(t.mean() / b[0]), note
-    c1, c0 = np.polyfit(b, t, 1)
-    if c0 < 0:
-        return 0.0, float((b * t).sum() / (b * b).sum()), "compute fit through 0 (intercept < 0)"
-    if c1 < 0:
-        return float(t.mean()), 0.0, "compute constant in the batch (fitted slope < 0)"
-    bs = ", ".join(f"{v:g}" for v in np.unique(b))
-    return float(c0), float(c1), f"compute linear in the per-worker batch, fitted at b = {bs}"
+    values = np.unique(b[w.any(axis=0)])
+    b = b[None, :]
+    distinct = sum((w & (b == v)).any(axis=1) for v in values)
+    mb, mt = (w * b).sum(1) / n, np.where(w, t, 0.0).sum(1) / n
+    db, dt = np.where(w, b - mb[:, None], 0.0), np.where(w, t - mt[:, None], 0.0)
+    var = (db * db).sum(1)
+    c1 = (db * dt).sum(1) / np.where(var > 0, var, 1.0)  # least squares (polyfit, degree 1)
+    c0 = mt - c1 * mb
+    bw = np.where(w, b, 0.0)
+    through_0 = (bw * np.where(w, t, 0.0)).sum(1) / (bw * bw).sum(1)
+    one_b = distinct < 2
+    note_of = [
+        (one_b, f"compute measured at one per-worker batch ({values[0]:g}): assumed "
+         "proportional to it"),
+        (c0 < 0, "compute fit through 0 (intercept < 0)"),
+        (c1 < 0, "compute constant in the batch (fitted slope < 0)"),
+    ]  # fmt: skip
+    proportional = one_b | (c0 < 0)
+    constant = ~proportional & (c1 < 0)
+    c0, c1 = (
+        np.where(proportional, 0.0, np.where(constant, mt, c0)),
+        np.where(one_b, mt / values[0], np.where(c0 < 0, through_0, np.where(constant, 0.0, c1))),
+    )
+    bs = ", ".join(f"{v:g}" for v in values)
+    note = next((n for m, n in note_of if m[0]), f"compute linear in the per-worker batch, "
+                f"fitted at b = {bs}")  # fmt: skip
+    return c0, c1, note
+
+
+def fits(
+    a: dict, picks: np.ndarray, us: np.ndarray, net: Network
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, tuple[str, ...]]:
+    """(c0, c1, t_fixed, overlap) of the model fitted to each resample picks[i] (indices of
+    a's runs, every row with the same world sizes in the same places) with the benchmark read
+    at us[i], and the notes of row 0 (see the module docstring)."""
+    ws, nodes, b = (a[k][picks[0]] for k in ("world_size", "nodes", "b"))
+    t_step, comp = a["t_step"][picks], a["compute"][picks]
+    one = (ws == 1)[None, :]
+    use = one | ((ws > 1)[None, :] & ~np.isnan(comp))
+    c0, c1, note = fit_compute(b, np.where(one, t_step, comp), use)
+    multi = ws > 1
+    zero = np.zeros(len(picks))
+    if not multi.any():
+        return c0, c1, zero, zero, (note, "no multi-worker run: t_fixed = overlap = 0")
+    n, k, bm = ws[multi], nodes[multi], b[multi]
+    cm = comp[:, multi]
+    cm = np.where(np.isnan(cm), c0[:, None] + c1[:, None] * bm, cm)
+    e = np.maximum(0.0, t_step[:, multi] - cm)  # (resamples, runs)
+    keys, first, inverse = np.unique(n * 1e6 + k, return_index=True, return_inverse=True)
+    shapes = [(int(n[i]), int(k[i])) for i in first]  # (N, nodes) in the order of `keys`
+    tcs = np.array([[t_comm(a["strategy"], x, y, a["S"], net, u) for x, y in shapes] for u in us])
+    if len(shapes) == 1:
+        d = e.mean(axis=1) - tcs[:, 0]
+        how = "one multi-worker world size: t_fixed and overlap not separable, "
+        fixed, overlap = np.maximum(d, 0.0), np.maximum(-d, 0.0)
+        return c0, c1, fixed, overlap, (note, how + ("overlap = 0" if d[0] >= 0 else "t_fixed = 0"))
+    # The hidden time takes one value per (N, nodes) shape, so the sums over runs reduce to
+    # sums over shapes of each shape's count, Σe and Σe² (grid × shapes, not grid × runs).
+    members = [inverse.ravel() == j for j in range(len(shapes))]
+    count = np.array([m.sum() for m in members], dtype=float)
+    sum_e = np.stack([e[:, m].sum(axis=1) for m in members], axis=1)  # (resamples, shapes)
+    sum_e2 = np.stack([(e[:, m] ** 2).sum(axis=1) for m in members], axis=1)
+    grid = np.linspace(0.0, np.maximum(tcs.max(axis=1), 1e-12), GRID, axis=1)  # (resamples, grid)
+    hidden = np.maximum(0.0, tcs[:, None, :] - grid[:, :, None])  # (resamples, grid, shapes)
+    h1, h2 = hidden @ count, (hidden * hidden) @ count  # Σ n·h and Σ n·h², (resamples, grid)
+    he = np.einsum("rgs,rs->rg", hidden, sum_e)  # Σ h·Σe
+    total_e, n_runs = sum_e.sum(1)[:, None], count.sum()
+    t_fixed = np.maximum(0.0, (total_e - h1) / n_runs)
+    # Σ over shapes of Σe² − 2(t_fixed + h)·Σe + n·(t_fixed + h)², expanded
+    sse = sum_e2.sum(1)[:, None] - 2 * (t_fixed * total_e + he)
+    sse += n_runs * t_fixed**2 + 2 * t_fixed * h1 + h2
+    i = np.argmin(sse, axis=1)
+    rows = np.arange(len(picks))
+    how = f"t_fixed and overlap fitted over {len(shapes)} multi-worker world sizes"
+    return c0, c1, t_fixed[rows, i], grid[rows, i], (note, how)
 
 
 def fit(obs: pd.DataFrame | dict, net: Network, u: float = 0.0) -> Fit:
     """The model's parameters from one family's runs (see the module docstring)."""
     a = _arrays(obs) if isinstance(obs, pd.DataFrame) else obs
-    c0, c1, note = fit_compute(a)
-    multi = a["world_size"] > 1
-    if not multi.any():
-        return Fit(c0, c1, 0.0, 0.0, (note, "no multi-worker run: t_fixed = overlap = 0"))
-    n, k, b, comp = a["world_size"][multi], a["nodes"][multi], a["b"][multi], a["compute"][multi]
-    comp = np.where(np.isnan(comp), c0 + c1 * b, comp)
-    e = np.maximum(0.0, a["t_step"][multi] - comp)
-    shapes, inverse = np.unique(np.stack([n, k], axis=1), axis=0, return_inverse=True)
-    per_shape = [t_comm(a["strategy"], int(x), int(y), a["S"], net, u) for x, y in shapes]
-    tc = np.asarray(per_shape)[inverse.ravel()]
-    if len(shapes) == 1:
-        d = float(e.mean() - tc.mean())
-        how = "one multi-worker world size: t_fixed and overlap not separable, "
-        if d >= 0:
-            return Fit(c0, c1, d, 0.0, (note, how + "overlap = 0"))
-        return Fit(c0, c1, 0.0, -d, (note, how + "t_fixed = 0"))
-    grid = np.linspace(0.0, max(float(tc.max()), 1e-12), GRID)
-    hidden = np.maximum(0.0, tc[None, :] - grid[:, None])  # (grid, runs)
-    t_fixed = np.maximum(0.0, (e[None, :] - hidden).mean(axis=1))
-    sse = ((e[None, :] - t_fixed[:, None] - hidden) ** 2).sum(axis=1)
-    i = int(np.argmin(sse))
-    how = f"t_fixed and overlap fitted over {len(shapes)} multi-worker world sizes"
-    return Fit(c0, c1, float(t_fixed[i]), float(grid[i]), (note, how))
+    picks = np.arange(len(a["world_size"]))[None, :]
+    c0, c1, t_fixed, overlap, notes = fits(a, picks, np.array([u]), net)
+    return Fit(float(c0[0]), float(c1[0]), float(t_fixed[0]), float(overlap[0]), notes)
 
 
 # --------------------------------------------------------------------------------------------
@@ -216,7 +260,8 @@ def band(
     obs: pd.DataFrame, net: Network, targets: list[tuple[int, int, float]], seed: int = 0
 ) -> tuple[Fit, np.ndarray, np.ndarray, np.ndarray]:
     """(point fit, step seconds, lo, hi) at targets [(N, nodes, b)]: bootstrap percentiles of
-    a run's step time, widened to contain the point prediction."""
+    a run's step time, widened to contain the point prediction. The resamples are drawn one by
+    one (the random stream of the study's seed) and fitted together, DRAWS_AT_ONCE at a time."""
     a = _arrays(obs)
     strategy, size = a["strategy"], a["S"]
     point = fit(a, net)
@@ -224,18 +269,29 @@ def band(
     rng = np.random.default_rng(seed)
     groups = _groups(a)
     scatter = _scatter(a, groups)
-    draws = np.empty((BOOTSTRAP, len(targets)))
+    us, picks, noise = np.empty(BOOTSTRAP), [], np.empty((BOOTSTRAP, len(targets)))
     for i in range(BOOTSTRAP):
-        u = float(rng.uniform())
-        pick = np.concatenate([g[rng.integers(0, len(g), len(g))] for g in groups])
-        f = fit({**a, **{k: a[k][pick] for k in _COLUMNS}}, net, u)
-        noise = 1 + rng.choice(scatter, len(targets))
-        draws[i] = [f.step(strategy, n, k, b, size, net, u) for n, k, b in targets] * noise
+        us[i] = rng.uniform()
+        picks.append(np.concatenate([g[rng.integers(0, len(g), len(g))] for g in groups]))
+        noise[i] = 1 + rng.choice(scatter, len(targets))
+    picks = np.array(picks)
+    draws = np.empty((BOOTSTRAP, len(targets)))
+    for lo in range(0, BOOTSTRAP, DRAWS_AT_ONCE):
+        at = slice(lo, lo + DRAWS_AT_ONCE)
+        c0, c1, t_fixed, overlap, _ = fits(a, picks[at], us[at], net)
+        comm = np.array(
+            [[t_comm(strategy, n, k, size, net, u) for n, k, _ in targets] for u in us[at]]
+        )
+        b = np.array([t[2] for t in targets])
+        step = c0[:, None] + c1[:, None] * b + t_fixed[:, None]
+        draws[at] = (step + np.maximum(0.0, comm - overlap[:, None])) * noise[at]
     lo = np.minimum(np.percentile(draws, 2.5, axis=0), pred)
     hi = np.maximum(np.percentile(draws, 97.5, axis=0), pred)
     return point, pred, lo, hi
 
 
+#: Bootstrap resamples fitted in one array operation (memory: resamples × GRID × shapes).
+DRAWS_AT_ONCE = 50
 _COLUMNS = ("world_size", "nodes", "b", "t_step", "compute")
 
 

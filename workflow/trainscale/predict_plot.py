@@ -20,19 +20,19 @@ def _label(key: dict, strategies: int) -> str:
     return ", ".join(parts)
 
 
-def draw(pred: pd.DataFrame, out_dir: str | Path) -> list[Path]:
-    """<out_dir>/predicted_scaling.{png,svg}; a figure that says so when there is nothing."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def draw(pred: pd.DataFrame, out_dir: str | Path, svg: bool = False) -> list[Path]:
+    """<out_dir>/predicted_scaling.png (and .svg with config `report.svg`); a figure that says
+    so when there is nothing. A Figure object, no pyplot: importing pyplot costs more than
+    drawing this figure."""
+    from matplotlib.figure import Figure
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     strategies = sorted(pred["strategy"].unique()) if len(pred) else []
     cols = max(1, min(3, len(strategies)))
     rows = max(1, -(-len(strategies) // cols))
-    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.8 * rows), squeeze=False)
+    fig = Figure(figsize=(5 * cols, 3.8 * rows))
+    axes = fig.subplots(rows, cols, squeeze=False)
     for ax in axes.flat[len(strategies) :]:
         ax.set_visible(False)
     if not strategies:
@@ -67,10 +67,9 @@ def draw(pred: pd.DataFrame, out_dir: str | Path) -> list[Path]:
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7, title="solid measured, dashed predicted", title_fontsize=7)
     fig.tight_layout()
-    paths = [out_dir / f"{NAME}.png", out_dir / f"{NAME}.svg"]
+    paths = [out_dir / f"{NAME}.png"] + ([out_dir / f"{NAME}.svg"] if svg else [])
     for p in paths:
         fig.savefig(p, dpi=110)
-    plt.close(fig)
     return paths
 
 

@@ -1,0 +1,27 @@
+"""A study's figures, drawn with matplotlib (Figure objects, no pyplot state) in seaborn's
+style, from the study's tables (`trainscale.aggregate.Study`: scaling.csv, one row per cell,
+and the per-epoch convergence table), never from raw files, so a figure shows exactly what the
+tables say.
+
+- `registry`: the kinds (reports/figures.yaml) and the `@figure` decorator modules register with;
+- `style`: colours (STRATEGY_COLOURS), labels and the theme;
+- `facets`: the facet engine (grid, legend, the generic figure of error-bar lines);
+- `select`: what a figure draws when its facets would exceed 12;
+- `scaling`, `timing`, `throughput`, `accuracy`, `resources`: the figure kinds;
+- `render`: drawing into PNG (and SVG) files, in a process pool.
+"""
+
+from __future__ import annotations
+
+from trainscale.figures import accuracy, resources, scaling, throughput, timing  # noqa: F401
+from trainscale.figures.registry import FIGURES, REGISTRY
+from trainscale.figures.render import Drawn, plan, render, render_all, why_absent
+
+_unregistered = sorted(set(FIGURES) - set(REGISTRY))
+if _unregistered:
+    raise ImportError(f"figures listed in reports/figures.yaml but not drawn: {_unregistered}")
+_ordered = {name: REGISTRY[name] for name in FIGURES}  # the order of figures.yaml
+REGISTRY.clear()
+REGISTRY.update(_ordered)
+
+__all__ = ["FIGURES", "REGISTRY", "Drawn", "plan", "render", "render_all", "why_absent"]

@@ -1,0 +1,226 @@
+"""The facet engine: a grid of axes laid out in fixed inches, and the generic figure of
+error-bar lines every line figure is drawn with.
+
+Lines are cells that differ only in the x-axis value: the colour (hue) and the facet say which,
+and every other matrix value that varies in the study is a line style ("variant") listed in the
+legend, so no two cells are ever averaged together. Error bars are 95% confidence intervals over
+repeats (Student's t, defined in `trainscale.aggregate`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.ticker import FixedLocator, MaxNLocator, NullLocator
+
+from trainscale.figures.registry import Kind
+from trainscale.figures.style import DASHES, MARKERS, header, hue_title, label, labels, palette
+
+#: Cell keys as figures see them (world_size stands for workers: workers = N / nodes).
+KEYS = [
+    "strategy",
+    "model",
+    "dataset",
+    "scale",
+    "batch_size",
+    "batch_mode",
+    "nodes",
+    "precision",
+    "world_size",
+]
+#: Inches around the facets: left (y labels), top (titles), bottom (x labels), between rows.
+LEFT, TOP, BOTTOM, HSPACE = 0.95, 0.62, 0.55, 0.75
+#: At most this many y intervals per facet: readable on a 2.4-inch facet, and every tick is a
+#: grid line, a tick mark and a label to draw.
+Y_BINS = 5
+
+
+def grid(
+    rows: list[str],
+    cols: list[str],
+    *,
+    sharey: str | bool = "row",
+    w: float = 3.2,
+    h: float = 2.4,
+    side: float = 2.0,
+    legend_rows: int = 0,
+    wspace: float | None = None,
+    left: float = LEFT,
+) -> tuple[Figure, np.ndarray]:
+    """A figure of len(rows) × len(cols) axes of w × h inches, laid out in fixed inches (no
+    layout engine: it would cost more than the drawing), with `side` inches on the right for the
+    legend or colour bar (`finish` places it)."""
+    nr, nc = len(rows), len(cols)
+    ws = wspace if wspace is not None else (0.3 if sharey else 0.8)
+    grid_w, grid_h = nc * w + (nc - 1) * ws, nr * h + (nr - 1) * HSPACE
+    width = left + grid_w + side
+    height = max(TOP + grid_h + BOTTOM, TOP + 0.17 * legend_rows + 0.3)
+    fig = Figure(figsize=(width, height))
+    axes = fig.subplots(
+        nr,
+        nc,
+        squeeze=False,
+        sharey=sharey,
+        gridspec_kw={
+            "left": left / width,
+            "right": (left + grid_w) / width,
+            "top": 1 - TOP / height,
+            "bottom": 1 - (TOP + grid_h) / height,
+            "wspace": ws / w,
+            "hspace": HSPACE / h,
+        },
+    )
+    for ax in axes.flat:
+        ax.yaxis.set_major_locator(MaxNLocator(Y_BINS))
+    fig.ts_box = (width, height, left + grid_w, grid_h)  # for finish
+    return fig, axes
+
+
+def side_width(texts: Sequence[str]) -> float:
+    """Inches a legend with these labels needs (8 pt text, handle and padding)."""
+    return 0.75 + 0.062 * max((len(t) for t in texts), default=0)
+
+
+def finish(fig: Figure, title: str, handles: Sequence[Line2D] = ()) -> Figure:
+    """The legend to the right of the facets, and the title above them."""
+    width, height, right, _ = fig.ts_box
+    if handles:
+        fig.legend(
+            handles=list(handles),
+            loc="upper left",
+            bbox_to_anchor=((right + 0.2) / width, 1 - TOP / height),
+            frameon=False,
+            borderaxespad=0,
+        )
+    fig.suptitle(title, y=1 - 0.08 / height, va="top", fontsize=11)
+    return fig
+
+
+def xaxis(ax, values: Sequence, log2: bool) -> None:
+    """Ticks at exactly the x values measured (log 2 when asked and positive)."""
+    vals = sorted({float(v) for v in values if pd.notna(v)})
+    if log2 and len(vals) > 1 and min(vals) > 0:
+        ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_locator(FixedLocator(vals))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xticklabels([f"{v:g}" for v in vals])
+    if len(vals) == 1:
+        ax.set_xlim(vals[0] * 0.5, vals[0] * 1.5) if vals[0] else ax.set_xlim(-1, 1)
+
+
+def lines(
+    data: pd.DataFrame,
+    kind: Kind,
+    *,
+    x: str,
+    y: str,
+    err: str | None,
+    hue: str,
+    xlabel: str,
+    ylabel: str,
+    log2x: bool = False,
+    ideal: Callable | None = None,
+    ref: Callable | None = None,
+    legend_extra: Sequence[Line2D] = (),
+    ylim: tuple[float | None, float | None] = (0, None),
+    col_order: Sequence[str] | None = None,
+) -> Figure:
+    """Facets (the kind's row × col keys) of error-bar lines: colour = `hue`, style = every
+    other varying key, so each line is one sequence of cells along `x`."""
+    d = data.sort_values(x, kind="stable")  # a copy, in x order: every line's points in order
+    row, col = kind.row, kind.col
+    used = {x, hue, *row, *col}
+    style_keys = [k for k in KEYS if k not in used and k in d]
+    d["_row"] = labels(d, row)
+    d["_col"] = labels(d, col)
+    d["_style"] = labels(d, style_keys, only_varying=True)
+    rows, cols = sorted(d["_row"].unique()), sorted(d["_col"].unique())
+    if col_order:
+        cols = [c for c in col_order if c in cols]
+    colours = palette(d[hue], hue)
+    # hues side by side around the true x (multiplicative, so also even on log axes)
+    dodge = {v: 1 + 0.025 * (i - (len(colours) - 1) / 2) for i, v in enumerate(colours)}
+    # variants in the order of their values (batch 64 before batch 128), not of their labels
+    present = [k for k in style_keys if d[k].nunique(dropna=False) > 1]
+    variants = list(d.sort_values(present, kind="stable")["_style"].drop_duplicates())
+    styles = {
+        v: (MARKERS[i % len(MARKERS)], DASHES[(i // len(MARKERS)) % len(DASHES)])
+        for i, v in enumerate(variants)
+    }
+    if len(variants) == 1:
+        styles = {variants[0]: ("o", "-")}
+    handles = [header(hue_title(hue))]
+    handles += [Line2D([], [], color=colours[v], marker="o", label=label(hue, v)) for v in colours]
+    if len(variants) > 1:
+        handles.append(header("variant"))
+        handles += [
+            Line2D([], [], color="0.35", marker=styles[v][0], linestyle=styles[v][1], label=v)
+            for v in variants
+        ]
+    handles += list(legend_extra)
+    texts = [hd.get_label() for hd in handles]
+    fig, axes = grid(rows, cols, side=side_width(texts), legend_rows=len(handles))
+    facets = dict(iter(d.groupby(["_row", "_col"], sort=False)))
+    for (ri, r), (ci, c) in ((a, b) for a in enumerate(rows) for b in enumerate(cols)):
+        ax = axes[ri, ci]
+        sub = facets.get((r, c), d.iloc[0:0])
+        ax.set_title(" · ".join(p for p in (r, c) if p))
+        if sub.empty:
+            ax.text(0.5, 0.5, "no cells", ha="center", va="center", transform=ax.transAxes)
+            ax.set_xticks([])
+            continue
+        bars = []  # every error bar of the axes, drawn as one collection (fast)
+        for (hv, sv), s in sub.groupby([hue, "_style"], sort=True):
+            marker, dash = styles[sv]
+            xs = s[x].to_numpy(dtype=float) * dodge[hv]
+            ys = s[y].to_numpy(dtype=float)
+            ax.plot(
+                xs,
+                ys,
+                color=colours[hv],
+                marker=marker,
+                linestyle=dash,
+                markersize=4,
+                linewidth=1.3,
+            )
+            if err:
+                e = s[err].to_numpy(dtype=float)
+                keep = np.isfinite(e)
+                bars += [
+                    (xi, yi - ei, yi + ei, colours[hv])
+                    for xi, yi, ei in zip(xs[keep], ys[keep], e[keep], strict=True)
+                ]
+            if ideal is not None:
+                ideal(ax, s, colours[hv])
+        if bars:  # capless, as seaborn draws error bars
+            bx, lo, hi, cs = zip(*bars, strict=True)
+            ax.vlines(bx, lo, hi, colors=cs, linewidth=1.0)
+        if ref is not None:
+            ref(ax, sub)
+        xaxis(ax, sub[x], log2x)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel if ci == 0 else "")
+    # Only now, with every facet drawn: a row shares its y axis, and a limit set earlier would
+    # freeze the row's range before the later facets' data were in it (lines ran off the top).
+    for ax in axes.flat:
+        ax.set_ylim(*ylim)
+    return finish(fig, kind.title, handles)
+
+
+def ideal_linear(ax, s: pd.DataFrame, colour) -> None:
+    """Linear scaling from the series' N = 1 baseline: X(1) · N."""
+    base = s["baseline_throughput"].dropna()
+    if base.empty:
+        return
+    n = np.array(sorted({1.0, *s["world_size"].astype(float)}))
+    ax.plot(n, base.iloc[0] * n, color=colour, linestyle=":", linewidth=1.0, alpha=0.7)
+
+
+def reference_handle(label_text: str, linestyle: str = ":") -> Line2D:
+    """A legend row for a grey reference line (ideal scaling, 100 %)."""
+    colour, width = ("0.35", 1.0) if linestyle == ":" else ("0.2", 0.9)
+    return Line2D([], [], color=colour, linestyle=linestyle, linewidth=width, label=label_text)

@@ -1,0 +1,64 @@
+"""Throughput against the dataset scale and against the batch size, one facet per strategy."""
+
+from __future__ import annotations
+
+import pandas as pd
+from matplotlib.figure import Figure
+
+from trainscale.aggregate import Study
+from trainscale.figures.facets import KEYS, lines
+from trainscale.figures.registry import Kind, figure, ok_cells
+
+
+def varies_along(d: pd.DataFrame, x: str) -> bool:
+    """Whether some cells differ only in `x` (a line along x has two or more points)."""
+    rest = [k for k in KEYS if k != x]
+    return bool((d.groupby(rest, dropna=False)[x].nunique() > 1).any())
+
+
+def _along(study: Study, x: str, what: str) -> pd.DataFrame | str:
+    d = ok_cells(study, "throughput_mean")
+    if isinstance(d, str):
+        return d
+    if not varies_along(d, x):
+        values = ", ".join(map(str, sorted(d[x].unique())))
+        return f"no cell was run at more than one {what} ({x}: {values})"
+    return d
+
+
+def _throughput_scale(study: Study) -> pd.DataFrame | str:
+    return _along(study, "scale", "dataset scale")
+
+
+def _throughput_batch(study: Study) -> pd.DataFrame | str:
+    return _along(study, "batch_size", "batch size")
+
+
+@figure("throughput_scale", data=_throughput_scale, row=("model", "dataset"), col=("strategy",))
+def draw_throughput_scale(d: pd.DataFrame, kind: Kind) -> Figure:
+    return lines(
+        d,
+        kind,
+        x="scale",
+        y="throughput_mean",
+        err="throughput_ci95",
+        hue="world_size",
+        xlabel="dataset scale (training set repeated)",
+        ylabel="samples/s",
+        log2x=d["scale"].max() / max(d["scale"].min(), 1) >= 8,
+    )
+
+
+@figure("throughput_batch", data=_throughput_batch, row=("model", "dataset"), col=("strategy",))
+def draw_throughput_batch(d: pd.DataFrame, kind: Kind) -> Figure:
+    return lines(
+        d,
+        kind,
+        x="batch_size",
+        y="throughput_mean",
+        err="throughput_ci95",
+        hue="world_size",
+        xlabel="batch size (see batch mode)",
+        ylabel="samples/s",
+        log2x=True,
+    )

@@ -1,0 +1,69 @@
+"""Time figures: the steady epoch against workers by dataset scale, and epoch 1 (with warm-up)
+against the steady epoch."""
+
+from __future__ import annotations
+
+import pandas as pd
+from matplotlib.figure import Figure
+
+from trainscale.aggregate import Study
+from trainscale.figures.facets import lines
+from trainscale.figures.registry import Kind, figure, ok_cells
+
+WARMUP_KINDS = {
+    "epoch 1 (with warm-up)": "first_epoch_seconds",
+    "steady epoch (2..E)": "steady_epoch_seconds",
+    "overhead: epoch 1 − steady": "first_epoch_overhead_seconds",
+}
+
+
+def _epoch_time(study: Study) -> pd.DataFrame | str:
+    return ok_cells(study, "steady_epoch_seconds_mean")
+
+
+def _warmup(study: Study) -> pd.DataFrame | str:
+    d = ok_cells(study, "steady_epoch_seconds_mean")
+    if isinstance(d, str):
+        return d
+    d = d[d["first_epoch_seconds_mean"].notna()]
+    return pd.concat(
+        [
+            d.assign(kind=k, seconds=d[f"{c}_mean"], seconds_ci=d[f"{c}_ci95"])
+            for k, c in WARMUP_KINDS.items()
+        ],
+        ignore_index=True,
+    )
+
+
+@figure("epoch_time", data=_epoch_time, row=("model", "dataset"), col=("strategy",))
+def draw_epoch_time(d: pd.DataFrame, kind: Kind) -> Figure:
+    return lines(
+        d,
+        kind,
+        x="world_size",
+        y="steady_epoch_seconds_mean",
+        err="steady_epoch_seconds_ci95",
+        hue="scale",
+        xlabel="workers N (world size)",
+        ylabel="steady epoch seconds",
+    )
+
+
+@figure("warmup", data=_warmup, row=("model", "dataset"), col=("kind",))
+def draw_warmup(d: pd.DataFrame, kind: Kind) -> Figure:
+    fig = lines(
+        d,
+        kind,
+        x="world_size",
+        y="seconds",
+        err="seconds_ci",
+        hue="strategy",
+        xlabel="workers N (world size)",
+        ylabel="seconds",
+        ylim=(None, None),
+        col_order=list(WARMUP_KINDS),
+    )
+    for ax in fig.axes:
+        if "overhead" in ax.get_title():
+            ax.axhline(0, color="0.3", linewidth=0.8)
+    return fig

@@ -18,6 +18,13 @@ Every per-run figure in metrics.json is defined here, once:
   start-up to the end of the last epoch, every evaluation left out (trainscale.memory).
 - evaluation peak memory (`memory.eval_peak_*`): the same peaks over the evaluations alone;
   null where nothing was evaluated (synthetic data, whose accuracy means nothing).
+- utilization_mean (`device`, percent): on a GPU the mean of NVML's utilisation samples over
+  training, averaged over ranks; on CPU each worker's CPU busy share over its timed epochs,
+  process CPU time / (wall time × threads_per_worker), capped at 100, averaged over ranks
+  (trainscale.device_usage.cpu_busy_percent).
+- energy_joules (`device`): NVML's energy counter over training on a GPU, RAPL package counters
+  over the timed epochs on CPU (one reader per host), summed; null without a sensor, never
+  estimated.
 - communication (multi-worker runs): compute_seconds_per_step, the median rank-0 step time of
   extra steps with gradient synchronisation off (after the timed epochs, in no other figure);
   exposed_seconds_per_step = max(0, steady step − compute); method says how synchronisation
@@ -33,9 +40,7 @@ import os
 import platform
 import resource
 import socket
-import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -43,7 +48,8 @@ from typing import Any
 import yaml
 
 import trainscale
-from trainscale import data, nvml_devices
+from trainscale import data
+from trainscale.device_usage import GpuMonitor  # noqa: F401  (runners call metrics.GpuMonitor)
 
 SCHEMA_ID = "trainscale.metrics/1"
 SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schemas" / "metrics.schema.yaml"
@@ -208,92 +214,6 @@ def launch_info() -> dict:
     raw = os.environ.get("TRAINSCALE_LAUNCH")
     info = json.loads(raw) if raw else {}
     return {"command": info.get("command"), "mode": info.get("mode"), "exit_code": None}
-
-
-class GpuMonitor:
-    """Samples NVML utilisation and energy in a background thread while training runs.
-
-    `read` returns (utilization percent or None, energy millijoules or None) for the device
-    watched (NVML has no utilisation for a MIG-enabled GPU, and energy only since Volta);
-    on a machine without NVML `start()` finds nothing to watch and every result stays None.
-    """
-
-    def __init__(self, interval: float = 0.5, read=None) -> None:
-        self.interval = interval
-        self._read = read
-        self._samples: list[float] = []
-        self._energy0: float | None = None
-        self._energy1: float | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    @staticmethod
-    def nvml_reader(cuda_ordinal: int, cuda_uuid: object = None):
-        """A reader for the GPU that CUDA device `cuda_ordinal` of this process is, or None
-        where NVML is absent or no single NVML device matches (said on stderr).
-
-        `cuda_uuid` is the device's UUID as the framework reports it (torch's
-        `get_device_properties(i).uuid`, or its string); without it the CUDA driver is asked.
-        NVML numbers GPUs its own way, so the device is found by UUID
-        (`trainscale.nvml_devices`, which also says what is read for a MIG device)."""
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-        except Exception:
-            return None
-        uuid = nvml_devices.uuid_string(cuda_uuid) if cuda_uuid else None
-        try:
-            uuid = uuid or nvml_devices.cuda_driver_uuid(cuda_ordinal)
-            visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-            device = nvml_devices.find(pynvml, cuda_ordinal, uuid, visible)
-        except (nvml_devices.NvmlMappingError, pynvml.NVMLError) as e:
-            print(f"trainscale: no NVML readings for cuda:{cuda_ordinal}: {e}", file=sys.stderr)
-            return None
-        if device.mig:
-            print(f"trainscale: cuda:{cuda_ordinal} is a {device.what}", file=sys.stderr)
-        handle = device.handle
-
-        def read() -> tuple[float | None, float | None]:
-            try:  # NOT_SUPPORTED on a MIG-enabled GPU
-                util = float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
-            except pynvml.NVMLError:
-                util = None
-            try:
-                energy = float(pynvml.nvmlDeviceGetTotalEnergyConsumption(handle))
-            except pynvml.NVMLError:
-                energy = None
-            return util, energy
-
-        return read
-
-    def start(self) -> GpuMonitor:
-        if self._read is None:
-            return self
-        _, self._energy0 = self._read()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-        self._thread.start()
-        return self
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
-            util, _ = self._read()
-            if util is not None:
-                self._samples.append(util)
-
-    def stop(self) -> tuple[float | None, float | None]:
-        """(mean utilisation %, energy joules) since start; (None, None) without NVML."""
-        if self._read is None:
-            return None, None
-        self._stop.set()
-        if self._thread:
-            self._thread.join()
-        util, self._energy1 = self._read()
-        samples = self._samples or ([util] if util is not None else [])
-        energy = None
-        if self._energy0 is not None and self._energy1 is not None:
-            energy = (self._energy1 - self._energy0) / 1000.0
-        return (sum(samples) / len(samples) if samples else None), energy
 
 
 #: Strategies whose runs cannot switch gradient synchronisation off, and why: their multi-worker

@@ -44,6 +44,25 @@ def initial_weights(tap: Path) -> dict[str, np.ndarray]:
     return inits[0]
 
 
+def final_weights(tap: Path, strategy: str, rank: int = 0) -> dict[str, np.ndarray]:
+    """The trained weights rank `rank` of a PyTorch-family run of `strategy` held after its
+    last epoch (full tensors, float32), as numpy arrays by name."""
+    path = tap / f"final-{strategy}-{rank}.pt"
+    assert path.exists(), f"no final weights of {strategy} rank {rank} in {tap}"
+    return load(path)
+
+
+def losses(tap: Path) -> list[float]:
+    """Every training loss a PyTorch runner computed (a pipeline: its last stage's, one per
+    micro-batch), in time order."""
+    rows = []
+    for f in tap.glob("losses-*.txt"):
+        for line in f.read_text().splitlines():
+            _, t, v = line.split()
+            rows.append((float(t), float(v)))
+    return [v for _, v in sorted(rows, key=lambda x: x[0])]
+
+
 def load(path: Path) -> dict[str, np.ndarray]:
     """Weights from a torch state dict (.pt) or a Keras get_weights() .npz, as numpy arrays."""
     if path.suffix == ".npz":

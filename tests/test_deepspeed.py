@@ -99,12 +99,12 @@ RTOL, ATOL = 1e-4, 1e-5
 
 def run_tapped(tmp_path, s, name):
     """One run with the test plug-in: its record, final and initial weights (numpy)."""
-    out, w, taps = tmp_path / name / "metrics.json", tmp_path / f"{name}.pt", tmp_path / name
-    p = launch(s, out, TRAINSCALE_SAVE_WEIGHTS=str(w), **tap.env(taps))
+    out, taps = tmp_path / name / "metrics.json", tmp_path / name
+    p = launch(s, out, **tap.env(taps))
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     rec = metrics.read(out)
     assert rec["status"] == "ok", rec["error"]
-    return rec, tap.load(w), tap.initial_weights(taps)
+    return rec, tap.final_weights(taps, s.strategy), tap.initial_weights(taps)
 
 
 def assert_same_training(got: tuple, want: tuple, what: str) -> None:

@@ -2,7 +2,6 @@
 stage split, and real 2-rank runs over gloo checked against DDP and a single process."""
 
 import itertools
-import json
 
 import numpy as np
 import pandas as pd
@@ -16,7 +15,7 @@ from trainscale import catalog, data, metrics, models
 from trainscale.launch import Environment, command
 from trainscale.matrix import build_runs
 from trainscale.runners.pipeline import split
-from trainscale.runners.pytorch import make_optimizer, to_tensors
+from trainscale.runners.torch_parts import make_optimizer, to_tensors
 
 import tap
 from conftest import ROOT, launch, snakemake, validated
@@ -131,11 +130,10 @@ def test_fsdp_ends_with_the_references_weights_on_the_same_data_order(
     weights, inits = {}, {}
     for strategy in (reference, "torch-fsdp"):
         out = tmp_path / strategy / "metrics.json"
-        w = tmp_path / f"{strategy}.pt"
         taps = tmp_path / f"{strategy}-tap"
         s = make(strategy, workers=1 if strategy == "torch" else 2, optimizer=opt)
         assert s.global_batch_size == 64
-        p = launch(s, out, TRAINSCALE_SAVE_WEIGHTS=str(w), **tap.env(taps))
+        p = launch(s, out, **tap.env(taps))
         assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
         rec = metrics.read(out)
         assert rec["status"] == "ok", rec["error"]
@@ -145,7 +143,7 @@ def test_fsdp_ends_with_the_references_weights_on_the_same_data_order(
                 rec["memory"]["per_rank_host_rss_bytes"]
             )
             tap.assert_throughput_matches_the_work(rec, taps, feeds_per_step=2)
-        weights[strategy] = tap.load(w)
+        weights[strategy] = tap.final_weights(taps, strategy)
         inits[strategy] = tap.initial_weights(taps)
     ref, fsdp = weights[reference], weights["torch-fsdp"]
     assert ref.keys() == fsdp.keys() == inits["torch-fsdp"].keys()
@@ -186,8 +184,8 @@ def single_process_losses(spec) -> list[float]:
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 def test_pipeline_micro_batch_losses_match_one_process(tmp_path, schedule):
     spec = make("torch-pipeline", microbatches=4, pipeline_schedule=schedule)
-    out, lp, taps = tmp_path / "metrics.json", tmp_path / "losses.json", tmp_path / "tap"
-    p = launch(spec, out, TRAINSCALE_SAVE_LOSSES=str(lp), **tap.env(taps))
+    out, taps = tmp_path / "metrics.json", tmp_path / "tap"
+    p = launch(spec, out, **tap.env(taps))
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     rec = metrics.read(out)
     assert rec["status"] == "ok", rec["error"]
@@ -199,7 +197,7 @@ def test_pipeline_micro_batch_losses_match_one_process(tmp_path, schedule):
     # every stage walks every batch; the loss (the tap's count) is fed on the last stage, once
     # per micro-batch: 4 feeds of 16 per step, and the record must count 64 per step, not 128
     tap.assert_throughput_matches_the_work(rec, taps, feeds_per_step=4)
-    got = json.loads(lp.read_text())
+    got = tap.losses(taps)  # the last stage's, one per micro-batch
     want = single_process_losses(spec)
     assert len(got) == len(want) == 2 * 22 * 4  # epochs × steps × micro-batches
     worst = max(abs(a - b) for a, b in zip(got, want, strict=True))

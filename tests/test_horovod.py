@@ -76,7 +76,7 @@ def study(tmp_path_factory) -> dict:
     workdir = tmp_path_factory.mktemp("horovod-study")
     weights = workdir / "weights"
     weights.mkdir()
-    save = str(weights / "{strategy}-{rank}")  # the Horovod runners save each rank's weights
+    save = str(weights / "{strategy}-{rank}")  # horovod-keras saves each rank's weights here
     cmd = [SNAKEMAKE, "-s", str(ROOT / "Snakefile")]
     cmd += ["--directory", str(workdir), "--cores", "2"]
     cmd += ["--configfile", str(ROOT / ".test" / "horovod.yaml")]
@@ -88,7 +88,8 @@ def study(tmp_path_factory) -> dict:
     for f in sorted((workdir / "results" / "ci-horovod").glob("runs/**/metrics.json")):
         rec = metrics.read(f)
         recs[rec["spec"]["strategy"]] = (rec, f)
-    return {"recs": recs, "weights": weights, "workdir": workdir}
+    # the PyTorch runners' final weights, every rank's: the test plug-in's (tests/tap.py)
+    return {"recs": recs, "weights": weights, "workdir": workdir, "tap": workdir / "tap"}
 
 
 @pytest.mark.slow
@@ -126,14 +127,12 @@ def test_ranks_end_with_identical_weights(study):
     info = data.info("digits")
     init = models.build("seed-small", info.shape, info.num_classes).state_dict()
     for s in ("horovod-torch", "horovod-torch-elastic"):
-        a, b = (torch.load(w / f"{s}-{r}", weights_only=True) for r in (0, 1))
+        a, b = (tap.final_weights(study["tap"], s, r) for r in (0, 1))
         # equal ranks prove nothing if nothing trained: the weights moved from the start
-        tap.assert_moved(
-            {k: v.numpy() for k, v in init.items()}, {k: v.numpy() for k, v in a.items()}, s
-        )
+        tap.assert_moved({k: v.float().numpy() for k, v in init.items()}, a, s)
         assert a.keys() == b.keys()
         for k in a:
-            torch.testing.assert_close(a[k], b[k], rtol=0, atol=0, msg=f"{s} {k}")
+            np.testing.assert_array_equal(a[k], b[k], err_msg=f"{s} {k}")
     a, b = (np.load(w / f"horovod-keras-{r}.npz") for r in (0, 1))
     assert len(a.files) == len(b.files) > 0
     for k in a.files:
@@ -230,7 +229,10 @@ def test_horovod_with_sgd_trains_one_process_weights(tmp_path, strategy, referen
         rec = metrics.read(out)
         assert rec["status"] == "ok", rec["error"]
         tap.assert_throughput_matches_the_work(rec, taps, feeds_per_step=workers)
-        finals[s] = tap.load(Path(save.format(rank=0) if s == strategy else save))
+        if reference == "torch":  # rank 0's, from the test plug-in
+            finals[s] = tap.final_weights(taps, s)
+        else:  # Horovod's Keras runner fills in {rank}; one process writes the path as given
+            finals[s] = tap.load(Path(save.format(rank=0) if s == strategy else save))
         inits[s] = tap.initial_weights(taps)
     ref, hvd = finals[reference], finals[strategy]
     for k in inits[reference]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from trainscale import metrics
-from trainscale.cpu_usage import CpuBusy, busy_percent
+from trainscale.device_usage import CpuUsage, cpu_busy_percent
 from trainscale.matrix import build_runs
 
 from conftest import launch, validated
@@ -28,12 +28,14 @@ def keys(d: dict, prefix: str = "") -> set[str]:
 
 
 def test_busy_percent_is_the_share_of_the_thread_budget():
-    assert busy_percent(3.0, 2.0, 2) == 75.0
-    assert busy_percent(9.0, 2.0, 2) == 100.0  # more threads than its budget: the unit is full
-    assert busy_percent(1.0, 0.0, 1) is None
-    busy = CpuBusy(threads=1).start()
+    assert cpu_busy_percent(3.0, 2.0, 2) == 75.0
+    assert cpu_busy_percent(9.0, 2.0, 2) == 100.0  # more threads than its budget: the unit is full
+    assert cpu_busy_percent(1.0, 0.0, 1) is None
+    busy = CpuUsage(threads=1, reads_energy=False)
+    busy.span_starts()
     sum(i * i for i in range(2_000_000))  # one busy thread
-    assert 50 < busy.stop() <= 100
+    busy.span_ends()
+    assert 50 < busy.result()[0] <= 100
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +92,7 @@ def test_every_keras_runner_records_per_rank_memory_utilisation_and_step_p95(fam
         assert len(per_rank) == processes and all(v > 100 * 2**20 for v in per_rank), strategy
         assert max(per_rank) == mem["peak_host_rss_bytes"]
         assert mem["per_rank_device_bytes"] is None  # CPU
-        # the worker processes' busy share of their CPU cores (trainscale.cpu_usage)
+        # the worker processes' busy share of their CPU cores (trainscale.device_usage)
         assert 0 < dev["utilization_mean"] <= 100, (strategy, dev)
         assert "energy_joules" in dev and dev["energy_joules"] is None  # no sensor on CPU
         assert dev["count"] == rec["spec"]["world_size"]

@@ -126,7 +126,7 @@ def test_tf_runner_and_its_launchers_never_import_torch():
     code = (
         "import sys; sys.modules['torch'] = None\n"
         "import trainscale.launch, trainscale.tfrun, trainscale.runners.tf\n"
-        "import trainscale.runners.keras_loop, trainscale.cpu_usage\n"
+        "import trainscale.runners.keras_loop, trainscale.device_usage\n"
         "import tf_keras, tensorflow as tf\n"
         "assert tf.keras.__name__.startswith('tf_keras'), tf.keras.__name__\n"
         "print('ok', tf.__version__, tf_keras.__version__)\n"

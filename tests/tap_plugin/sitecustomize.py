@@ -12,7 +12,12 @@ TRAINSCALE_TEST_TAP=DIR, and every process of a run (each rank) writes into DIR
   `{strategy}`), from every rank at PATH formatted with its rank (and the run's strategy);
 - `exposed-<pid>.txt`: the same lines for the extra steps a multi-worker run takes with
   gradient synchronisation off (`trainscale.runners.exposed`), which count in no epoch and no
-  throughput figure, so they are kept apart from the training batches.
+  throughput figure, so they are kept apart from the training batches;
+- `losses-<pid>.txt`: one line `<rank> <unix seconds> <loss>` for every training loss of a
+  PyTorch runner (the value `F.cross_entropy` returned, exactly, as Python's repr writes it);
+- `final-<strategy>-<rank>.pt`: the trained model's full weights (keys as `models.build`
+  names them: FSDP's and ZeRO-3's gathered, a pipeline's stages put together) when the PyTorch
+  loop (`trainscale.runners.torch_loop.Loop.report`) starts its report, after the last epoch.
 
 It wraps those functions after their module is imported (a meta-path finder), so the runners
 run unchanged. tests/tap.py reads the files back.
@@ -70,9 +75,14 @@ def _patch_torch_functional(mod) -> None:
 
     def cross_entropy(input, target, *args, **kw):
         training = torch.is_grad_enabled() and input.requires_grad and target.dim() >= 1
-        if training and not _in_pipeline_setup():
-            _note(int(target.shape[0]))
-        return real(input, target, *args, **kw)
+        if not training or _in_pipeline_setup():
+            return real(input, target, *args, **kw)
+        _note(int(target.shape[0]))
+        loss = real(input, target, *args, **kw)
+        if _PHASE[-1] == "samples":
+            with open(os.path.join(TAP, f"losses-{os.getpid()}.txt"), "a") as f:
+                f.write(f"{_rank()} {time.time():.6f} {loss.item()!r}\n")
+        return loss
 
     mod.cross_entropy = cross_entropy
 
@@ -159,11 +169,49 @@ def _patch_exposed(mod) -> None:
     mod.measure_exposed_communication = measure_exposed_communication
 
 
+def _final_weights(loop) -> dict | None:
+    """The trained model's full weights, keys as models.build names them, on this rank (None
+    where it holds none). Called on every rank: the gathers are collectives."""
+    p, strategy = loop.plugin, loop.spec.strategy
+    if strategy == "torch-fsdp":
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        full = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return get_model_state_dict(p.net, options=full)
+    if strategy == "deepspeed-zero3":
+        return p.engine._zero3_consolidated_16bit_state_dict() or None  # rank 0's
+    if strategy.startswith("deepspeed-"):
+        return p.engine.module.state_dict()
+    if strategy == "torch-pipeline":  # block i of stage [lo, hi) is the model's block lo + i
+        local = {}
+        for k, v in p.stage_mod.state_dict().items():
+            block, rest = k.split(".", 1)
+            local[f"{p.lo + int(block)}.{rest}"] = v.detach().cpu()
+        return {k: v for part in p.gather_object(local) for k, v in part.items()}
+    return p.eval_model.state_dict()
+
+
+def _patch_torch_loop(mod) -> None:
+    real = mod.Loop.report
+
+    def report(self, out):
+        import torch
+
+        weights = _final_weights(self)
+        if weights:
+            path = os.path.join(TAP, f"final-{self.spec.strategy}-{self.rk.rank}.pt")
+            torch.save({k: v.detach().float().cpu() for k, v in weights.items()}, path)
+        return real(self, out)
+
+    mod.Loop.report = report
+
+
 PATCHES = {
     "torch.nn.functional": _patch_torch_functional,
     "trainscale.models": _patch_models,
     "trainscale.keras_models": _patch_keras_models,
     "trainscale.runners.exposed": _patch_exposed,
+    "trainscale.runners.torch_loop": _patch_torch_loop,
 }
 
 

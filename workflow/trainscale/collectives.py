@@ -189,7 +189,7 @@ def worker(args: argparse.Namespace) -> None:
 
     from trainscale import metrics
     from trainscale.runners.common import detect_rank
-    from trainscale.runners.pytorch import leave
+    from trainscale.runners.torch_parts import leave
 
     rk = detect_rank()
     torch.set_num_threads(args.threads)

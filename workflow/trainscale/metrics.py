@@ -18,8 +18,13 @@ Every per-run figure in metrics.json is defined here, once:
   start-up to the end of the last epoch, every evaluation left out (trainscale.memory).
 - evaluation peak memory (`memory.eval_peak_*`): the same peaks over the evaluations alone;
   null where nothing was evaluated (synthetic data, whose accuracy means nothing).
-- device.utilization_mean: mean over processes of NVML's GPU utilisation, on CPU of their busy
-  share of their thread budget (trainscale.cpu_usage); energy_joules: NVML's sum, null on CPU.
+- utilization_mean (`device`, percent): on a GPU the mean of NVML's utilisation samples over
+  training, averaged over ranks; on CPU each worker's CPU busy share over its timed epochs,
+  process CPU time / (wall time × threads_per_worker), capped at 100, averaged over ranks
+  (trainscale.device_usage.cpu_busy_percent).
+- energy_joules (`device`): NVML's energy counter over training on a GPU, RAPL package counters
+  over the timed epochs on CPU (one reader per host), summed; null without a sensor, never
+  estimated.
 - communication (multi-worker runs): compute_seconds_per_step, the median rank-0 step time of
   extra steps with gradient synchronisation off (after the timed epochs, in no other figure);
   exposed_seconds_per_step = max(0, steady step − compute); method says how synchronisation
@@ -44,7 +49,7 @@ import yaml
 
 import trainscale
 from trainscale import catalog, datawait, imagesets
-from trainscale.gpu_monitor import GpuMonitor  # noqa: F401 (runners use metrics.GpuMonitor)
+from trainscale.device_usage import GpuMonitor  # noqa: F401  (runners call metrics.GpuMonitor)
 
 SCHEMA_ID = "trainscale.metrics/1"
 SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schemas" / "metrics.schema.yaml"

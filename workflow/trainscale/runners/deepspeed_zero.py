@@ -1,7 +1,8 @@
 """DeepSpeed ZeRO stages 0-3 (`deepspeed-zero0` … `deepspeed-zero3`), launched by torchrun.
 
-The same data, model, optimizer (a torch.optim client optimizer, so every strategy runs the
-identical update rule) and loop shape as runners/pytorch.py; DeepSpeed owns the backward,
+A plug-in on the PyTorch loop (runners/torch_loop.py): the same data, model, optimizer (a
+torch.optim client optimizer, so every strategy runs the identical update rule) and timed
+epochs as every PyTorch-family strategy; DeepSpeed owns the backward,
 the gradient reduction/partitioning and the step. gloo on CPU (DeepSpeed's CPU accelerator),
 NCCL on GPU. One optimizer step = `grad_accum` micro-batches of the per-worker batch.
 """
@@ -16,34 +17,13 @@ import time
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 import yaml
-from torch.distributed.elastic.multiprocessing.errors import record
-from torch.utils.data.distributed import DistributedSampler
 
-from trainscale import data, metrics, models
+from trainscale import models
 from trainscale.matrix import RunSpec
-from trainscale.memory import memory_block
-from trainscale.runners.common import (
-    check_oversubscribed,
-    check_steps,
-    detect_rank,
-    evaluates,
-    fmt_rate,
-    maybe_fault,
-    steps_per_epoch,
-)
 from trainscale.runners.exposed import batches_of, measure_exposed_communication
-from trainscale.runners.pytorch import (
-    _Indexable,
-    barrier,
-    evaluate,
-    leave,
-    make_optimizer,
-    phase_peaks,
-    to_tensors,
-)
+from trainscale.runners.torch_loop import Plugin, Shard, run
 
 #: ds_config keys the study owns: a user fragment may not override them.
 STUDY_KEYS = (
@@ -131,180 +111,97 @@ def zero_estimate_bytes(spec: RunSpec, net: torch.nn.Module) -> int:
     return dev
 
 
-@record
-def main(spec: RunSpec, out: str) -> None:
-    rec = metrics.Recorder(spec.to_dict())
-    rk = detect_rank()
-    torch.set_num_threads(spec.threads_per_worker)
-    cuda = torch.cuda.is_available()
-    os.environ.setdefault("DS_ACCELERATOR", "cuda" if cuda else "cpu")  # before the import
-    import deepspeed
-    from deepspeed.accelerator import get_accelerator
+class ZeRO(Plugin):
+    """DeepSpeed's engine around the model and a torch.optim optimizer; one step is
+    `grad_accum` micro-batches, DeepSpeed steps the optimizer at the accumulation boundary."""
 
-    device = torch.device(f"cuda:{rk.local_rank}" if cuda else "cpu")
-    if cuda:
-        torch.cuda.set_device(device)
-    t_init = time.perf_counter()
-    deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo")
-    init_seconds = time.perf_counter() - t_init
-    acc = get_accelerator()
-    if spec.precision == "fp16" and not acc.is_fp16_supported():
-        raise RuntimeError(
-            f"precision fp16 is not supported by DeepSpeed's {acc.device_name()} accelerator on "
-            "this machine; use bf16 or fp32 for this strategy here"
-        )
-    if spec.precision == "bf16" and not acc.is_bf16_supported():
-        raise RuntimeError(f"precision bf16 is not supported by DeepSpeed's {acc.device_name()}")
+    def connect(self, device: torch.device) -> None:
+        cuda = device.type == "cuda"
+        os.environ.setdefault("DS_ACCELERATOR", "cuda" if cuda else "cpu")  # before the import
+        import deepspeed
+        from deepspeed.accelerator import get_accelerator
 
-    arrays = data.load(spec.dataset, spec.data_dir, seed=spec.seed, samples=spec.samples)
-    train_x, train_y, test_x, test_y = to_tensors(arrays, device)
-    n = len(train_y)
-    train_samples = n * spec.scale
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(spec.precision)
-
-    torch.manual_seed(spec.seed)  # the same fresh initial weights on every rank
-    net = models.build(spec.model, arrays.info.shape, arrays.info.num_classes)
-    zero_estimate = zero_estimate_bytes(spec, net)
-    params = models.param_count(net)
-    fragment = load_fragment(spec.deepspeed_config)
-    config = ds_config(spec, fragment)
-    t_init = time.perf_counter()
-    engine, _, _, _ = deepspeed.initialize(
-        model=net, optimizer=make_optimizer(spec, net.parameters()), config=config
-    )
-    init_seconds += time.perf_counter() - t_init
-
-    sampler = DistributedSampler(
-        _Indexable(train_samples),
-        num_replicas=rk.world_size,
-        rank=rk.rank,
-        shuffle=True,
-        seed=spec.seed,
-        drop_last=True,
-    )
-    b, ga = spec.per_worker_batch_size, spec.grad_accum
-    micro = b // ga
-    steps = steps_per_epoch(train_samples, rk.world_size, b, spec.steps_per_epoch)
-    check_steps(steps, spec.path, train_samples, spec.global_batch_size)
-    memory = phase_peaks(device)
-    engine.train()
-    rec.training_starts()
-    test_acc = test_loss = None
-    breakdown_sum = dict.fromkeys(TIMERS, 0.0)
-    for epoch in range(1, spec.epochs + 1):
-        sampler.set_epoch(epoch)
-        order = torch.tensor(list(sampler), device=device) % n
-        loss_sum = torch.zeros((), device=device)
-        step_seconds = []
-        barrier(True, device)
-        t_epoch = time.perf_counter()
-        for step in range(steps):
-            if step == steps // 2:
-                maybe_fault(spec, rk.rank, epoch)
-            t_step = time.perf_counter()
-            for m in range(ga):  # DeepSpeed steps the optimizer at the accumulation boundary
-                idx = order[step * b + m * micro : step * b + (m + 1) * micro]
-                x, y = train_x[idx], train_y[idx]
-                loss = F.cross_entropy(engine(x if dtype is None else x.to(dtype)).float(), y)
-                engine.backward(loss)
-                engine.step()
-                loss_sum += loss.detach()
-            if epoch > 1:  # DeepSpeed's own breakdown of this step, over the steady epochs
-                snap = engine.get_wall_clock_timers()
-                for k, name in TIMERS.items():
-                    breakdown_sum[k] += snap.get(name, 0.0)
-            acc.synchronize()
-            step_seconds.append(time.perf_counter() - t_step)
-        barrier(True, device)
-        seconds = time.perf_counter() - t_epoch
-        dist.all_reduce(loss_sum)
-        train_loss = (loss_sum / (steps * ga * rk.world_size)).item()
-        evaluated = evaluates(spec, arrays.info.synthetic, epoch)
-        if evaluated:
-            memory.evaluation_starts()
-            test_acc, test_loss = evaluate(
-                engine, test_x, test_y, rk.rank, rk.world_size, True, b, input_dtype=dtype
+        self.deepspeed = deepspeed
+        self.frameworks = {"deepspeed": deepspeed.__version__}
+        t_init = time.perf_counter()
+        deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo")
+        self.init_seconds = time.perf_counter() - t_init
+        acc = get_accelerator()
+        if self.spec.precision == "fp16" and not acc.is_fp16_supported():
+            raise RuntimeError(
+                f"precision fp16 is not supported by DeepSpeed's {acc.device_name()} "
+                "accelerator on this machine; use bf16 or fp32 for this strategy here"
             )
-            memory.evaluation_ends()
-        e = rec.epoch(
-            seconds,
-            samples=steps * spec.global_batch_size,
-            steps=steps,
-            train_loss=train_loss,
-            step_seconds=step_seconds,
-            test_accuracy=test_acc if evaluated else None,
-            test_loss=test_loss if evaluated else None,
-        )
-        if rk.is_main:
-            print(
-                f"epoch {epoch}/{spec.epochs}: {seconds:.3f} s, "
-                f"{fmt_rate(e['samples_per_second'])} samples/s, loss {train_loss:.4f}",
-                flush=True,
+        if self.spec.precision == "bf16" and not acc.is_bf16_supported():
+            raise RuntimeError(
+                f"precision bf16 is not supported by DeepSpeed's {acc.device_name()}"
             )
-    steady_steps = steps * (spec.epochs - 1)
-    breakdown = {k: v / steady_steps for k, v in breakdown_sum.items()}
 
-    peaks = torch.tensor(memory.finish(), dtype=torch.float64, device=device)
-    dist.all_reduce(peaks, op=dist.ReduceOp.MAX)
-    hosts: list = [None] * rk.world_size
-    dist.all_gather_object(hosts, metrics.hostname())
-    # After the timed epochs and the memory peaks; in none of their figures.
-    if rk.world_size > 1:
-        replica = models.build(spec.model, arrays.info.shape, arrays.info.num_classes).to(device)
-        rec.communication = measure_exposed_communication(
-            "replica", rec.epochs, replica.to(dtype) if dtype else replica,
-            make_optimizer(spec, replica.parameters()),
-            batches_of(train_x, train_y, order, micro, dtype), device, grad_accum=ga,
+    def wrap(self, net: torch.nn.Module) -> None:
+        spec = self.spec
+        self.zero_estimate = zero_estimate_bytes(spec, net)
+        self.config = ds_config(spec, load_fragment(spec.deepspeed_config))
+        t_init = time.perf_counter()
+        self.engine, _, _, _ = self.deepspeed.initialize(
+            model=net, optimizer=self.loop.make_optimizer(net.parameters()), config=self.config
+        )
+        self.init_seconds += time.perf_counter() - t_init
+        self.eval_model = self.net = self.engine
+        self.input_dtype = self.dtype
+        self.micro = spec.per_worker_batch_size // spec.grad_accum
+        self.breakdown_sum = dict.fromkeys(TIMERS, 0.0)
+        self.engine.train()
+
+    def losses_per_step(self) -> int:
+        return self.world_size * self.spec.grad_accum
+
+    def epoch_starts(self, epoch: int) -> None:
+        self.steady = epoch > 1  # DeepSpeed's own breakdown, over the steady epochs
+
+    def step(self, idx: torch.Tensor) -> torch.Tensor:
+        lp, engine, m = self.loop, self.engine, self.micro
+        loss_sum = torch.zeros((), device=lp.device)
+        for part in idx.split(m):
+            x, y = lp.train_x[part], lp.train_y[part]
+            loss = F.cross_entropy(engine(x if self.dtype is None else x.to(self.dtype)).float(), y)
+            engine.backward(loss)
+            engine.step()
+            loss_sum += loss.detach()
+        if self.steady:
+            snap = engine.get_wall_clock_timers()
+            for k, name in TIMERS.items():
+                self.breakdown_sum[k] += snap.get(name, 0.0)
+        return loss_sum
+
+    def exposed(self, shard: Shard) -> dict:
+        lp, dtype = self.loop, self.dtype
+        replica = lp.build_model().to(lp.device)
+        return measure_exposed_communication(
+            "replica", lp.rec.epochs, replica.to(dtype) if dtype else replica,
+            lp.make_optimizer(replica.parameters()),
+            batches_of(lp.train_x, lp.train_y, shard.order, self.micro, dtype), lp.device,
+            grad_accum=self.spec.grad_accum,
         )  # fmt: skip
-    weights_path = os.environ.get("TRAINSCALE_SAVE_WEIGHTS")  # final weights, for tests
-    weights = None
-    if weights_path:
-        if stage(spec) == 3:
-            weights = engine._zero3_consolidated_16bit_state_dict()  # a collective
-        else:
-            weights = engine.module.state_dict()
 
-    if rk.is_main:
-        env = metrics.environment(
-            rec.start_utc, {"torch": torch.__version__, "deepspeed": deepspeed.__version__}, hosts
-        )
-        env["cuda"] = torch.version.cuda if cuda else None
-        result = rec.record(
-            model={"params": params},
-            data={"train_samples": train_samples, "test_samples": len(test_y)},
-            test={"accuracy": test_acc, "loss": test_loss},
-            memory={
-                **memory_block(peaks.tolist(), cuda),
-                "zero_estimate_bytes": zero_estimate,
-            },
-            device={
-                "kind": device.type,
-                "name": torch.cuda.get_device_name(device) if cuda else metrics.cpu_name(),
-                "count": spec.world_size,
-                "utilization_mean": None,
-                "energy_joules": None,
-            },
-            env=env,
-            oversubscribed=check_oversubscribed(spec.workers, spec.threads_per_worker),
-            launch=metrics.launch_info(),
-            deepspeed={
-                "config": config,
-                "fragment": spec.deepspeed_config,
-                "init_seconds": init_seconds,
-                "breakdown_ms": breakdown,
-            },
-        )
-        metrics.write(out, result)
-        if weights_path:
-            torch.save({k: v.float() for k, v in weights.items()}, weights_path)
-        print(
-            f"trainscale: ok, throughput {fmt_rate(result['throughput'])} samples/s; wrote {out}",
-            flush=True,
-        )
-    # Without teardown, as every torchrun worker here ends: besides gloo's exit deadlock,
-    # DeepSpeed's CPU backend sometimes aborts in its atexit teardown ("terminate called
-    # without an active exception").
-    leave()
+    def finish(self) -> None:
+        steady_steps = self.loop.steps * (self.spec.epochs - 1)
+        self.extra_memory = {"zero_estimate_bytes": self.zero_estimate}
+        self.extra_blocks = {
+            "deepspeed": {
+                "config": self.config,
+                "fragment": self.spec.deepspeed_config,
+                "init_seconds": self.init_seconds,
+                "breakdown_ms": {k: v / steady_steps for k, v in self.breakdown_sum.items()},
+            }
+        }
+
+    # Without teardown, as every torchrun worker here ends (Plugin.teardown): besides gloo's
+    # exit deadlock, DeepSpeed's CPU backend sometimes aborts in its atexit teardown
+    # ("terminate called without an active exception").
+
+
+def main(spec: RunSpec, out: str) -> None:
+    run(ZeRO, spec, out)
 
 
 def build_ops() -> None:

@@ -36,7 +36,7 @@ import tensorflow as tf  # noqa: E402
 import tf_keras as keras  # noqa: E402
 
 from trainscale import data, keras_models, metrics  # noqa: E402
-from trainscale.cpu_usage import CpuBusy  # noqa: E402
+from trainscale.device_usage import CpuUsage  # noqa: E402
 from trainscale.matrix import RunSpec  # noqa: E402
 from trainscale.memory import PhasePeaks, memory_block  # noqa: E402
 from trainscale.runners.common import (  # noqa: E402
@@ -316,15 +316,17 @@ def run(plugin: KerasStrategy, out: str) -> None:
     gpu = metrics.GpuMonitor(
         read=metrics.GpuMonitor.nvml_reader(first_gpu_ordinal()) if p.gpu else None
     )
-    cpu = CpuBusy(p.replicas * spec.threads_per_worker)
+    # no NVML: the worker's busy share of its CPU cores and RAPL energy (trainscale.device_usage),
+    # read by one process per host
+    cpu = CpuUsage(p.replicas * spec.threads_per_worker, int(os.environ.get("LOCAL_RANK", 0)) == 0)
     rec.training_starts()
     gpu.start()
-    cpu.start()
+    cpu.span_starts()
     plugin.fit(model, dataset, steps, [*plugin.callbacks(), clock])
-    busy = cpu.stop()
+    cpu.span_ends()
     utilization, energy = gpu.stop()
-    if not p.gpu:  # no NVML: the worker's busy share of its CPU cores (trainscale.cpu_usage)
-        utilization = busy
+    if not p.gpu:
+        utilization, energy = cpu.result()
 
     # every worker process's peaks, utilisation, energy and host, on rank 0 in rank order
     gathered = plugin.gather([*memory.finish(), utilization, energy], metrics.hostname())

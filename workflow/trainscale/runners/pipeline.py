@@ -1,5 +1,6 @@
 """torch-pipeline: pipeline (model) parallelism with `torch.distributed.pipelining`, one stage
-per worker, launched by torchrun (gloo on CPU, NCCL on GPU).
+per worker, launched by torchrun (gloo on CPU, NCCL on GPU); a plug-in on the PyTorch loop
+(runners/torch_loop.py), which trains, times and records it.
 
 The model's top-level blocks (`models.blocks`) are cut into `world_size` contiguous stages
 with the most even parameter counts (`split`). Each rank builds the whole model from the run's
@@ -16,40 +17,15 @@ agree on skipped steps across stages).
 
 from __future__ import annotations
 
-import json
-import os
-import time
-
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.elastic.multiprocessing.errors import record
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
-from torch.utils.data.distributed import DistributedSampler
 
-from trainscale import data, metrics, models
+from trainscale import models
 from trainscale.matrix import RunSpec
-from trainscale.memory import memory_block
-from trainscale.runners.common import (
-    check_oversubscribed,
-    check_steps,
-    detect_rank,
-    evaluates,
-    fmt_rate,
-    maybe_fault,
-    steps_per_epoch,
-)
-from trainscale.runners.pytorch import (
-    DTYPES,
-    _Indexable,
-    barrier,
-    leave,
-    make_optimizer,
-    phase_peaks,
-    sync,
-    to_tensors,
-)
+from trainscale.runners.torch_loop import Plugin, run
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 
@@ -109,161 +85,60 @@ def evaluate(
     return (totals[0] / totals[2]).item(), (totals[1] / totals[2]).item()
 
 
-@record
-def main(spec: RunSpec, out: str) -> None:
-    rec = metrics.Recorder(spec.to_dict())
-    rk = detect_rank()
-    torch.set_num_threads(spec.threads_per_worker)
-    cuda = torch.cuda.is_available()
-    device = torch.device(f"cuda:{rk.local_rank}" if cuda else "cpu")
-    if cuda:
-        torch.cuda.set_device(device)
-    dist.init_process_group(backend="nccl" if cuda else "gloo", device_id=device if cuda else None)
-    first, last = rk.rank == 0, rk.rank == rk.world_size - 1
+class Pipeline(Plugin):
+    """Every rank builds the whole model from the seed, keeps its stage and walks every batch;
+    the first stage feeds the images, the last the labels and the loss."""
 
-    arrays = data.load(spec.dataset, spec.data_dir, seed=spec.seed, samples=spec.samples)
-    train_x, train_y, test_x, test_y = to_tensors(arrays, device)
-    n = len(train_y)
-    train_samples = n * spec.scale
+    batch_of = "global"
 
-    torch.manual_seed(spec.seed)  # the weights one process would start from, on every rank
-    net = models.build(spec.model, arrays.info.shape, arrays.info.num_classes)
-    params = models.param_count(net)
-    blocks = models.blocks(net)
-    bounds = split([models.param_count(b) for b in blocks], rk.world_size)
-    lo, hi = bounds[rk.rank]
-    stage_mod = nn.Sequential(*blocks[lo:hi]).to(device)
-    del net, blocks
-    stage = PipelineStage(stage_mod, rk.rank, rk.world_size, device)
-    schedule = SCHEDULES[spec.pipeline_schedule](
-        stage, spec.microbatches, loss_fn=lambda o, t: F.cross_entropy(o.float(), t)
-    )
-    opt = make_optimizer(spec, stage_mod.parameters())
-    dtype = DTYPES[spec.precision]
-
-    sampler = DistributedSampler(  # one data-parallel replica: every stage sees every batch
-        _Indexable(train_samples), num_replicas=1, rank=0, shuffle=True, seed=spec.seed
-    )
-    b = spec.global_batch_size
-    steps = steps_per_epoch(train_samples, 1, b, spec.steps_per_epoch)
-    check_steps(steps, spec.path, train_samples, b)
-    memory = phase_peaks(device)
-    stage_mod.train()
-    rec.training_starts()
-    test_acc = test_loss = None
-    microbatch_losses: list[float] = []  # last stage, for the equivalence test
-    for epoch in range(1, spec.epochs + 1):
-        sampler.set_epoch(epoch)
-        order = torch.tensor(list(sampler), device=device) % n
-        loss_sum = torch.zeros((), device=device)
-        step_seconds = []
-        barrier(True, device)
-        t_epoch = time.perf_counter()
-        for step in range(steps):
-            if step == steps // 2:
-                maybe_fault(spec, rk.rank, epoch)
-            t_step = time.perf_counter()
-            idx = order[step * b : (step + 1) * b]
-            losses: list[torch.Tensor] = []
-            opt.zero_grad(set_to_none=True)
-            with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
-                args = (train_x[idx],) if first else ()
-                target = train_y[idx] if last else None
-                schedule.step(*args, target=target, losses=losses if last else None)
-            opt.step()
-            if last:
-                mb = torch.stack([v.detach().float() for v in losses])
-                loss_sum += mb.sum()
-                microbatch_losses += mb.tolist()
-            sync(device)
-            step_seconds.append(time.perf_counter() - t_step)
-        barrier(True, device)
-        seconds = time.perf_counter() - t_epoch
-        dist.all_reduce(loss_sum)  # only the last stage's is non-zero
-        train_loss = (loss_sum / (steps * spec.microbatches)).item()
-        evaluated = evaluates(spec, arrays.info.synthetic, epoch)
-        if evaluated:
-            memory.evaluation_starts()
-            with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
-                test_acc, test_loss = evaluate(schedule, stage_mod, test_x, test_y, b, rk.rank)
-            memory.evaluation_ends()
-        e = rec.epoch(
-            seconds,
-            samples=steps * b,
-            steps=steps,
-            train_loss=train_loss,
-            step_seconds=step_seconds,
-            test_accuracy=test_acc if evaluated else None,
-            test_loss=test_loss if evaluated else None,
+    def wrap(self, net: nn.Module) -> None:
+        lp, rk = self.loop, self.loop.rk
+        self.first, self.last = rk.rank == 0, rk.rank == rk.world_size - 1
+        blocks = models.blocks(net)
+        self.bounds = split([models.param_count(b) for b in blocks], rk.world_size)
+        self.lo, hi = self.bounds[rk.rank]
+        self.stage_mod = nn.Sequential(*blocks[self.lo : hi]).to(lp.device)
+        del net, blocks
+        stage = PipelineStage(self.stage_mod, rk.rank, rk.world_size, lp.device)
+        self.schedule = SCHEDULES[self.spec.pipeline_schedule](
+            stage, self.spec.microbatches, loss_fn=lambda o, t: F.cross_entropy(o.float(), t)
         )
-        if rk.is_main:
-            print(
-                f"epoch {epoch}/{spec.epochs}: {seconds:.3f} s, "
-                f"{fmt_rate(e['samples_per_second'])} samples/s, loss {train_loss:.4f}",
-                flush=True,
-            )
+        self.opt = lp.make_optimizer(self.stage_mod.parameters())
+        self.stage_mod.train()
 
-    peaks = torch.tensor(memory.finish(), dtype=torch.float64, device=device)
-    gathered = [torch.zeros_like(peaks) for _ in range(rk.world_size)]
-    dist.all_gather(gathered, peaks)
-    per_rank = torch.stack(gathered)
-    peaks = per_rank.max(0).values
-    hosts: list = [None] * rk.world_size
-    dist.all_gather_object(hosts, metrics.hostname())
-    stage_params = [None] * rk.world_size
-    dist.all_gather_object(stage_params, models.param_count(stage_mod))
-    weights_path = os.environ.get("TRAINSCALE_SAVE_WEIGHTS")  # final weights, for tests
-    if weights_path:  # the full model's state dict, keys as models.build names them
-        local = {
-            f"{lo + int(k.split('.', 1)[0])}.{k.split('.', 1)[1]}": v.detach().cpu()
-            for k, v in stage_mod.state_dict().items()
-        }
-        parts: list = [None] * rk.world_size
-        dist.all_gather_object(parts, local)
-    losses_path = os.environ.get("TRAINSCALE_SAVE_LOSSES")  # per-micro-batch losses, for tests
-    if losses_path and last:
-        with open(losses_path, "w") as f:
-            json.dump(microbatch_losses, f)
+    def losses_per_step(self) -> int:
+        return self.spec.microbatches  # only the last stage's losses are summed
 
-    if rk.is_main:
-        env = metrics.environment(rec.start_utc, {"torch": torch.__version__}, hosts)
-        env["cuda"] = torch.version.cuda if cuda else None
-        env["driver"] = metrics.driver_version() if cuda else None
-        result = rec.record(
-            model={"params": params},
-            data={"train_samples": train_samples, "test_samples": len(test_y)},
-            test={"accuracy": test_acc, "loss": test_loss},
-            memory={
-                **memory_block(peaks.tolist(), cuda),
-                "per_rank_host_rss_bytes": [int(v) for v in per_rank[:, 0].tolist()],
-                "per_rank_device_bytes": [int(v) for v in per_rank[:, 1].tolist()]
-                if cuda
-                else None,
-            },
-            device={
-                "kind": device.type,
-                "name": torch.cuda.get_device_name(device) if cuda else metrics.cpu_name(),
-                "count": spec.world_size,
-                "utilization_mean": None,
-                "energy_joules": None,
-            },
-            env=env,
-            oversubscribed=check_oversubscribed(spec.workers, spec.threads_per_worker),
-            launch=metrics.launch_info(),
-            pipeline={
-                "schedule": spec.pipeline_schedule,
-                "microbatches": spec.microbatches,
-                "microbatch_size": b // spec.microbatches,
-                "stages": [list(r) for r in bounds],
+    def step(self, idx: torch.Tensor) -> torch.Tensor:
+        lp, dtype = self.loop, self.dtype
+        losses: list[torch.Tensor] = []
+        self.opt.zero_grad(set_to_none=True)
+        with torch.autocast(lp.device.type, dtype=dtype, enabled=dtype is not None):
+            args = (lp.train_x[idx],) if self.first else ()
+            target = lp.train_y[idx] if self.last else None
+            self.schedule.step(*args, target=target, losses=losses if self.last else None)
+        self.opt.step()
+        if not self.last:
+            return torch.zeros((), device=lp.device)
+        return torch.stack([v.detach().float() for v in losses]).sum()
+
+    def evaluate(self, batch: int) -> tuple[float, float]:
+        lp, dtype = self.loop, self.dtype
+        with torch.autocast(lp.device.type, dtype=dtype, enabled=dtype is not None):
+            return evaluate(self.schedule, self.stage_mod, lp.test_x, lp.test_y, batch, lp.rk.rank)
+
+    def finish(self) -> None:
+        stage_params = self.gather_object(models.param_count(self.stage_mod))
+        self.extra_blocks = {
+            "pipeline": {
+                "schedule": self.spec.pipeline_schedule,
+                "microbatches": self.spec.microbatches,
+                "microbatch_size": self.spec.global_batch_size // self.spec.microbatches,
+                "stages": [list(r) for r in self.bounds],
                 "stage_params": stage_params,
-            },
-        )
-        metrics.write(out, result)
-        if weights_path:
-            torch.save({k: v for part in parts for k, v in part.items()}, weights_path)
-        print(
-            f"trainscale: ok, throughput {fmt_rate(result['throughput'])} samples/s, "
-            f"test accuracy {result['test']['accuracy']}; wrote {out}",
-            flush=True,
-        )
-    leave()
+            }
+        }
+
+
+def main(spec: RunSpec, out: str) -> None:
+    run(Pipeline, spec, out)

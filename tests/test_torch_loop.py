@@ -1,0 +1,122 @@
+"""The one PyTorch loop (trainscale/runners/torch_loop.py): every runner of the family writes the
+same metric keys, and the CPU figures of `device` (trainscale/device_usage.py) are measured."""
+
+import time
+
+import pytest
+
+from trainscale import metrics
+from trainscale.device_usage import CpuUsage, RaplPackages, cpu_busy_percent
+from trainscale.matrix import build_runs
+
+from conftest import launch, validated
+
+#: every PyTorch-family strategy, with the workers it runs here (torch-dp: one CPU device)
+FAMILY = {
+    "torch": 1,
+    "torch-dp": 1,
+    "torch-ddp": 2,
+    "torch-fsdp": 2,
+    "torch-pipeline": 2,
+    "deepspeed-zero0": 2,
+    "deepspeed-zero3": 2,
+    "horovod-torch": 2,
+    "horovod-torch-elastic": 2,
+}
+
+#: the keys a plug-in adds on top of the loop's record (its own block, its framework's version)
+PLUGIN_KEYS = {
+    "torch-pipeline": {"pipeline"},
+    "deepspeed": {"deepspeed", "env.frameworks.deepspeed", "memory.zero_estimate_bytes"},
+    "horovod": {"horovod", "env.frameworks.horovod"},
+}
+
+#: blocks whose inner keys are the strategy's own configuration, not figures
+OPAQUE = ("spec", "pipeline", "deepspeed", "horovod", "communication")
+
+
+def keys(rec: dict, prefix: str = "") -> set[str]:
+    """The record's keys as dotted paths, down into every block but the opaque ones."""
+    out = set()
+    for k, v in rec.items():
+        out.add(prefix + k)
+        if isinstance(v, dict) and not (prefix == "" and k in OPAQUE):
+            out |= keys(v, f"{prefix}{k}.")
+    return out
+
+
+def own_keys(strategy: str) -> set[str]:
+    family = strategy.split("-")[0]
+    return PLUGIN_KEYS.get(strategy, PLUGIN_KEYS.get(family, set()))
+
+
+@pytest.mark.slow
+def test_every_runner_of_the_family_writes_the_same_keys(tmp_path):
+    """A short run of each PyTorch-family strategy (3 steps per epoch): the same keys, the
+    plug-in's own blocks aside, and in each the figures the loop owns: every rank's peak RSS,
+    the measured utilisation, the energy key (null without a sensor) and each epoch's p95."""
+    recs = {}
+    for strategy, workers in FAMILY.items():
+        m = {
+            "strategy": [strategy],
+            "model": ["seed-small"],
+            "dataset": ["digits"],
+            "workers": [workers],
+            "batch_size": [64],
+            "exclude": [],
+        }
+        cfg = {"study": "t", "matrix": m, "steps_per_epoch": 3}
+        spec = build_runs(validated(cfg))[0][0]
+        out = tmp_path / strategy / "metrics.json"
+        p = launch(spec, out, timeout=300)
+        assert p.returncode == 0, (strategy, p.stdout[-3000:] + p.stderr[-3000:])
+        rec = metrics.read(out)
+        assert rec["status"] == "ok", (strategy, rec["error"])
+        recs[strategy] = rec
+    loop_keys = keys(recs["torch-ddp"])
+    for strategy, rec in recs.items():
+        # a one-worker run has no `communication` block: nothing to communicate (metrics.py)
+        want = loop_keys if FAMILY[strategy] > 1 else loop_keys - {"communication"}
+        assert keys(rec) - own_keys(strategy) == want, strategy
+        per_rank = rec["memory"]["per_rank_host_rss_bytes"]
+        assert len(per_rank) == FAMILY[strategy] and min(per_rank) > 50 * 2**20, strategy
+        assert rec["memory"]["peak_host_rss_bytes"] == max(per_rank), strategy
+        assert 0 < rec["device"]["utilization_mean"] <= 100, strategy
+        assert "energy_joules" in rec["device"], strategy
+        assert all(e["step_seconds_p95"] > 0 for e in rec["epochs"]), strategy
+
+
+def test_cpu_busy_share_is_cpu_time_over_wall_time_and_threads():
+    assert cpu_busy_percent(1.5, 2.0, 1) == pytest.approx(75.0)
+    assert cpu_busy_percent(1.5, 1.0, 2) == pytest.approx(75.0)
+    assert cpu_busy_percent(3.0, 1.0, 2) == 100.0  # helper threads past the budget: capped
+    assert cpu_busy_percent(1.0, 0.0, 1) is None
+    usage = CpuUsage(threads=1, reads_energy=False)
+    usage.span_starts()
+    time.sleep(0.3)  # idle: next to no CPU time
+    usage.span_ends()
+    idle, energy = usage.result()
+    assert idle < 20 and energy is None
+    usage.span_starts()
+    t = time.perf_counter()
+    while time.perf_counter() - t < 0.3:  # busy on one thread
+        pass
+    usage.span_ends()
+    both, _ = usage.result()  # over both spans: about half of them busy
+    assert idle < both < 80 and usage.wall == pytest.approx(0.6, abs=0.1)
+
+
+def test_rapl_energy_counts_across_the_counters_wrap(tmp_path):
+    zone = tmp_path / "intel-rapl:0"
+    zone.mkdir()
+    (zone / "max_energy_range_uj").write_text("1000000\n")
+    (zone / "energy_uj").write_text("900000\n")
+    core = tmp_path / "intel-rapl:0:0"  # a sub-zone: counted in its package already
+    core.mkdir()
+    (core / "max_energy_range_uj").write_text("1000000\n")
+    (core / "energy_uj").write_text("5\n")
+    rapl = RaplPackages(str(tmp_path / "intel-rapl:[0-9]*"))
+    before = rapl.read()
+    (zone / "energy_uj").write_text("100000\n")  # wrapped past 1 J
+    assert rapl.joules(before, rapl.read()) == pytest.approx(0.2)
+    assert RaplPackages(str(tmp_path / "nothing-*")).read() is None

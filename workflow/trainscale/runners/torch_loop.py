@@ -1,0 +1,358 @@
+"""The one training loop of every PyTorch-family strategy: torch, torch-dp, torch-ddp and
+torch-fsdp (runners/pytorch.py), torch-pipeline (pipeline.py), deepspeed-zero0..3
+(deepspeed_zero.py), horovod-torch and horovod-torch-elastic (horovod_torch.py).
+
+The loop owns everything that must be done alike for the figures to compare: set-up (rank,
+device, threads, seeds, data), the sharded data order, the barrier-timed epochs with the fault
+hook half-way through each, evaluation, the gather of every rank's peak memory, utilisation
+and energy, and the record rank 0 writes. So every runner of the family records the same keys.
+A strategy is a `Plugin` on it: it joins its process group, wraps the model, takes a step,
+scores the test set, adds its own record blocks and tears down, in the style of its
+framework's own tutorial (DistributedSampler shards, rank 0 writes). Every rank runs the same
+number of steps, so no rank ever waits in a collective for one that stopped on its own clock.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import NamedTuple
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.elastic.multiprocessing.errors import record
+from torch.utils.data.distributed import DistributedSampler
+
+from trainscale import data, metrics, models
+from trainscale.device_usage import CpuUsage
+from trainscale.matrix import RunSpec
+from trainscale.memory import memory_block
+from trainscale.runners.common import (
+    Rank,
+    check_oversubscribed,
+    check_steps,
+    detect_rank,
+    evaluates,
+    fmt_rate,
+    maybe_fault,
+    steps_per_epoch,
+)
+from trainscale.runners.torch_parts import (
+    DTYPES,
+    Indexable,
+    evaluate,
+    leave,
+    make_optimizer,
+    phase_peaks,
+    sync,
+    to_tensors,
+)
+
+
+class Shard(NamedTuple):
+    """One epoch's data for this rank: sample indices (scale folded), the rank's batch, the
+    steps every rank takes and the samples one step trains over all ranks."""
+
+    order: torch.Tensor
+    batch: int
+    steps: int
+    step_samples: int
+
+
+class Plugin:
+    """A strategy on the loop. The defaults are torchrun's with torch.distributed (gloo on
+    CPU, NCCL on GPU) and a plain autocast + GradScaler step of `self.model`; a plug-in
+    overrides what its framework does differently."""
+
+    #: one process per worker in a process group (False: one process, no collectives)
+    grouped = True
+    #: data-parallel replicas' share of the global batch: "worker" (per-worker batch) or
+    #: "global" (every rank walks every batch, as a pipeline's stages do)
+    batch_of = "worker"
+
+    def __init__(self, loop: Loop) -> None:
+        self.loop, self.spec = loop, loop.spec
+        self.dtype = DTYPES[self.spec.precision]
+        self.frameworks: dict[str, str] = {}
+        self.extra_blocks: dict = {}  # record blocks the plug-in adds (pipeline, deepspeed...)
+        self.extra_memory: dict = {}  # entries it adds to the memory block
+
+    # --- the process group -----------------------------------------------------------------
+    def rank(self) -> Rank:
+        return detect_rank()
+
+    def connect(self, device: torch.device) -> None:
+        if self.grouped:
+            cuda = device.type == "cuda"
+            dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
+
+    def barrier(self) -> None:
+        if self.grouped:
+            dist.barrier()
+
+    def all_sum(self, t: torch.Tensor) -> torch.Tensor:
+        if self.grouped:
+            dist.all_reduce(t)
+        return t
+
+    def all_gather(self, t: torch.Tensor) -> torch.Tensor:
+        """Every rank's `t`, stacked in rank order."""
+        if not self.grouped:
+            return t.unsqueeze(0)
+        parts = [torch.zeros_like(t) for _ in range(self.loop.rk.world_size)]
+        dist.all_gather(parts, t)
+        return torch.stack(parts)
+
+    def gather_object(self, obj: object) -> list:
+        if not self.grouped:
+            return [obj]
+        out: list = [None] * self.loop.rk.world_size
+        dist.all_gather_object(out, obj)
+        return out
+
+    @property
+    def world_size(self) -> int:
+        return self.loop.rk.world_size
+
+    @property
+    def device_count(self) -> int:
+        return self.spec.world_size
+
+    # --- the model and its step ------------------------------------------------------------
+    def wrap(self, net: torch.nn.Module) -> None:
+        """Make `self.model` (what steps), `self.eval_model` (what is scored) and `self.opt`
+        from the freshly seeded model `net`."""
+        raise NotImplementedError
+
+    def shard(self, epoch: int) -> Shard:
+        lp = self.loop
+        data_parallel = self.batch_of == "worker"  # else one replica: every rank, every batch
+        sampler = DistributedSampler(
+            Indexable(lp.train_samples), num_replicas=lp.rk.world_size if data_parallel else 1,
+            rank=lp.rk.rank if data_parallel else 0, shuffle=True, seed=self.spec.seed,
+            drop_last=True,
+        )  # fmt: skip
+        sampler.set_epoch(epoch)
+        order = torch.tensor(list(sampler), device=lp.device) % lp.n
+        return Shard(order, lp.batch, lp.steps, self.spec.global_batch_size)
+
+    #: losses one step adds to the summed loss over all ranks (the epoch's mean divides by it)
+    def losses_per_step(self) -> int:
+        return self.world_size
+
+    def epoch_starts(self, epoch: int) -> None:
+        """Called before each epoch's order is drawn (DeepSpeed starts its breakdown here)."""
+
+    def step(self, idx: torch.Tensor) -> torch.Tensor:
+        """One optimizer step on these sample indices; returns the detached float loss."""
+        lp = self.loop
+        x, y = lp.train_x[idx], lp.train_y[idx]
+        with torch.autocast(lp.device.type, dtype=self.dtype, enabled=self.dtype is not None):
+            loss = F.cross_entropy(self.model(x).float(), y)
+        self.opt.zero_grad(set_to_none=True)
+        self.scaler.scale(loss).backward()
+        self.scaler.step(self.opt)
+        self.scaler.update()
+        return loss.detach().float()
+
+    def evaluate(self, batch: int) -> tuple[float, float]:
+        lp = self.loop
+        return evaluate(
+            self.eval_model, lp.test_x, lp.test_y, lp.rk.rank, self.world_size, batch,
+            self.all_sum, getattr(self, "input_dtype", None),
+        )  # fmt: skip
+
+    # --- after the epochs ------------------------------------------------------------------
+    def train(self) -> None:
+        """Every epoch, in order (Horovod elastic runs them under its own driver)."""
+        for epoch in range(1, self.spec.epochs + 1):
+            self.loop.epoch(epoch)
+
+    def exposed(self, shard: Shard) -> dict | None:
+        """The `communication` block (runners/exposed.py), or None where there is none."""
+        return None
+
+    def finish(self) -> None:
+        """Fill `extra_blocks`/`extra_memory` (on every rank: may be a collective)."""
+
+    def teardown(self) -> None:
+        if self.grouped:
+            leave()
+
+
+class Loop:
+    """One run: `run()` sets up, trains every epoch through the plug-in and writes the record."""
+
+    def __init__(self, spec: RunSpec, plugin: type[Plugin]) -> None:
+        self.spec = spec
+        self.rec = metrics.Recorder(spec.to_dict())
+        self.plugin = plugin(self)
+        self.test: dict = {"accuracy": None, "loss": None}
+
+    def set_up(self) -> None:
+        spec, p = self.spec, self.plugin
+        self.rk = p.rank()
+        torch.set_num_threads(spec.threads_per_worker)
+        self.cuda = torch.cuda.is_available()
+        self.device = torch.device(f"cuda:{self.rk.local_rank}" if self.cuda else "cpu")
+        if self.cuda:
+            torch.cuda.set_device(self.device)
+        p.connect(self.device)
+        arrays = data.load(spec.dataset, spec.data_dir, seed=spec.seed, samples=spec.samples)
+        self.info = arrays.info
+        self.train_x, self.train_y, self.test_x, self.test_y = to_tensors(arrays, self.device)
+        self.n = len(self.train_y)
+        self.train_samples = self.n * spec.scale
+        per_worker = p.batch_of == "worker"
+        self.batch = spec.per_worker_batch_size if per_worker else spec.global_batch_size
+        replicas = spec.world_size if per_worker else 1
+        self.steps = steps_per_epoch(self.train_samples, replicas, self.batch, spec.steps_per_epoch)
+        check_steps(self.steps, spec.path, self.train_samples, spec.global_batch_size)
+        torch.manual_seed(spec.seed)  # same fresh initial weights on every rank and repeat
+        net = self.build_model()
+        self.params = models.param_count(net)
+        p.wrap(net)
+        del net  # a pipeline stage keeps only its blocks
+        self.memory = phase_peaks(self.device)
+        uuid = torch.cuda.get_device_properties(self.device).uuid if self.cuda else None
+        read = metrics.GpuMonitor.nvml_reader(self.device.index, uuid) if self.cuda else None
+        self.gpu = metrics.GpuMonitor(read=read)
+        self.cpu = None if self.cuda else CpuUsage(spec.threads_per_worker, self.rk.local_rank == 0)
+
+    def build_model(self) -> torch.nn.Module:
+        """The run's model as `models.build` makes it from the current seed, on this device."""
+        return models.build(self.spec.model, self.info.shape, self.info.num_classes)
+
+    def make_optimizer(self, params) -> torch.optim.Optimizer:
+        return make_optimizer(self.spec, params)
+
+    def epoch(self, epoch: int) -> dict:
+        """One barrier-timed epoch over this rank's shard, then its evaluation; its record."""
+        spec, p, dev = self.spec, self.plugin, self.device
+        p.epoch_starts(epoch)
+        shard = self.last_shard = p.shard(epoch)
+        order, b, steps = shard.order, shard.batch, shard.steps
+        loss_sum = torch.zeros((), device=dev)
+        step_seconds = []
+        sync(dev)
+        p.barrier()
+        if self.cpu:
+            self.cpu.span_starts()
+        t_epoch = time.perf_counter()
+        for step in range(steps):
+            if step == steps // 2:
+                maybe_fault(spec, self.rk.rank, epoch)
+            t_step = time.perf_counter()
+            loss_sum += p.step(order[step * b : (step + 1) * b])
+            sync(dev)
+            step_seconds.append(time.perf_counter() - t_step)
+        sync(dev)
+        p.barrier()
+        seconds = time.perf_counter() - t_epoch
+        if self.cpu:
+            self.cpu.span_ends()
+        train_loss = (p.all_sum(loss_sum) / (steps * p.losses_per_step())).item()
+        scored = evaluates(spec, self.info.synthetic, epoch)
+        if scored:
+            self.memory.evaluation_starts()
+            acc, loss = p.evaluate(b)
+            self.memory.evaluation_ends()
+            self.test.update(accuracy=acc, loss=loss)
+        e = self.rec.epoch(
+            seconds,
+            samples=steps * shard.step_samples,
+            steps=steps,
+            train_loss=train_loss,
+            step_seconds=step_seconds,
+            test_accuracy=self.test["accuracy"] if scored else None,
+            test_loss=self.test["loss"] if scored else None,
+        )
+        if self.rk.is_main:
+            print(
+                f"epoch {epoch}/{spec.epochs}: {seconds:.3f} s, {p.world_size} workers, "
+                f"{fmt_rate(e['samples_per_second'])} samples/s, loss {train_loss:.4f}",
+                flush=True,
+            )
+        return e
+
+    def usage(self) -> tuple[float | None, float | None]:
+        """This rank's (utilisation %, energy J) over training: NVML on a GPU, else the CPU
+        busy share and RAPL energy of the timed epochs (trainscale.device_usage)."""
+        gpu = self.gpu.stop()
+        return gpu if self.cuda else self.cpu.result()
+
+    def gather(self) -> tuple[torch.Tensor, float | None, float | None, list]:
+        """Every rank's peaks (rows of PhasePeaks.finish), the mean utilisation and summed
+        energy over ranks (None where no rank measured one) and every rank's host name."""
+        util, energy = self.usage()
+        row = self.memory.finish() + [math.nan if v is None else v for v in (util, energy)]
+        rows = self.plugin.all_gather(torch.tensor(row, dtype=torch.float64, device=self.device))
+        rows = rows.cpu()
+        utils = [v for v in rows[:, 4].tolist() if not math.isnan(v)]
+        energies = [v for v in rows[:, 5].tolist() if not math.isnan(v)]
+        hosts = self.plugin.gather_object(metrics.hostname())
+        return (
+            rows[:, :4],
+            sum(utils) / len(utils) if utils else None,
+            sum(energies) if energies else None,
+            hosts,
+        )
+
+    def report(self, out: str) -> None:
+        """The gathers, the plug-in's extra measurements and blocks, and rank 0's record."""
+        p, cuda = self.plugin, self.cuda
+        per_rank, utilization, energy, hosts = self.gather()
+        if p.world_size > 1:  # after the timed epochs and the peaks; in none of their figures
+            comm = p.exposed(self.last_shard)
+            if comm is not None:
+                self.rec.communication = comm
+        p.finish()
+        if not self.rk.is_main:
+            return
+        env = metrics.environment(
+            self.rec.start_utc, {"torch": torch.__version__, **p.frameworks}, hosts
+        )
+        env["cuda"] = torch.version.cuda if cuda else None
+        env["driver"] = metrics.driver_version() if cuda else None
+        memory = {
+            **memory_block(per_rank.max(0).values.tolist(), cuda),
+            "per_rank_host_rss_bytes": [int(v) for v in per_rank[:, 0].tolist()],
+            "per_rank_device_bytes": [int(v) for v in per_rank[:, 1].tolist()] if cuda else None,
+            **p.extra_memory,
+        }
+        result = self.rec.record(
+            model={"params": self.params},
+            data={"train_samples": self.train_samples, "test_samples": len(self.test_y)},
+            test=dict(self.test),
+            memory=memory,
+            device={
+                "kind": self.device.type,
+                "name": torch.cuda.get_device_name(self.device) if cuda else metrics.cpu_name(),
+                "count": p.device_count,
+                "utilization_mean": utilization,
+                "energy_joules": energy,
+            },
+            env=env,
+            oversubscribed=check_oversubscribed(self.spec.workers, self.spec.threads_per_worker),
+            launch=metrics.launch_info(),
+            **p.extra_blocks,
+        )
+        metrics.write(out, result)
+        print(
+            f"trainscale: ok, throughput {fmt_rate(result['throughput'])} samples/s, "
+            f"test accuracy {result['test']['accuracy']}; wrote {out}",
+            flush=True,
+        )
+
+
+@record
+def run(plugin: type[Plugin], spec: RunSpec, out: str) -> None:
+    """Train `spec` with the strategy `plugin` and write its metrics to `out` (rank 0)."""
+    loop = Loop(spec, plugin)
+    loop.set_up()
+    loop.rec.training_starts()
+    loop.gpu.start()
+    loop.plugin.train()
+    loop.report(out)
+    loop.plugin.teardown()

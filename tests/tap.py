@@ -44,6 +44,13 @@ def initial_weights(tap: Path) -> dict[str, np.ndarray]:
     return inits[0]
 
 
+def final_weights(tap: Path, prefix: str = "") -> dict[str, np.ndarray]:
+    """The final weights rank 0 recorded (one file), keys with `prefix` removed."""
+    files = sorted(tap.glob("final-*.pt"))
+    assert len(files) == 1, f"final weights recorded in {tap}: {files}"
+    return {k.removeprefix(prefix): v for k, v in load(files[0]).items()}
+
+
 def load(path: Path) -> dict[str, np.ndarray]:
     """Weights from a torch state dict (.pt) or a Keras get_weights() .npz, as numpy arrays."""
     if path.suffix == ".npz":

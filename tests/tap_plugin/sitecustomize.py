@@ -7,6 +7,8 @@ TRAINSCALE_TEST_TAP=DIR, and every process of a run (each rank) writes into DIR
   process really fed: for PyTorch runners each call of `F.cross_entropy` that builds a graph
   (a training loss; evaluation runs under no_grad), for TensorFlow runners each call of the Keras
   model's `train_step` (once per replica and step, with that replica's share of the batch);
+- `final-<pid>.pt`: for Lightning runners, rank 0's LightningModule weights as
+  `Trainer.fit` left them (keys prefixed by the module's attribute, e.g. `net.`);
 - `exposed-<pid>.txt`: the same lines for the extra steps a multi-worker run takes with
   gradient synchronisation off (`trainscale.runners.exposed`), which count in no epoch and no
   throughput figure, so they are kept apart from the training batches.
@@ -131,11 +133,28 @@ def _patch_exposed(mod) -> None:
     mod.measure_exposed_communication = measure_exposed_communication
 
 
+def _patch_lightning_trainer(mod) -> None:
+    real = mod.Trainer.fit
+
+    def fit(self, *args, **kw):
+        import torch
+
+        out = real(self, *args, **kw)
+        if self.global_rank == 0:  # every rank holds the same DDP weights
+            state = self.lightning_module.state_dict()
+            path = os.path.join(TAP, f"final-{os.getpid()}.pt")
+            torch.save({k: v.detach().cpu().clone() for k, v in state.items()}, path)
+        return out
+
+    mod.Trainer.fit = fit
+
+
 PATCHES = {
     "torch.nn.functional": _patch_torch_functional,
     "trainscale.models": _patch_models,
     "trainscale.keras_models": _patch_keras_models,
     "trainscale.runners.exposed": _patch_exposed,
+    "lightning.pytorch.trainer.trainer": _patch_lightning_trainer,
 }
 
 

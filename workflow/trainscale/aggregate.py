@@ -474,6 +474,7 @@ COMM_VOLUME = {
     "deepspeed-zero1": 1.0,
     "deepspeed-zero2": 1.0,
     "deepspeed-zero3": 1.5,
+    "lightning-ddp": 1.0,
 }
 
 

@@ -193,6 +193,7 @@ LAUNCHERS: dict[str, Callable[[RunSpec, Environment, list[str]], list[str]]] = {
     "horovod-torch": horovodrun,
     "horovod-keras": horovodrun,
     "horovod-torch-elastic": horovodrun,
+    "lightning-ddp": torchrun,
 }
 
 

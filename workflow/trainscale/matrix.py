@@ -48,6 +48,7 @@ FRAMEWORK: dict[str, str] = {
     "deepspeed-zero1": "deepspeed",
     "deepspeed-zero2": "deepspeed",
     "deepspeed-zero3": "deepspeed",
+    "lightning-ddp": "torch",
 }
 IMPLEMENTED: frozenset[str] = frozenset(RUNNER_MODULES)
 #: Strategies that run as one process (which may drive several devices): process rank 0 only.
@@ -252,6 +253,8 @@ def why_not(
             "torch-dp with workers>1 needs GPUs: without them nn.DataParallel silently runs one "
             "replica in one process, which is not parallel"
         )
+    if s == "lightning-ddp" and values["precision"] == "fp16" and accelerator != "cuda":
+        return "lightning-ddp: Lightning silently runs fp16 as bf16 on CPU; use precision bf16"
     if s == "tf" and world > 1:
         return "tf is one process on one device: needs workers=1, nodes=1"
     if s == "tf-mirrored" and values["nodes"] > 1:

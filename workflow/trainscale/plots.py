@@ -113,7 +113,7 @@ def _labels(df: pd.DataFrame, keys: Sequence[str], only_varying: bool = False) -
 STRATEGY_COLOURS = dict(
     zip(
         FRAMEWORK,
-        sns.color_palette("colorblind", 10) + sns.color_palette("dark", 10)[5:],
+        sns.color_palette("colorblind", 10) + sns.color_palette("dark", 10)[4:],
         strict=False,
     )
 )

@@ -21,4 +21,5 @@ RUNNER_MODULES: dict[str, str] = {
     "horovod-torch": "horovod_torch",
     "horovod-torch-elastic": "horovod_torch",
     "horovod-keras": "horovod_keras",
+    "lightning-ddp": "lightning_ddp",
 }

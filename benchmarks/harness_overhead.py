@@ -7,6 +7,8 @@ the minimal loop first; the `first` column says which), so drift and any first-r
 hit both alike, and prints the
 steady-throughput ratio runner / minimal (1.0 = no overhead; the bar is >= 0.95).
 
+The `lightning-ddp` row runs PyTorch Lightning's Trainer(strategy="ddp") runner against the
+same minimal DDP loop: its ratio is Lightning's own overhead (reported, no bar).
 The `deepspeed-zero2` row compares the DeepSpeed runner (ZeRO-2, with DeepSpeed's
 wall_clock_breakdown on, as the runner always runs) with benchmarks/minimal_deepspeed.py.
 The `horovod-torch` row compares the Horovod runner (through horovodrun, gloo) with the
@@ -15,7 +17,8 @@ The `tf-mirrored` row does the same for the TensorFlow runner (MirroredStrategy;
 `--workers` logical devices) against the minimal model.fit in benchmarks/minimal_keras.py.
 
     .venv/bin/python benchmarks/harness_overhead.py [--rounds 3] [--workers 2]
-        [--strategy torch-ddp|horovod-torch|tf-mirrored|deepspeed-zero2]   (default: every row)
+        [--strategy torch-ddp|lightning-ddp|horovod-torch|tf-mirrored|deepspeed-zero2]
+        (default: every row)
 """
 
 from __future__ import annotations
@@ -148,6 +151,7 @@ def in_order(i: int, run_runner: Callable[[], T], run_minimal: Callable[[], U]) 
 #: strategy -> (the minimal yardstick, how the row is described)
 BASELINES = {
     "torch-ddp": (minimal, "minimal DDP loop"),
+    "lightning-ddp": (minimal, "minimal DDP loop"),
     "horovod-torch": (minimal_horovod, "minimal Horovod loop"),
     "tf-mirrored": (minimal_keras, "minimal Keras model.fit"),
     "deepspeed-zero2": (minimal_deepspeed, "minimal DeepSpeed loop"),

@@ -10,6 +10,8 @@ TRAINSCALE_TEST_TAP=DIR, and every process of a run (each rank) writes into DIR
 - with TRAINSCALE_SAVE_WEIGHTS=PATH: the final weights of a Keras run (`get_weights()` as
   `.npz`, once `model.fit` returns), at PATH from rank 0, or, where PATH holds `{rank}` (and
   `{strategy}`), from every rank at PATH formatted with its rank (and the run's strategy);
+- `final-lightning-ddp-0.pt`: for Lightning runners, rank 0's model weights as `Trainer.fit`
+  left them (keys as `models.build` names them, the LightningModule's `net.` prefix removed);
 - `exposed-<pid>.txt`: the same lines for the extra steps a multi-worker run takes with
   gradient synchronisation off (`trainscale.runners.exposed`), which count in no epoch and no
   throughput figure, so they are kept apart from the training batches;
@@ -206,12 +208,29 @@ def _patch_torch_loop(mod) -> None:
     mod.Loop.report = report
 
 
+def _patch_lightning_trainer(mod) -> None:
+    real = mod.Trainer.fit
+
+    def fit(self, *args, **kw):
+        import torch
+
+        out = real(self, *args, **kw)
+        if self.global_rank == 0:  # every rank holds the same DDP weights
+            state = self.lightning_module.net.state_dict()
+            path = os.path.join(TAP, "final-lightning-ddp-0.pt")
+            torch.save({k: v.detach().float().cpu().clone() for k, v in state.items()}, path)
+        return out
+
+    mod.Trainer.fit = fit
+
+
 PATCHES = {
     "torch.nn.functional": _patch_torch_functional,
     "trainscale.models": _patch_models,
     "trainscale.keras_models": _patch_keras_models,
     "trainscale.runners.exposed": _patch_exposed,
     "trainscale.runners.torch_loop": _patch_torch_loop,
+    "lightning.pytorch.trainer.trainer": _patch_lightning_trainer,
 }
 
 

@@ -117,6 +117,12 @@ def _pipeline_precision(c: Cell) -> str | None:
     return None
 
 
+def _lightning_fp16(c: Cell) -> str | None:
+    if c.precision == "fp16" and c.accelerator != "cuda":
+        return "lightning-ddp: Lightning silently runs fp16 as bf16 on CPU; use precision bf16"
+    return None
+
+
 def _pipeline_schedule(c: Cell) -> str | None:
     if c.schedule == "1f1b" and c.microbatches < c.world:
         return f"torch-pipeline: 1F1B needs microbatches ({c.microbatches}) ≥ stages ({c.world})"
@@ -281,6 +287,18 @@ STRATEGIES: dict[str, Strategy] = {
             "#006374",
             **_SHARDED,
             volume_factor=1.5,
+        ),
+        # PyTorch Lightning's Trainer(strategy="ddp") under torchrun (Lightning reads its
+        # environment); Lightning 2 has no Horovod strategy, so there is no row for that
+        _row(
+            "lightning-ddp",
+            "torch",
+            "lightning_ddp",
+            "torchrun",
+            "#792ee5",
+            exposed_unmeasured="Lightning's DDP forward is its training_step, whose gradient "
+            "synchronisation cannot be switched off from outside without timing Lightning itself",
+            constraints=(_lightning_fp16,),
         ),
     )
 }

@@ -63,6 +63,7 @@ def test_accessors():
         "torch-ddp",
         "torch-fsdp",
         *(f"deepspeed-zero{i}" for i in range(4)),
+        "lightning-ddp",
     }
     assert "tf" not in catalog.comm_volumes() and "horovod-keras" in catalog.comm_volumes()
     with pytest.raises(KeyError, match="known: torch"):

@@ -41,7 +41,8 @@ def test_elastic_keras_trains_at_a_fixed_size(tmp_path, workers):
     line = rec["launch"]["command"]
     assert f"--min-np 1 --max-np {workers} --host-discovery-script" in line
     assert "TF_USE_LEGACY_KERAS=1" in line
-    assert rec["env"]["frameworks"]["horovod"] == "0.28.1" and "tf-keras" in rec["env"]["frameworks"]
+    frameworks = rec["env"]["frameworks"]
+    assert frameworks["horovod"] == "0.28.1" and "tf-keras" in frameworks
 
 
 @pytest.mark.slow

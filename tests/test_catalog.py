@@ -22,6 +22,8 @@ def _matrix_enum(key: str) -> list[str]:
 
 def test_schema_strategy_enum_is_the_catalogs():
     assert _matrix_enum("strategy") == list(catalog.STRATEGIES)
+    highlight = load_yaml(SCHEMA)["properties"]["report"]["properties"]["highlight"]
+    assert highlight["items"]["enum"] == list(catalog.STRATEGIES)  # report.highlight names them
 
 
 def test_schema_model_enum_is_the_catalogs():

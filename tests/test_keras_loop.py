@@ -12,9 +12,15 @@ from trainscale.matrix import build_runs
 from conftest import launch, validated
 
 #: (strategy, workers, worker processes) of the family, each run tiny: 2 epochs of 4 steps
-FAMILY = [("tf", 1, 1), ("tf-mirrored", 2, 1), ("tf-multiworker", 2, 2), ("horovod-keras", 2, 2)]
+FAMILY = [
+    ("tf", 1, 1),
+    ("tf-mirrored", 2, 1),
+    ("tf-multiworker", 2, 2),
+    ("horovod-keras", 2, 2),
+    ("horovod-keras-elastic", 2, 2),
+]
 #: record blocks a plug-in adds on top of the loop's (KerasStrategy.extra_metrics)
-EXTRA = {"horovod-keras": {"horovod"}}
+EXTRA = {"horovod-keras": {"horovod"}, "horovod-keras-elastic": {"horovod"}}
 
 
 def keys(d: dict, prefix: str = "") -> set[str]:

@@ -301,8 +301,9 @@ def test_horovod_local_is_horovodrun_on_localhost_over_loopback(strategy):
     assert ("TF_USE_LEGACY_KERAS=1" in argv[:i]) == (strategy == "horovod-keras")
 
 
-def test_horovod_elastic_names_a_discovery_script_and_a_world_range():
-    s = spec("horovod-torch-elastic", workers=[4])
+@pytest.mark.parametrize("strategy", ["horovod-torch-elastic", "horovod-keras-elastic"])
+def test_horovod_elastic_names_a_discovery_script_and_a_world_range(strategy):
+    s = spec(strategy, workers=[4])
     line = shlex.join(command(s, LOCAL, "m.json"))
     assert (
         "-m horovod.runner.launch --gloo -np 4 --network-interface lo --min-np 1 --max-np 4 "
@@ -310,9 +311,11 @@ def test_horovod_elastic_names_a_discovery_script_and_a_world_range():
         "/venv/bin/python -m trainscale.runners"
     ) in line
     assert " -H " not in line
+    assert ("TF_USE_LEGACY_KERAS=1" in line) == (strategy == "horovod-keras-elastic")
 
 
-def test_horovod_multi_node_on_slurm_is_horovodrun_with_the_node_list():
+@pytest.mark.parametrize("elastic", ["horovod-torch-elastic", "horovod-keras-elastic"])
+def test_horovod_multi_node_on_slurm_is_horovodrun_with_the_node_list(elastic):
     s = spec("horovod-torch", workers=[4], nodes=[2])
     env = Environment(mode="slurm", python="python", nodes=("gpu01", "gpu02"), job_id="5")
     line = shlex.join(command(s, env, "m.json"))
@@ -321,9 +324,12 @@ def test_horovod_multi_node_on_slurm_is_horovodrun_with_the_node_list():
         "trainscale.runners"
     ) in line
     assert "srun" not in line and "--network-interface" not in line
-    elastic = spec("horovod-torch-elastic", workers=[4], nodes=[2])
-    line = shlex.join(command(elastic, env, "m.json"))
-    assert "-np 8 --min-np 1 --max-np 8 --host-discovery-script" in line
+    line = shlex.join(command(spec(elastic, workers=[4], nodes=[2]), env, "m.json"))
+    assert (
+        "-np 8 --min-np 1 --max-np 8 --host-discovery-script "
+        "'python -m trainscale.horovod_hosts --slots 4' python -m trainscale.runners"
+    ) in line
+    assert "srun" not in line and "--network-interface" not in line and " -H " not in line
 
 
 def test_horovod_multi_node_without_slurm_is_refused():

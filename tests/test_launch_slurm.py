@@ -80,6 +80,7 @@ def test_detect_environment():
             "cpu",
             {"nodes": 2, "tasks": 2, "cpus_per_task": 2, "mpi": "srun"},
         ),
+        ("horovod-keras-elastic", 2, 1, "cpu", {"nodes": 1, "tasks": 1, "cpus_per_task": 2}),
     ],
 )
 def test_slurm_resources_allocate_what_the_launcher_starts(

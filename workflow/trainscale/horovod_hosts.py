@@ -1,4 +1,4 @@
-"""Host discovery for `horovod-torch-elastic`: prints the hosts workers may run on, `host:slots`.
+"""Host discovery for the Horovod elastic strategies: the hosts workers may run on, `host:slots`.
 
     python -m trainscale.horovod_hosts --slots N
 

@@ -54,6 +54,8 @@ def train_dataset(
     steps: int,
     replicas: int,
     rank: int | None = None,
+    size: int | None = None,
+    epochs_done: int = 0,
 ) -> tf.data.Dataset:
     """Epochs of `steps` global batches: the training set replicated `scale` times, reshuffled
     every epoch with the run's seed (the same order on every worker), remainder dropped; an
@@ -62,12 +64,15 @@ def train_dataset(
 
     With `rank` (a worker that feeds its own model, as under Horovod) each element is that
     worker's share of the global batch, rows [rank × b, (rank + 1) × b) for the per-worker
-    batch b; without it the whole global batch, which a tf.distribute strategy splits.
+    batch b (global / `size` where the world is not the spec's: Horovod elastic after a worker
+    left); without it the whole global batch, which a tf.distribute strategy splits.
+    `epochs_done` epochs of the order are skipped (a restarted elastic fit goes on where the
+    last committed epoch ended, not from the first epoch's order again).
     """
     n = len(arrays.train_y)
     total = n * spec.scale
     images, labels, norm = tf.constant(x), tf.constant(arrays.train_y), normaliser(arrays)
-    b = spec.per_worker_batch_size
+    b = spec.global_batch_size // size if size else spec.per_worker_batch_size
 
     def batch(idx):
         if rank is not None:  # (decided when the map is traced: no op for the whole batch)
@@ -81,6 +86,7 @@ def train_dataset(
         .batch(spec.global_batch_size, drop_remainder=True)
         .take(steps)
         .repeat()
+        .skip(epochs_done * steps)
         .map(batch)
         .prefetch(tf.data.AUTOTUNE)
         .with_options(pipeline_options(spec, replicas))

@@ -1,5 +1,5 @@
 """One Keras training loop for every TensorFlow strategy (`tf`, `tf-mirrored`, `tf-multiworker`,
-`horovod-keras`); each strategy is a small plug-in (`KerasStrategy`) on it.
+`horovod-keras`, `horovod-keras-elastic`); each strategy is a small plug-in (`KerasStrategy`).
 
 The loop owns what every strategy does alike, so that every run of the family records the same
 figures the same way: the thread budget and seeds, the data (runners/keras_data.py), the model
@@ -14,10 +14,12 @@ Every strategy uses tf-keras 2 (`TF_USE_LEGACY_KERAS=1`): Keras 3's `model.fit` 
 MultiWorkerMirroredStrategy (keras-team/keras#20585) and Horovod's Keras integration needs
 Keras 2, so one Keras serves every TensorFlow strategy alike.
 
-Also built to carry, as plug-ins of the same size: ParameterServerStrategy with model.fit
-(`configure` starts the servers of non-coordinator processes and returns a `Placement` with
-`trains=False`; `train_dataset` returns a DatasetCreator) and Horovod elastic (`fit` wraps
-model.fit in `hvd.elastic.run`, `extra_metrics` adds the membership).
+Horovod elastic (runners/horovod_keras.py) is such a plug-in: its `fit` runs model.fit inside
+`hvd.elastic.run` and commits the loop's record with the model, `final_rank` says who writes
+after the world re-formed, `extra_metrics` adds the membership. Also built to carry:
+ParameterServerStrategy with model.fit (`configure` starts the servers of non-coordinator
+processes and returns a `Placement` with `trains=False`; `train_dataset` returns a
+DatasetCreator).
 """
 
 from __future__ import annotations
@@ -115,8 +117,10 @@ class KerasStrategy:
         """Every worker process's `row` and host name, in rank order (all of them on rank 0)."""
         return [(row, host)]
 
-    def fit(self, model, dataset, steps: int, callbacks: list) -> None:
-        """All epochs (Horovod elastic would run this inside `hvd.elastic.run`)."""
+    def fit(self, model, dataset, steps: int, callbacks: list, rec, test: dict) -> None:
+        """All epochs. `rec` (the metrics.Recorder holding the epochs so far) and `test` (the
+        latest test scores) are the loop's record of training, which Horovod elastic commits
+        and restores with the model (it runs this inside `hvd.elastic.run`)."""
         model.fit(
             dataset,
             epochs=self.spec.epochs,
@@ -124,6 +128,11 @@ class KerasStrategy:
             callbacks=callbacks,
             verbose=0,
         )
+
+    def final_rank(self, p: Placement) -> int:
+        """This process's rank after training (rank 0 writes the record): the placement's,
+        unless the world re-formed on the way (Horovod elastic renumbers the workers)."""
+        return p.rank
 
     def extra_metrics(self) -> dict:
         """Record blocks only this strategy writes (e.g. `horovod`)."""
@@ -322,7 +331,7 @@ def run(plugin: KerasStrategy, out: str) -> None:
     rec.training_starts()
     gpu.start()
     cpu.span_starts()
-    plugin.fit(model, dataset, steps, [*plugin.callbacks(), clock])
+    plugin.fit(model, dataset, steps, [*plugin.callbacks(), clock], rec, test)
     cpu.span_ends()
     utilization, energy = gpu.stop()
     if not p.gpu:
@@ -330,7 +339,7 @@ def run(plugin: KerasStrategy, out: str) -> None:
 
     # every worker process's peaks, utilisation, energy and host, on rank 0 in rank order
     gathered = plugin.gather([*memory.finish(), utilization, energy], metrics.hostname())
-    if p.rank == 0:
+    if plugin.final_rank(p) == 0:
         result = record(plugin, p, rec, model, gathered, test, train_samples, len(arrays.test_y))
         metrics.write(out, result)
         print(

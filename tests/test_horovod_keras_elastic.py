@@ -1,0 +1,115 @@
+"""horovod-keras-elastic: tf-keras model.fit under hvd.elastic.run (runners/horovod_keras.py),
+started by horovodrun with a host discovery script: plain runs at 1 and 2 workers, and a run
+that loses a worker after epoch 1 and finishes on the other."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+
+import pytest
+
+from trainscale import metrics
+from trainscale.matrix import build_runs
+
+from conftest import PYTHON, ROOT, launch, run_env, validated
+
+STRATEGY = "horovod-keras-elastic"
+
+
+def elastic_spec(workers: int, epochs: int):
+    """seed-small on digits, scale 4 (89 steps of the global batch of 64 per epoch)."""
+    m = {"strategy": [STRATEGY], "model": ["seed-small"], "dataset": ["digits"]}
+    m |= {"workers": [workers], "batch_size": [64], "scale": [4]}
+    return build_runs(validated({"study": "t", "epochs": epochs, "matrix": m}))[0][0]
+
+
+#: epochs of the run at a fixed size and of the one that loses a worker, long enough that
+#: Horovod's host discovery (polled about once a second) sees the change before the last epoch
+EPOCHS = 6
+
+
+@pytest.fixture(scope="module")
+def fixed_size(tmp_path_factory) -> dict[int, dict]:
+    """Records of runs that keep their 1 and 2 workers throughout."""
+    recs = {}
+    for workers in (1, 2):
+        out = tmp_path_factory.mktemp(f"fixed-{workers}") / "metrics.json"
+        p = launch(elastic_spec(workers, EPOCHS), out, timeout=300)
+        assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+        recs[workers] = metrics.read(out)  # validated against the metrics schema
+    return recs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [1, 2])
+def test_elastic_keras_trains_at_a_fixed_size(fixed_size, workers):
+    rec = fixed_size[workers]
+    assert rec["status"] == "ok", rec["error"]
+    assert rec["test"]["accuracy"] > 0.5  # chance is 0.1
+    assert len(rec["epochs"]) == EPOCHS and {e["steps"] for e in rec["epochs"]} == {89}
+    assert rec["device"]["count"] == workers and rec["horovod"]["final_world_size"] == workers
+    changes = [(m["after_epoch"], m["world_size"]) for m in rec["horovod"]["membership"]]
+    assert changes == [(0, workers)]
+    line = rec["launch"]["command"]
+    assert f"--min-np 1 --max-np {workers} --host-discovery-script" in line
+    assert "TF_USE_LEGACY_KERAS=1" in line
+    frameworks = rec["env"]["frameworks"]
+    assert frameworks["horovod"] == "0.28.1" and "tf-keras" in frameworks
+
+
+@pytest.mark.slow
+def test_elastic_keras_run_finishes_with_fewer_workers_when_one_is_removed(tmp_path, fixed_size):
+    """The discovery script's hosts file drops from 2 slots to 1 while epoch 1 trains: Horovod
+    stops both workers at the next commit (epoch 1's end, or a later one), re-forms the ring
+    with one, and model.fit goes on from the committed epoch; the run completes all its epochs
+    and records the change.
+
+    The file changes as soon as training starts, not once epoch 1 is printed: epoch 1 (which
+    traces the graph) lasts seconds, the later epochs well under one here, and Horovod's
+    driver polls the discovery script about once a second; on a loaded machine the change was
+    seen only after the last epoch's commit when it was made after epoch 1.
+
+    The global batch and the data order are the spec's at any size, so every epoch's training
+    loss is the one of the run that kept both workers (up to float32 rounding)."""
+    epochs = EPOCHS
+    spec = elastic_spec(2, epochs)
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost:2\n")
+    out = tmp_path / "metrics.json"
+    proc = subprocess.Popen(
+        [PYTHON, "-m", "trainscale.launch", "--spec", spec.to_json(), "--out", str(out)],
+        cwd=ROOT,
+        env=run_env(TRAINSCALE_HOROVOD_HOSTS=str(hosts)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    lines = []
+    deadline = time.monotonic() + 300
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            # horovodrun prefixes each worker's lines; rank 0 prints this as fit starts
+            if "]<stdout>:horovod elastic: 2 workers from epoch 1" in line:
+                hosts.write_text("localhost:1\n")  # take one worker away
+            assert time.monotonic() < deadline, "".join(lines[-50:])
+        proc.wait(timeout=60)
+    finally:
+        proc.kill()
+    log = "".join(lines)
+    assert proc.returncode == 0, log[-3000:]
+    rec = metrics.read(out)  # validated against the metrics schema
+    assert rec["status"] == "ok", rec["error"]
+    assert len(rec["epochs"]) == epochs, log[-3000:]
+    assert rec["test"]["accuracy"] > 0.5, log[-3000:]
+    changes = [(m["after_epoch"], m["world_size"]) for m in rec["horovod"]["membership"]]
+    assert changes[0] == (0, 2) and changes[-1][1] == 1, changes
+    assert 1 <= changes[-1][0] <= epochs - 1, changes
+    assert "horovod elastic: 1 workers from epoch" in log
+    assert rec["horovod"]["final_world_size"] == 1 and rec["device"]["count"] == 1
+    # the global batch stays the spec's: one worker then takes all of it, steps are unchanged
+    assert {e["steps"] for e in rec["epochs"]} == {89}  # 4 × 1437 // 64
+    assert all(e["samples"] == 89 * 64 for e in rec["epochs"])
+    kept = [e["train_loss"] for e in fixed_size[2]["epochs"]]
+    assert [e["train_loss"] for e in rec["epochs"]] == pytest.approx(kept, rel=1e-3), kept

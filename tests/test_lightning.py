@@ -108,19 +108,3 @@ def test_lightning_ddp_ends_with_torch_ddp_weights(tmp_path, workers):
     if workers > 1:
         comm = rec["communication"]
         assert comm["method"] is None and comm["note"].startswith("lightning-ddp")
-
-
-@pytest.mark.slow
-def test_lightning_study_through_snakemake(tmp_path):
-    """`.test/lightning.yaml` as a user runs it: lightning-ddp at 1 and 2 workers on digits,
-    every record valid (metrics.read validates) and the model learnt."""
-    p = snakemake(tmp_path, "--cores", "2", "--configfile", str(ROOT / ".test" / "lightning.yaml"))
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    files = sorted((tmp_path / "results" / "ci-lightning").glob("runs/**/metrics.json"))
-    recs = [metrics.read(f) for f in files]
-    assert sorted(r["spec"]["workers"] for r in recs) == [1, 2]
-    for rec in recs:
-        assert rec["status"] == "ok", rec["error"]
-        assert rec["spec"]["strategy"] == "lightning-ddp"
-        assert rec["test"]["accuracy"] > 0.5  # chance is 0.1
-        assert rec["device"]["count"] == rec["spec"]["workers"]

@@ -1,0 +1,32 @@
+"""`.test/seeds.yaml` as a user runs it: the seed systems added last (tf-ps,
+horovod-keras-elastic, lightning-ddp) at 1 and 2 workers on digits through Snakemake; every
+record valid (metrics.read validates), the model learnt, and the report has its sections."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from trainscale import metrics
+
+from conftest import ROOT, snakemake
+
+SEEDS = ROOT / ".test" / "seeds.yaml"
+
+
+@pytest.mark.slow
+def test_seed_study_through_snakemake(tmp_path):
+    cfg = yaml.safe_load(SEEDS.read_text())
+    p = snakemake(tmp_path, "--cores", "2", "--configfile", str(SEEDS))
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    study = tmp_path / "results" / cfg["study"]
+    recs = [metrics.read(f) for f in sorted(study.glob("runs/**/metrics.json"))]
+    strategies = cfg["matrix"]["strategy"]
+    assert sorted((r["spec"]["strategy"], r["spec"]["workers"]) for r in recs) == sorted(
+        (s, w) for s in strategies for w in (1, 2)
+    )
+    for rec in recs:
+        assert rec["status"] == "ok", rec["error"]
+        assert rec["test"]["accuracy"] > 0.5  # chance is 0.1
+        assert rec["device"]["count"] == rec["spec"]["workers"]
+    assert (study / "report.html").exists()

@@ -239,6 +239,23 @@ STRATEGIES: dict[str, Strategy] = {
             collectives="tf.distribute",
             exposed_unmeasured=_KERAS_FIT,
         ),
+        # tf-ps: asynchronous by design; its traffic (each worker step pushes its gradient to
+        # the servers and pulls the variables back) is no multiple of a ring all-reduce
+        _row(
+            "tf-ps",
+            "tensorflow",
+            "tf_ps",
+            "tfrun",
+            "#7f3c8d",
+            runtime="tensorflow",
+            comm_pattern="each worker step pushes its gradient to the parameter servers and "
+            "pulls the variables back (asynchronous)",
+            volume_factor=None,
+            collectives=None,
+            title="tf-ps (ParameterServerStrategy)",
+            exposed_unmeasured="ParameterServerStrategy: asynchronous, every worker step talks "
+            "to the parameter servers; there is no gradient synchronisation to switch off",
+        ),
         _row(
             "horovod-torch",
             "horovod",

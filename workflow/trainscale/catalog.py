@@ -62,6 +62,7 @@ class Strategy:
     why_gpus: str = ""  # why it needs GPUs for more than one worker
     exposed_unmeasured: str | None = None  # why its runs cannot switch gradient sync off
     constraints: tuple[Constraint, ...] = ()  # its own rules, checked before the common ones
+    results_note: str = ""  # what a reader must know beside its results (tf-ps: asynchronous)
 
 
 @dataclass(frozen=True)
@@ -255,6 +256,9 @@ STRATEGIES: dict[str, Strategy] = {
             title="tf-ps (ParameterServerStrategy)",
             exposed_unmeasured="ParameterServerStrategy: asynchronous, every worker step talks "
             "to the parameter servers; there is no gradient synchronisation to switch off",
+            results_note="asynchronous training (ParameterServerStrategy): each worker step "
+            "applies its own gradient of global/workers samples on the parameter servers "
+            "without waiting for the other workers",
         ),
         _row(
             "horovod-torch",

@@ -23,7 +23,7 @@ import yaml
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 import trainscale
-from trainscale import aggregate, collectives, metrics, predict
+from trainscale import aggregate, catalog, collectives, metrics, predict
 from trainscale.aggregate import Study, human
 
 REPORTS = Path(__file__).resolve().parents[2] / "reports"
@@ -121,6 +121,15 @@ def _cell_label(r) -> str:
     return f"batch {r.batch_size} {mode}, scale {r.scale}, {r.precision}"
 
 
+def cell_note(r) -> str:
+    """A table row's note: why its baseline is what it is, and what its strategy's results
+    need beside them (the catalog's `results_note`: tf-ps is asynchronous)."""
+    notes = [r.baseline_note if isinstance(r.baseline_note, str) else ""]
+    row = catalog.STRATEGIES.get(r.strategy)
+    notes.append(row.results_note if row else "")
+    return "; ".join(n for n in notes if n)
+
+
 def _summary_rows(study: Study) -> list[dict]:
     rows = []
     for r in study.fastest.itertuples(index=False):
@@ -145,7 +154,7 @@ def _summary_rows(study: Study) -> list[dict]:
                 "speedup": ratio(r.speedup),
                 "efficiency": eff,
                 "vs_single": ratio(r.speedup_vs_single),
-                "note": r.baseline_note if isinstance(r.baseline_note, str) else "",
+                "note": cell_note(r),
                 "runner_up": runner,
                 "oversubscribed": bool(r.oversubscribed),
                 "logical": bool(getattr(r, "logical", False)),
@@ -213,7 +222,7 @@ def _scaling_rows(study: Study) -> list[dict]:
                 "tta": tta,
                 "rss": mib(r.peak_host_rss_bytes_mean, r.peak_host_rss_bytes_ci95),
                 "device": mib(r.peak_device_bytes_mean, r.peak_device_bytes_ci95),
-                "note": r.baseline_note if isinstance(r.baseline_note, str) else "",
+                "note": cell_note(r),
                 "oversubscribed": bool(r.oversubscribed),
                 "logical": bool(getattr(r, "logical", False)),
                 "failed": int(r.failed) > 0,

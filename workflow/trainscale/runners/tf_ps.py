@@ -38,7 +38,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 import tf_keras as keras  # noqa: E402
 
-from trainscale import data, keras_models, metrics, tfrun  # noqa: E402
+from trainscale import catalog, data, keras_models, metrics, tfrun  # noqa: E402
 from trainscale.matrix import RunSpec, gpu_count  # noqa: E402
 from trainscale.memory import PhasePeaks, memory_block  # noqa: E402
 from trainscale.runners.common import (  # noqa: E402
@@ -59,9 +59,8 @@ from trainscale.slurm import expand_nodelist  # noqa: E402
 
 #: Beside every tf-ps result (env.note), so that no table reads it as synchronous training.
 ASYNC_NOTE = (
-    "asynchronous training (ParameterServerStrategy): each worker step applies its own "
-    "gradient of global/workers samples on the parameter servers without waiting for the "
-    "other workers; an epoch is steps × workers such updates; memory is the chief's"
+    catalog.STRATEGIES["tf-ps"].results_note
+    + "; an epoch's steps are worker steps (steps × workers); memory is the chief's"
 )
 
 
@@ -90,7 +89,8 @@ def slurm_tf_config(environ: dict[str, str], ps_tasks: int) -> dict:
     task = int(environ["SLURM_PROCID"])
     workers = len(addresses) - 1 - ps_tasks
     kind, index = tfrun.ps_roles(workers, ps_tasks)[task]
-    return {"cluster": tfrun.ps_cluster(addresses, ps_tasks), "task": {"type": kind, "index": index}}
+    cluster = tfrun.ps_cluster(addresses, ps_tasks)
+    return {"cluster": cluster, "task": {"type": kind, "index": index}}
 
 
 def tf_config(spec: RunSpec) -> dict:
@@ -138,7 +138,13 @@ def hide_or_pick_gpu(config: dict, gpus: int) -> None:
 
 
 def serve(spec: RunSpec, config: dict) -> None:
-    """A worker or a parameter server: serve the cluster until stopped (never returns)."""
+    """A worker or a parameter server: serve the cluster until stopped (never returns).
+
+    Its compute is held to threads_per_worker intra-op threads. The inter-op pool keeps
+    TensorFlow's default: with one inter-op thread (tf.py's setting) the servers deadlock, as
+    a remote step's ops wait there for the variable reads they issue themselves (measured: a
+    1-worker run on digits hung until its timeout).
+    """
     threads = tf.compat.v1.ConfigProto(
         intra_op_parallelism_threads=spec.threads_per_worker, inter_op_parallelism_threads=0
     )
@@ -249,7 +255,7 @@ def main(spec: RunSpec, out: str) -> None:
         return
     rec = metrics.Recorder(spec.to_dict())
     tf.config.threading.set_intra_op_parallelism_threads(spec.threads_per_worker)
-    tf.config.threading.set_inter_op_parallelism_threads(0)
+    tf.config.threading.set_inter_op_parallelism_threads(0)  # TensorFlow's default: see serve
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
         tf.train.ClusterSpec(config["cluster"]), task_type="chief", task_id=0, rpc_layer="grpc"
     )

@@ -336,3 +336,15 @@ def test_tf_ps_trains_digits_asynchronously(tmp_path, workers):
     assert [e["samples"] for e in rec["epochs"]] == [steps * 64] * 3  # the same samples
     assert rec["oversubscribed"] == (workers + 2 > metrics.cpu_count())
     assert f"trainscale.tfrun --nproc={workers} --ps=1" in rec["launch"]["command"]
+
+
+def test_the_report_says_beside_every_tf_ps_row_that_it_is_asynchronous():
+    from types import SimpleNamespace
+
+    from trainscale import report
+
+    row = SimpleNamespace(strategy="tf-ps", baseline_note="")
+    assert report.cell_note(row).startswith("asynchronous training (ParameterServerStrategy)")
+    assert report.cell_note(SimpleNamespace(strategy="tf-multiworker", baseline_note="")) == ""
+    both = report.cell_note(SimpleNamespace(strategy="tf-ps", baseline_note="no N = 1 run"))
+    assert both.startswith("no N = 1 run; asynchronous training")

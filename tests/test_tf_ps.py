@@ -348,3 +348,16 @@ def test_the_report_says_beside_every_tf_ps_row_that_it_is_asynchronous():
     assert report.cell_note(SimpleNamespace(strategy="tf-multiworker", baseline_note="")) == ""
     both = report.cell_note(SimpleNamespace(strategy="tf-ps", baseline_note="no N = 1 run"))
     assert both.startswith("no N = 1 run; asynchronous training")
+
+
+def test_the_summary_says_that_tf_ps_is_asynchronous():
+    import pandas as pd
+
+    from trainscale.summary import summary_text
+
+    row = {"run": "r", "status": "ok", "spec.strategy": "tf-ps", "error": None}
+    text = summary_text(pd.DataFrame([row]), [], "s", scaling=pd.DataFrame())
+    assert "read beside the numbers:\n  tf-ps: asynchronous training" in text
+    assert "read beside" not in summary_text(
+        pd.DataFrame([{**row, "spec.strategy": "tf"}]), [], "s", scaling=pd.DataFrame()
+    )

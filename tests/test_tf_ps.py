@@ -361,3 +361,15 @@ def test_the_summary_says_that_tf_ps_is_asynchronous():
     assert "read beside" not in summary_text(
         pd.DataFrame([{**row, "spec.strategy": "tf"}]), [], "s", scaling=pd.DataFrame()
     )
+
+
+def test_mixed_precision_is_dropped_with_the_reason():
+    """tf-keras raises "Mixed precision is not supported with ... ParameterServerStrategyV2"."""
+    cfg = base_config(strategy=["tf-ps"], precision=["fp32", "bf16", "fp16"])
+    runs, dropped = build_runs(cfg, accelerator="cuda")
+    assert [r.precision for r in runs] == ["fp32"]
+    assert {d.reason for d in dropped} == {
+        f"tf-ps: {p} is a mixed-precision policy, which tf-keras does not support under "
+        "ParameterServerStrategy; use fp32"
+        for p in ("bf16", "fp16")
+    }

@@ -124,6 +124,17 @@ def _pipeline_schedule(c: Cell) -> str | None:
     return None
 
 
+def _ps_precision(c: Cell) -> str | None:
+    """tf-keras refuses mixed-precision policies under ParameterServerStrategy ("Mixed
+    precision is not supported with the tf.distribute.Strategy: ParameterServerStrategyV2")."""
+    if c.precision not in STRATEGIES["tf-ps"].precisions:
+        return (
+            f"tf-ps: {c.precision} is a mixed-precision policy, which tf-keras does not support "
+            "under ParameterServerStrategy; use fp32"
+        )
+    return None
+
+
 ALL_PRECISIONS = ("fp32", "fp16", "bf16")
 _KERAS_FIT = "TensorFlow: Keras model.fit under a tf.distribute strategy has no switch for its "
 _KERAS_FIT += "gradient all-reduce"
@@ -254,6 +265,8 @@ STRATEGIES: dict[str, Strategy] = {
             volume_factor=None,
             collectives=None,
             title="tf-ps (ParameterServerStrategy)",
+            precisions=("fp32",),
+            constraints=(_ps_precision,),
             exposed_unmeasured="ParameterServerStrategy: asynchronous, every worker step talks "
             "to the parameter servers; there is no gradient synchronisation to switch off",
             results_note="asynchronous training (ParameterServerStrategy): each worker step "

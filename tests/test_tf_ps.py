@@ -317,10 +317,11 @@ def test_a_cluster_of_the_wrong_shape_is_refused_before_training(monkeypatch):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("workers", [1, 2])
-def test_tf_ps_trains_digits_asynchronously(tmp_path, workers):
+@pytest.mark.parametrize("workers, ps", [(1, 1), (2, 2)])
+def test_tf_ps_trains_digits_asynchronously(tmp_path, workers, ps):
+    """With 2 servers every variable is cut in 2 shards: the chief's evaluation joins them."""
     cfg = base_config(strategy=["tf-ps"], workers=[workers], batch_size=[64], scale=[4])
-    s = build_runs(validated({**cfg, "epochs": 3}), accelerator="cpu")[0][0]
+    s = build_runs(validated({**cfg, "epochs": 3, "ps_tasks": ps}), accelerator="cpu")[0][0]
     out = tmp_path / "metrics.json"
     p = launch(s, out, timeout=300)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
@@ -328,14 +329,14 @@ def test_tf_ps_trains_digits_asynchronously(tmp_path, workers):
     assert rec["status"] == "ok", rec["error"]
     assert rec["test"]["accuracy"] > 0.5  # chance is 0.1
     assert rec["epochs"][-1]["train_loss"] < rec["epochs"][0]["train_loss"]
-    assert rec["device"]["count"] == workers and rec["env"]["ps_tasks"] == 1
+    assert rec["device"]["count"] == workers and rec["env"]["ps_tasks"] == ps
     assert "asynchronous" in rec["env"]["note"]
     assert rec["model"]["params"] == 33_802  # the same network as every other strategy
     steps = 1437 * 4 // 64  # whole global batches of the training set × scale
     assert [e["steps"] for e in rec["epochs"]] == [steps * workers] * 3  # worker steps
     assert [e["samples"] for e in rec["epochs"]] == [steps * 64] * 3  # the same samples
-    assert rec["oversubscribed"] == (workers + 2 > metrics.cpu_count())
-    assert f"trainscale.tfrun --nproc={workers} --ps=1" in rec["launch"]["command"]
+    assert rec["oversubscribed"] == (workers + ps + 1 > metrics.cpu_count())
+    assert f"trainscale.tfrun --nproc={workers} --ps={ps}" in rec["launch"]["command"]
 
 
 def test_the_report_says_beside_every_tf_ps_row_that_it_is_asynchronous():

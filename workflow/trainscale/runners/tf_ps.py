@@ -202,6 +202,22 @@ def dataset_fn(spec: RunSpec, arrays: data.Arrays, x: np.ndarray):
 # --- the chief: evaluation and timing ----------------------------------------------------------
 
 
+def joined_weights(model) -> list[np.ndarray]:
+    """The model's weights as a model outside the strategy holds them: Keras lists a
+    partitioned variable's shards one by one (`_sharded_container` names the whole, as
+    tf-keras' own optimizer reads it); they are read from the servers and joined along the
+    first axis, the axis FixedShardsPartitioner cuts."""
+    out, seen = [], set()
+    for v in model.weights:
+        whole = v._sharded_container() if hasattr(v, "_sharded_container") else None
+        if whole is None:
+            out.append(np.asarray(v.numpy()))
+        elif id(whole) not in seen:
+            seen.add(id(whole))
+            out.append(np.concatenate([s.numpy() for s in whole.variables], axis=0))
+    return out
+
+
 def chief_evaluation(spec: RunSpec, weights: list, arrays: data.Arrays, x: np.ndarray):
     """(accuracy, loss, predicted labels) of the test set, on the chief, by a local model with
     `weights` (the trained variables, read from the servers with their shards joined): the
@@ -291,7 +307,7 @@ def main(spec: RunSpec, out: str) -> None:
 
     def after_epoch(epoch: int, seconds: float, loss: float) -> None:
         if evaluates(spec, synthetic, epoch):  # fit runs in strategy.scope(): score later
-            snapshots[epoch] = [np.asarray(w) for w in model.get_weights()]
+            snapshots[epoch] = joined_weights(model)
         e = rec.epoch(
             seconds,
             samples=worker_steps * spec.per_worker_batch_size,

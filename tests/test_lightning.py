@@ -12,7 +12,7 @@ from trainscale import metrics
 from trainscale.matrix import build_runs
 
 import tap
-from conftest import ROOT, launch, snakemake, validated
+from conftest import launch, validated
 
 #: as tests/test_runners.py's DDP-against-one-process bound (measured differences there are
 #: ~3e-8 over 44 steps; a summed instead of averaged gradient differs by ~0.09)

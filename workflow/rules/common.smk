@@ -124,9 +124,14 @@ def run_spec_json(wildcards):
 
 @per_job
 def run_threads(wildcards):
-    """Cores one run occupies on its node: workers × (threads_per_worker + loader_workers)."""
+    """Cores one run occupies on its node: workers × (threads_per_worker + loader_workers),
+    plus threads_per_worker for each process beside the workers (tf-ps: servers, chief).
+    """
     spec = run_of(wildcards)
-    return spec.workers * (spec.threads_per_worker + spec.loader_workers)
+    servers = spec.processes - spec.world_size
+    return spec.workers * (spec.threads_per_worker + spec.loader_workers) + (
+        servers * spec.threads_per_worker
+    )
 
 
 def job_resources(request, every_request=None):

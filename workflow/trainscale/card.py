@@ -34,7 +34,7 @@ import pandas as pd
 import yaml
 
 import trainscale
-from trainscale import aggregate, collectives, metrics
+from trainscale import aggregate, catalog, collectives, metrics
 from trainscale.matrix import MATRIX_KEYS
 
 SCHEMA_ID = "trainscale.scaling-card/1"
@@ -265,6 +265,9 @@ def _points(records: list[dict], notes: dict[tuple, list[str]]) -> list[dict]:
             cell_notes.insert(0, c.baseline_note)
         if c.oversubscribed:
             cell_notes.append("oversubscribed: more worker threads than cores on a node")
+        row = catalog.STRATEGIES.get(c.strategy)
+        if row and row.results_note:  # e.g. tf-ps: asynchronous training
+            cell_notes.append(row.results_note)
         if c.logical:
             cell_notes.append(
                 "logical CPU devices in one process: a code-path check, not a speed-up"

@@ -62,6 +62,7 @@ class Strategy:
     why_gpus: str = ""  # why it needs GPUs for more than one worker
     exposed_unmeasured: str | None = None  # why its runs cannot switch gradient sync off
     constraints: tuple[Constraint, ...] = ()  # its own rules, checked before the common ones
+    results_note: str = ""  # what a reader must know beside its results (tf-ps: asynchronous)
 
 
 @dataclass(frozen=True)
@@ -126,6 +127,17 @@ def _lightning_fp16(c: Cell) -> str | None:
 def _pipeline_schedule(c: Cell) -> str | None:
     if c.schedule == "1f1b" and c.microbatches < c.world:
         return f"torch-pipeline: 1F1B needs microbatches ({c.microbatches}) ≥ stages ({c.world})"
+    return None
+
+
+def _ps_precision(c: Cell) -> str | None:
+    """tf-keras refuses mixed-precision policies under ParameterServerStrategy ("Mixed
+    precision is not supported with the tf.distribute.Strategy: ParameterServerStrategyV2")."""
+    if c.precision not in STRATEGIES["tf-ps"].precisions:
+        return (
+            f"tf-ps: {c.precision} is a mixed-precision policy, which tf-keras does not support "
+            "under ParameterServerStrategy; use fp32"
+        )
     return None
 
 
@@ -246,6 +258,28 @@ STRATEGIES: dict[str, Strategy] = {
             runtime="tensorflow",
             collectives="tf.distribute",
             exposed_unmeasured=_KERAS_FIT,
+        ),
+        # tf-ps: asynchronous by design; its traffic (each worker step pushes its gradient to
+        # the servers and pulls the variables back) is no multiple of a ring all-reduce
+        _row(
+            "tf-ps",
+            "tensorflow",
+            "tf_ps",
+            "tfrun",
+            "#7f3c8d",
+            runtime="tensorflow",
+            comm_pattern="each worker step pushes its gradient to the parameter servers and "
+            "pulls the variables back (asynchronous)",
+            volume_factor=None,
+            collectives=None,
+            title="tf-ps (ParameterServerStrategy)",
+            precisions=("fp32",),
+            constraints=(_ps_precision,),
+            exposed_unmeasured="ParameterServerStrategy: asynchronous, every worker step talks "
+            "to the parameter servers; there is no gradient synchronisation to switch off",
+            results_note="asynchronous training (ParameterServerStrategy): each worker step "
+            "applies its own gradient of global/workers samples on the parameter servers "
+            "without waiting for the other workers",
         ),
         _row(
             "horovod-torch",

@@ -58,11 +58,13 @@ def single_process(spec: RunSpec, env: Environment, worker: list[str]) -> list[s
 
 
 def srun(spec: RunSpec, tasks_per_node: int) -> list[str]:
-    """srun across the run's nodes; one failing task ends the step (no rank waits forever)."""
+    """srun across the run's nodes; one failing task ends the step (no rank waits forever).
+    Where the run has fewer processes than nodes × tasks_per_node (tf-ps: workers, servers and
+    a chief, not a multiple of the nodes), `--ntasks-per-node` is the most on one node."""
     return [
         "srun",
         f"--nodes={spec.nodes}",
-        f"--ntasks={spec.nodes * tasks_per_node}",
+        f"--ntasks={min(spec.nodes * tasks_per_node, spec.processes)}",
         f"--ntasks-per-node={tasks_per_node}",
         "--kill-on-bad-exit=1",
     ]
@@ -107,15 +109,19 @@ TF_ENV = {"TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "1"}
 
 
 def tfrun(spec: RunSpec, env: Environment, worker: list[str]) -> list[str]:
-    """tf-multiworker: one process per worker, MultiWorkerMirroredStrategy between them.
+    """tf-multiworker: one process per worker, MultiWorkerMirroredStrategy between them;
+    tf-ps: a process per worker, per parameter server and a chief (ParameterServerStrategy).
 
-    On one node `python -m trainscale.tfrun` starts the workers with TF_CONFIG on free
-    127.0.0.1 ports (and stops them all when one fails). Across SLURM nodes srun starts one
-    task per worker and the runner resolves the cluster with SlurmClusterResolver, each node's
-    workers listening on the port the supervisor picked on the first node, +1, ...
+    On one node `python -m trainscale.tfrun` starts the processes with TF_CONFIG on free
+    127.0.0.1 ports (and stops them all when one fails, or, for tf-ps, when the chief ends).
+    Across SLURM nodes srun starts one task per process and the runner resolves the cluster
+    from srun's environment, each node's tasks listening on the port the supervisor picked on
+    the first node, +1, ... (tf-ps: task 0 the chief, then the servers, then the workers).
     """
+    ps = [f"--ps={spec.ps_tasks}"] if spec.ps_tasks else []
     if spec.nodes == 1:
-        return [env.python, "-m", "trainscale.tfrun", f"--nproc={spec.workers}", "--", *worker]
+        tfrun = [env.python, "-m", "trainscale.tfrun", f"--nproc={spec.workers}", *ps]
+        return [*tfrun, "--", *worker]
     if env.mode != "slurm":
         raise ValueError(
             f"{spec.strategy} with nodes={spec.nodes} needs a SLURM allocation of that many"
@@ -124,7 +130,7 @@ def tfrun(spec: RunSpec, env: Environment, worker: list[str]) -> list[str]:
     if env.addrs:  # SlurmClusterResolver lists node names; workers dial their NodeAddr
         pairs = ",".join(f"{n}={a}" for n, a in zip(env.nodes, env.addrs, strict=True))
         cluster.append(f"TRAINSCALE_NODE_ADDRS={pairs}")
-    return [*srun(spec, tasks_per_node=spec.workers), *cluster, env.python, *worker]
+    return [*srun(spec, tasks_per_node(spec)), *cluster, env.python, *worker]
 
 
 def horovodrun(spec: RunSpec, env: Environment, worker: list[str]) -> list[str]:
@@ -186,9 +192,12 @@ def command(spec: RunSpec, env: Environment, out: str) -> list[str]:
 
 
 def tasks_per_node(spec: RunSpec) -> int:
-    """SLURM tasks per node of a run: one per worker for tf-multiworker across nodes (srun
-    starts each worker), else one (torchrun or the runner starts the node's workers)."""
-    return spec.workers if LAUNCHERS.get(spec.strategy) is tfrun and spec.nodes > 1 else 1
+    """SLURM tasks per node of a run: across nodes one per process for the tfrun strategies
+    (srun starts each; tf-ps's servers and chief make some nodes hold one more: this is the
+    most on one node), else one (torchrun or the runner starts the node's workers)."""
+    if LAUNCHERS.get(spec.strategy) is not tfrun or spec.nodes == 1:
+        return 1
+    return -(-spec.processes // spec.nodes)
 
 
 def probe_command(spec: RunSpec, env: Environment) -> list[str]:

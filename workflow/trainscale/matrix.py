@@ -76,6 +76,8 @@ def _check_faults(faults: list[dict], runs: list[RunSpec]) -> None:
             )
         for r in hit:
             processes = 1 if catalog.STRATEGIES[r.strategy].one_process else r.world_size
+            if r.ps_tasks:  # tf-ps: only its coordinator (rank 0) runs Python training code
+                processes = 1
             if r.fault.rank >= processes:
                 raise ConfigError(
                     f"faults[{i}].rank {r.fault.rank} does not exist in {r.path} "
@@ -192,6 +194,7 @@ def build_runs(config: dict, accelerator: str = "cpu") -> tuple[list[RunSpec], l
                     microbatches=mb if pipe else 1,
                     steps_per_epoch=limit,
                     samples=samples,
+                    ps_tasks=config.get("ps_tasks", 1) if values["strategy"] == "tf-ps" else 0,
                     **imagesets.run_fields(values["dataset"], config),
                 )
             )

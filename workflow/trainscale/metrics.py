@@ -25,6 +25,13 @@ Every per-run figure in metrics.json is defined here, once:
 - energy_joules (`device`): NVML's energy counter over training on a GPU, RAPL package counters
   over the timed epochs on CPU (one reader per host), summed; null without a sensor, never
   estimated.
+- tf-ps (ParameterServerStrategy): asynchronous training by design. Each worker step applies
+  one worker's gradient of global/workers samples on the parameter servers without waiting for
+  the others; an epoch is the same samples as every other strategy's, in `steps × workers`
+  such updates (its `steps`), timed on the chief until every scheduled step has finished.
+  device.count is the workers; the `ps_tasks` servers and the chief are in env.ps_tasks and in
+  the core budget (each a process of threads_per_worker threads); memory is the chief's and
+  step_seconds_p50/p95 are null (a step's time is not seen from the chief).
 - communication (multi-worker runs): compute_seconds_per_step, the median rank-0 step time of
   extra steps with gradient synchronisation off (after the timed epochs, in no other figure);
   exposed_seconds_per_step = max(0, steady step − compute); method says how synchronisation

@@ -12,7 +12,7 @@ from collections import Counter
 import pandas as pd
 import yaml
 
-from trainscale import aggregate
+from trainscale import aggregate, catalog
 from trainscale.aggregate import Study, human
 
 #: Rows of the scaling and communication tables in report.html at most (one per cell).
@@ -22,6 +22,15 @@ MAX_RUNS = 100
 
 # --------------------------------------------------------------------------------------------
 # numbers for people
+
+
+def cell_note(r) -> str:
+    """A table row's note: why its baseline is what it is, and what its strategy's results
+    need beside them (the catalog's `results_note`: tf-ps is asynchronous)."""
+    notes = [r.baseline_note if isinstance(r.baseline_note, str) else ""]
+    row = catalog.STRATEGIES.get(r.strategy)
+    notes.append(row.results_note if row else "")
+    return "; ".join(n for n in notes if n)
 
 
 def na(v) -> bool:
@@ -87,7 +96,7 @@ def summary_rows(study: Study) -> list[dict]:
                 "speedup": ratio(r.speedup),
                 "efficiency": eff,
                 "vs_single": ratio(r.speedup_vs_single),
-                "note": r.baseline_note if isinstance(r.baseline_note, str) else "",
+                "note": cell_note(r),
                 "runner_up": runner,
                 "oversubscribed": bool(r.oversubscribed),
                 "logical": bool(getattr(r, "logical", False)),
@@ -155,7 +164,7 @@ def scaling_rows(study: Study) -> list[dict]:
                 "tta": tta,
                 "rss": mib(r.peak_host_rss_bytes_mean, r.peak_host_rss_bytes_ci95),
                 "device": mib(r.peak_device_bytes_mean, r.peak_device_bytes_ci95),
-                "note": r.baseline_note if isinstance(r.baseline_note, str) else "",
+                "note": cell_note(r),
                 "oversubscribed": bool(r.oversubscribed),
                 "logical": bool(getattr(r, "logical", False)),
                 "failed": int(r.failed) > 0,

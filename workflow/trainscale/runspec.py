@@ -83,6 +83,13 @@ class RunSpec:
     image_size: tuple[int, int] | None = None
     image_source: imagesets.ImageSource | None = None
     loader_workers: int = 0
+    ps_tasks: int = 0  # tf-ps: parameter servers (config ps_tasks); 0 for other strategies
+
+    @property
+    def processes(self) -> int:
+        """Processes the run starts, each with threads_per_worker threads: one per worker,
+        and for tf-ps its parameter servers and its coordinator (chief) besides."""
+        return self.world_size + (self.ps_tasks + 1 if self.ps_tasks else 0)
 
     @property
     def framework(self) -> str:

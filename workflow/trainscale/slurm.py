@@ -125,6 +125,7 @@ def slurm_request(
     accelerator: str,
     timeout_minutes: float,
     tasks_per_node: int = 1,
+    servers: int = 0,
 ) -> dict[str, int | str]:
     """The snakemake-executor-plugin-slurm resources of any job that starts `workers` processes
     on each of `nodes` nodes: a training run, the all-reduce benchmark of that shape, the
@@ -138,12 +139,15 @@ def slurm_request(
     or waits for CPUs until the time limit). GPUs are requested per node (`gres`), one per
     worker, with `tasks_per_gpu=0` so the plugin does not turn `tasks` into --ntasks-per-gpu.
     `runtime` is the job's own timeout plus start-up slack, so that timeout fires first and is
-    recorded.
+    recorded. `servers` are processes beside the workers with the same thread budget and no
+    GPU (tf-ps: its parameter servers and its chief): their cores are asked for too.
     """
+    processes = workers * nodes + servers
+    tasks = min(nodes * tasks_per_node, processes)
     res: dict[str, int | str] = {
         "nodes": nodes,
-        "tasks": nodes * tasks_per_node,
-        "cpus_per_task": threads_per_worker * workers // tasks_per_node,
+        "tasks": tasks,
+        "cpus_per_task": threads_per_worker * -(-processes // tasks),
         "runtime": math.ceil(timeout_minutes) + 5,
     }
     if nodes > 1:
@@ -178,4 +182,5 @@ def slurm_resources(spec: RunSpec, accelerator: str) -> dict[str, int | str]:
         accelerator,
         spec.timeout_minutes,
         tasks_per_node(spec),
+        spec.processes - spec.world_size,
     )

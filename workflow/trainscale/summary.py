@@ -8,6 +8,7 @@ import math
 
 import pandas as pd
 
+from trainscale import catalog
 from trainscale.cells import fastest, scaling_frame
 
 
@@ -99,6 +100,11 @@ def summary_text(
                 f"  {r.strategy} {r.model} {r.dataset} N={r.world_size} batch "
                 f"{r.batch_size} {r.batch_mode}: {r.baseline_note}"
             )
+    ran = sorted(set(df["spec.strategy"])) if len(df) and "spec.strategy" in df else []
+    said = [(n, catalog.STRATEGIES[n].results_note) for n in ran if n in catalog.STRATEGIES]
+    if any(note for _, note in said):  # e.g. tf-ps: asynchronous, not comparable step by step
+        lines += ["", "read beside the numbers:"]
+        lines += [f"  {n}: {note}" for n, note in said if note]
     failed = df[df["status"] != "ok"] if len(df) else df
     if len(failed):
         lines += ["", "failed runs:"]

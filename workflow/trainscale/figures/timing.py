@@ -7,7 +7,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from trainscale.aggregate import Study
-from trainscale.figures.facets import lines
+from trainscale.figures.lined import draw_lines, lines_figure
 from trainscale.figures.registry import Kind, figure, ok_cells
 
 WARMUP_KINDS = {
@@ -35,34 +35,12 @@ def _warmup(study: Study) -> pd.DataFrame | str:
     )
 
 
-@figure("epoch_time", data=_epoch_time, row=("model", "dataset"), col=("strategy",))
-def draw_epoch_time(d: pd.DataFrame, kind: Kind) -> Figure:
-    return lines(
-        d,
-        kind,
-        x="world_size",
-        y="steady_epoch_seconds_mean",
-        err="steady_epoch_seconds_ci95",
-        hue="scale",
-        xlabel="workers N (world size)",
-        ylabel="steady epoch seconds",
-    )
+lines_figure("epoch_time", data=_epoch_time, row=("model", "dataset"), col=("strategy",))
 
 
 @figure("warmup", data=_warmup, row=("model", "dataset"), col=("kind",))
 def draw_warmup(d: pd.DataFrame, kind: Kind) -> Figure:
-    fig = lines(
-        d,
-        kind,
-        x="world_size",
-        y="seconds",
-        err="seconds_ci",
-        hue="strategy",
-        xlabel="workers N (world size)",
-        ylabel="seconds",
-        ylim=(None, None),
-        col_order=list(WARMUP_KINDS),
-    )
+    fig = draw_lines(d, kind, col_order=list(WARMUP_KINDS))
     for ax in fig.axes:
         if "overhead" in ax.get_title():
             ax.axhline(0, color="0.3", linewidth=0.8)

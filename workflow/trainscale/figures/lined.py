@@ -4,12 +4,11 @@ figure's axes, columns and labels are data in one place and not a call written p
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import Any
 
 import pandas as pd
 from matplotlib.figure import Figure
 
-from trainscale.aggregate import Study
 from trainscale.figures.facets import lines
 from trainscale.figures.registry import FIGURES, Kind, figure
 
@@ -33,12 +32,7 @@ def draw_lines(d: pd.DataFrame, kind: Kind, **extra) -> Figure:
     return lines(d, kind, **settings(d, kind.name), **extra)
 
 
-def lines_figure(
-    name: str,
-    *,
-    data: Callable[[Study], pd.DataFrame | str],
-    row: tuple[str, ...] = (),
-    col: tuple[str, ...] = (),
-) -> None:
-    """Register figure `name` drawn by `draw_lines` alone."""
-    figure(name, data=data, row=row, col=col)(draw_lines)
+def lines_figure(name: str, **where: Any) -> None:
+    """Register figure `name` drawn by `draw_lines` alone; `where` is what `figure` takes (the
+    table's function `data`, the facet keys `row` and `col`)."""
+    figure(name, **where)(draw_lines)

@@ -3,6 +3,8 @@ batch size and N as heat maps."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import pandas as pd
 from matplotlib.cm import ScalarMappable
@@ -20,10 +22,6 @@ from trainscale.figures.facets import (
 from trainscale.figures.lined import draw_lines
 from trainscale.figures.registry import Kind, figure, ok_cells
 from trainscale.figures.style import MAKO, labels, relative_luminance
-
-
-def _throughput(study: Study) -> pd.DataFrame | str:
-    return ok_cells(study, "throughput_mean")
 
 
 def scaled(study: Study) -> pd.DataFrame | str:
@@ -51,7 +49,9 @@ def _multi_efficiency(study: Study) -> pd.DataFrame | str:
     return d if len(d) else "no N > 1 cell has an efficiency"
 
 
-@figure("throughput", data=_throughput, row=("model",), col=("dataset",))
+@figure(
+    "throughput", data=partial(ok_cells, col="throughput_mean"), row=("model",), col=("dataset",)
+)
 def draw_throughput(d: pd.DataFrame, kind: Kind) -> Figure:
     return draw_lines(
         d, kind, ideal=ideal_linear, legend_extra=[reference_handle("ideal: N · X(1)")]

@@ -3,6 +3,8 @@ against the steady epoch."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import pandas as pd
 from matplotlib.figure import Figure
 
@@ -15,10 +17,6 @@ WARMUP_KINDS = {
     "steady epoch (2..E)": "steady_epoch_seconds",
     "overhead: epoch 1 − steady": "first_epoch_overhead_seconds",
 }
-
-
-def _epoch_time(study: Study) -> pd.DataFrame | str:
-    return ok_cells(study, "steady_epoch_seconds_mean")
 
 
 def _warmup(study: Study) -> pd.DataFrame | str:
@@ -35,7 +33,12 @@ def _warmup(study: Study) -> pd.DataFrame | str:
     )
 
 
-lines_figure("epoch_time", data=_epoch_time, row=("model", "dataset"), col=("strategy",))
+lines_figure(
+    "epoch_time",
+    data=partial(ok_cells, col="steady_epoch_seconds_mean"),
+    row=("model", "dataset"),
+    col=("strategy",),
+)
 
 
 @figure("warmup", data=_warmup, row=("model", "dataset"), col=("kind",))

@@ -28,7 +28,7 @@ import torch
 from PIL import Image
 
 from trainscale.imagedata import train_loader
-from trainscale.imagesets import ImageSource, folder_classes, folder_files
+from trainscale.imagesets import ImageSource, RankRead, folder_classes, folder_files
 
 
 def write_jpegs(root: Path, count: int, width: int, height: int, classes: int = 10) -> None:
@@ -90,7 +90,9 @@ def main() -> None:
             write_jpegs(root, a.images, width, height)
         files, _ = folder_files(root, folder_classes(root))
         source = ImageSource("imagefolder", str(root), str(root), len(folder_classes(root)))
-        loaders = {w: train_loader(source, size, a.batch, loader_workers=w) for w in a.workers}
+        loaders = {
+            w: train_loader(RankRead(source, size, a.batch, loader_workers=w)) for w in a.workers
+        }
         for loader in loaders.values():
             loader_pass(loader, 0)  # start the loader processes, warm the page cache
         bare: list[float] = []

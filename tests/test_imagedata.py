@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from trainscale import datawait, export_data, imagecheck, imagesets, matrix, metrics
+from trainscale.imagesets import RankRead
 
 from conftest import ROOT, run_env, snakemake, validated
 
@@ -105,7 +106,9 @@ def test_two_ranks_with_loader_processes_see_every_sample_exactly_once(tmp_path,
     for epoch in (1, 2):  # the second epoch restarts the persistent loader processes
         seen, steps = [], set()
         for rank in (0, 1):
-            loader = train_loader(source, (SIDE, SIDE), batch, rank, 2, loader_workers=2, seed=3)
+            loader = train_loader(
+                RankRead(source, (SIDE, SIDE), batch, rank, 2, loader_workers=2), seed=3
+            )
             got = [indices(x, source) for x, _ in loader.epoch(epoch)]
             assert len(got) == loader.steps
             steps.add(loader.steps)
@@ -121,7 +124,7 @@ def test_evaluation_splits_the_test_set_over_ranks_without_repeats(tmp_path, fmt
     source = write_both(tmp_path, *indexed_images())[fmt]
     seen = []
     for rank in (0, 1):
-        loader = eval_loader(source, (SIDE, SIDE), 5, rank, 2, loader_workers=1)
+        loader = eval_loader(RankRead(source, (SIDE, SIDE), 5, rank, 2, loader_workers=1))
         for x, y in loader.epoch(1):
             seen += indices(x, source)
             assert y.dtype.is_floating_point is False
@@ -134,7 +137,7 @@ def test_a_corrupt_jpeg_is_named_and_nothing_hangs(tmp_path):
     source = write_both(tmp_path, *indexed_images())["imagefolder"]
     bad = sorted(Path(source.train).rglob("*.jpg"))[7]
     bad.write_bytes(bad.read_bytes()[:40] + b"\x00garbage" * 10)
-    loader = train_loader(source, (SIDE, SIDE), 4, 0, 1, loader_workers=2)
+    loader = train_loader(RankRead(source, (SIDE, SIDE), 4, 0, 1, loader_workers=2))
     with pytest.raises(imagesets.ImageDataError, match=str(bad.name)):
         for _ in loader.epoch(1):
             pass
@@ -148,9 +151,9 @@ def test_a_missing_shard_is_named_before_and_while_reading(tmp_path):
     raw = shard.read_bytes()
     shard.unlink()
     with pytest.raises(imagesets.ImageDataError, match="train-000003.tar does not exist"):
-        train_loader(source, (SIDE, SIDE), 4, 0, 1, loader_workers=1)
+        train_loader(RankRead(source, (SIDE, SIDE), 4, 0, 1, loader_workers=1))
     shard.write_bytes(raw)
-    loader = train_loader(source, (SIDE, SIDE), 4, 0, 1, loader_workers=1)
+    loader = train_loader(RankRead(source, (SIDE, SIDE), 4, 0, 1, loader_workers=1))
     shard.unlink()  # gone after the loader was built: the read names it
     with pytest.raises(Exception, match="train-000003.tar"):
         for _ in loader.epoch(1):
@@ -162,7 +165,7 @@ def test_a_shard_set_too_small_for_the_ranks_is_named(tmp_path):
 
     source = write_both(tmp_path, *indexed_images(12), shard=12)["webdataset"]
     with pytest.raises(imagesets.ImageDataError, match="give some rank no full batch"):
-        train_loader(source, (SIDE, SIDE), 4, 0, 2)
+        train_loader(RankRead(source, (SIDE, SIDE), 4, 0, 2))
 
 
 # --- config ------------------------------------------------------------------------------------
@@ -397,17 +400,19 @@ def test_tf_data_splits_over_ranks_once_and_decodes_as_pillow_does(tmp_path, fmt
     source = write_both(tmp_path, *indexed_images())[fmt]
     seen, steps = [], set()
     for rank in (0, 1):
-        train, n = imagedata_tf.train_dataset(source, (SIDE, SIDE), 4, rank, 2, 2, seed=1)
+        train, n = imagedata_tf.train_dataset(RankRead(source, (SIDE, SIDE), 4, rank, 2, 2), seed=1)
         steps.add(n)
         for x, _ in train.take(n):
             seen += indices(torch.from_numpy(x.numpy().transpose(0, 3, 1, 2)), source)
     assert steps == {N // 2 // 4} and sorted(seen) == list(range(N))
     images, labels = patterned_images()
     source = write_both(tmp_path / "p", images, labels)[fmt]
-    (x, y), *_ = list(imagedata_tf.eval_dataset(source, (16, 12), 100).as_numpy_iterator())
+    (x, y), *_ = list(
+        imagedata_tf.eval_dataset(RankRead(source, (16, 12), 100)).as_numpy_iterator()
+    )
     from trainscale.imagedata import eval_loader
 
-    (tx, ty), *_ = list(eval_loader(source, (16, 12), 100).epoch(1))
+    (tx, ty), *_ = list(eval_loader(RankRead(source, (16, 12), 100)).epoch(1))
     assert x.shape == (12, 16, 12, 3) and list(y) == list(ty.numpy())
     std = np.asarray(source.std)  # both normalised alike; resamplers differ by a few levels
     diff = np.abs(x - tx.numpy().transpose(0, 2, 3, 1)) * std * 255
@@ -432,7 +437,7 @@ def test_loader_processes_hide_the_decode_behind_the_step(tmp_path):
     source = imagesets.ImageSource("imagefolder", str(tmp_path / "train"), "", 2)
     waits = {}
     for workers in (0, 2):
-        loader = train_loader(source, (64, 64), 8, loader_workers=workers)
+        loader = train_loader(RankRead(source, (64, 64), 8, loader_workers=workers))
         for epoch in (1, 2):
             batches = datawait.DataWait(loader.epoch(epoch))
             for _ in batches:

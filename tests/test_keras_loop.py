@@ -3,6 +3,8 @@ strategy writes the same metric keys, per-rank memory, utilisation and energy al
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from trainscale import metrics
@@ -37,11 +39,22 @@ def test_busy_percent_is_the_share_of_the_thread_budget():
     assert cpu_busy_percent(3.0, 2.0, 2) == 75.0
     assert cpu_busy_percent(9.0, 2.0, 2) == 100.0  # more threads than its budget: the unit is full
     assert cpu_busy_percent(1.0, 0.0, 1) is None
+    # spans add up, and a sleeping process is idle while a computing one is not (how busy the
+    # computing one looks depends on what else this machine runs, so no absolute bar)
+    idle = CpuUsage(threads=1, reads_energy=False)
+    for _ in range(2):
+        idle.span_starts()
+        time.sleep(0.1)
+        idle.span_ends()
+    assert idle.wall >= 0.2 and idle.result()[0] < 20
     busy = CpuUsage(threads=1, reads_energy=False)
     busy.span_starts()
+    t0 = time.process_time()
     sum(i * i for i in range(2_000_000))  # one busy thread
+    cpu = time.process_time() - t0
     busy.span_ends()
-    assert 50 < busy.result()[0] <= 100
+    assert busy.cpu >= cpu and busy.result()[0] == cpu_busy_percent(busy.cpu, busy.wall, 1)
+    assert busy.result()[0] > idle.result()[0]
 
 
 @pytest.fixture(scope="module")

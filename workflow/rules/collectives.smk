@@ -18,7 +18,7 @@ rule collectives:
     resources:
         **job_resources(collectives_request),
     params:
-        models=lambda w: " ".join(f"--model {p}" for p in collective_shapes()[1]),
+        models=" ".join(f"--model {p}" for p in COLLECTIVE_PAIRS),
         threads=config["threads_per_worker"],
         warmup=config["collectives"]["warmup"],
         iters=config["collectives"]["iters"],

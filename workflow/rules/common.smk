@@ -194,7 +194,7 @@ def check_targets():
     of each shape stands for it)."""
     shapes = {}
     for r in RUNS:
-        shapes.setdefault(tuple(sorted(slurm_resources(r, ACCELERATOR).items())), r)
+        shapes.setdefault(tuple(sorted(RUN_REQUESTS[r.path].items())), r)
     return [f"{RESULTS}/check/{r.path}.txt" for r in shapes.values()]
 
 
@@ -203,11 +203,9 @@ def run_conda_env(wildcards):
     return f"../../envs/{run_of(wildcards).framework}.yaml"
 
 
-@per_job
-def run_inputs(wildcards):
+def files_needed(spec):
     """Files a run needs: its real dataset's files (fetched by the `download_*` rules), and for
     DeepSpeed the once-built ops and the user's ds_config fragment."""
-    spec = run_of(wildcards)
     files = [
         str(Path(spec.data_dir) / f)
         for f in ts_imagesets.spec_info(spec.to_dict()).files
@@ -217,6 +215,35 @@ def run_inputs(wildcards):
         if spec.deepspeed_config:
             files.append(spec.deepspeed_config)
     return files
+
+
+def inputs_by_run():
+    """Every run's `files_needed`, by run path, worked out once per distinct data set, data
+    directory and framework (a large study has thousands of runs and a handful of those), so
+    that the per-job input function is a dict lookup."""
+    by_key, by_run = {}, {}
+    for r in RUNS:
+        key = (
+            r.dataset,
+            r.data_dir,
+            r.image_size,
+            r.image_source,
+            r.framework,
+            r.deepspeed_config,
+        )
+        if key not in by_key:
+            by_key[key] = files_needed(r)
+        by_run[r.path] = by_key[key]
+    return by_run
+
+
+RUN_INPUTS = inputs_by_run()
+
+
+@per_job
+def run_inputs(wildcards):
+    run_of(wildcards)  # an unknown run path is named as such
+    return list(RUN_INPUTS[wildcards.run])
 
 
 def all_metrics():
@@ -246,25 +273,26 @@ COLLECTIVES_BACKEND = "nccl" if ACCELERATOR == "cuda" else "gloo"
 def collective_shapes():
     """(workers, nodes) of every run with more than one worker, and the model:dataset pairs of
     those runs, whose largest gradient sets the benchmark's largest message (a one-worker run
-    reduces no gradient)."""
+    reduces no gradient). Worked out once per distinct model and data set."""
     if not config["collectives"]["enabled"]:
         return [], []
-    shapes = sorted({(r.workers, r.nodes) for r in RUNS if r.world_size > 1})
+    multi = [r for r in RUNS if r.world_size > 1]
+    shapes = sorted({(r.workers, r.nodes) for r in multi})
+    models = {(r.model, r.dataset, r.image_size, r.image_source): r for r in multi}
     pairs = sorted(
-        {
-            f"{r.model}:{ts_imagesets.shape_name(r.to_dict())}"
-            for r in RUNS
-            if r.world_size > 1
-        }
+        {f"{r.model}:{ts_imagesets.shape_name(r.to_dict())}" for r in models.values()}
     )
     return shapes, pairs
 
 
+#: (workers, nodes) and model:dataset pairs of the all-reduce benchmark (collective_shapes).
+COLLECTIVE_SHAPES, COLLECTIVE_PAIRS = collective_shapes()
+
+
 def collective_files():
-    shapes, _ = collective_shapes()
     return [
         f"{RESULTS}/collectives/backend~{COLLECTIVES_BACKEND}/workers~{w}/nodes~{n}.json"
-        for w, n in shapes
+        for w, n in COLLECTIVE_SHAPES
     ]
 
 

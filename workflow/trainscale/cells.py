@@ -192,13 +192,7 @@ def convergence_frame(epochs: pd.DataFrame) -> pd.DataFrame:
 
 #: The fastest cell's columns that `fastest` keeps.
 _WINNER = [
-    "strategy",
-    "scale",
-    "batch_size",
-    "batch_mode",
-    "workers",
-    "nodes",
-    "precision",
+    *(k for k in MATRIX_KEYS if k not in ("model", "dataset")),  # the cell's keys
     "throughput_mean",
     "throughput_ci95",
     "speedup",

@@ -264,6 +264,27 @@ def tensorflow_gpu_missing(ctx: Context) -> str | None:
     return f"TensorFlow's GPU build (this TensorFlow sees no GPU: {said})"
 
 
+@dataclass(frozen=True)
+class Build:
+    """An optional build a GPU path needs: the module that must import, and the probe that says
+    what of the build is missing (None: all there)."""
+
+    module: str
+    missing: Callable[[Context], str | None]
+
+
+HOROVOD_NCCL = Build("horovod", horovod_nccl_missing)
+TENSORFLOW_GPU = Build("tensorflow", tensorflow_gpu_missing)
+
+
+def optional_build(name: str, what: str, strategy: str, build: Build) -> Check:
+    """A path that trains `strategy` on one GPU where `build` is installed (NOT INSTALLED,
+    not a failure, where it is not)."""
+    return Check(
+        name, what, trains(name, strategy=strategy), needs=(build.module,), probe=build.missing
+    )
+
+
 def deepspeed(stage: int, precision: str) -> Check:
     return Check(
         f"deepspeed-zero{stage}",
@@ -324,20 +345,10 @@ CHECKS: tuple[Check, ...] = (
         "message; the next run on the GPU unaffected",
         oom_then_ok,
     ),
-    Check(
-        "horovod-torch-nccl",
-        "horovod-torch, 1 rank, NCCL build",
-        trains("horovod-torch-nccl", strategy="horovod-torch"),
-        needs=("horovod",),
-        probe=horovod_nccl_missing,
+    optional_build(
+        "horovod-torch-nccl", "horovod-torch, 1 rank, NCCL build", "horovod-torch", HOROVOD_NCCL
     ),
-    Check(
-        "tensorflow-gpu",
-        "tf (Keras model.fit) on one GPU",
-        trains("tensorflow-gpu", strategy="tf"),
-        needs=("tensorflow",),
-        probe=tensorflow_gpu_missing,
-    ),
+    optional_build("tensorflow-gpu", "tf (Keras model.fit) on one GPU", "tf", TENSORFLOW_GPU),
 )
 #: Paths that may be NOT INSTALLED on a node (optional builds); every other one must run.
 OPTIONAL: frozenset[str] = frozenset({"horovod-torch-nccl", "tensorflow-gpu"})

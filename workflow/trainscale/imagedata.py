@@ -31,8 +31,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 
-from trainscale.imagedecode import decode_file, equal_steps, existing_shards, shard_samples
-from trainscale.imagesets import ImageDataError, ImageSource, folder_classes, folder_files
+from trainscale.imagedecode import decode_file, equal_steps, existing_shards, rank_samples
+from trainscale.imagesets import ImageDataError, RankRead, folder_classes, folder_files
 
 #: Batches each loader process prepares ahead (DataLoader prefetch_factor).
 PREFETCH_FACTOR = 2
@@ -95,86 +95,92 @@ def _data_loader(dataset, loader_workers: int, pin_memory: bool, **kw) -> DataLo
     return DataLoader(dataset, num_workers=loader_workers, pin_memory=pin_memory, **extra, **kw)
 
 
+def _shard_loader(
+    read: RankRead, shards: list[str], seed, collate, pin_memory: bool, steps: int | None
+) -> ImageLoader:
+    """Rank `read.rank`'s batches of WebDataset `shards` (batched in the pipeline); `steps`
+    None: every batch, the last one partial (evaluation)."""
+    pipeline = rank_samples(
+        read, shards, seed, batch_size=read.batch_size, collate=collate, partial=steps is None
+    )
+    loader = _data_loader(pipeline, read.loader_workers, pin_memory, batch_size=None)
+    return ImageLoader(loader, steps)
+
+
 def train_loader(
-    source: ImageSource,
-    size: tuple[int, int],
-    batch_size: int,
-    rank: int = 0,
-    world_size: int = 1,
-    loader_workers: int = 0,
+    read: RankRead,
     seed: int = 0,
     pin_memory: bool = False,
 ) -> ImageLoader:
     """The training split of one rank: shuffled each epoch, `steps` full batches of
     `batch_size` (the per-worker batch), the same count on every rank, no sample twice."""
-    collate = Normalise(source.mean, source.std)
-    if source.format == "imagefolder":
-        dataset = FolderImages(source.train, size)
+    collate = Normalise(read.source.mean, read.source.std)
+    if read.source.format == "imagefolder":
+        dataset = FolderImages(read.source.train, read.size)
         sampler = DistributedSampler(
-            dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=True
+            dataset,
+            num_replicas=read.world_size,
+            rank=read.rank,
+            shuffle=True,
+            seed=seed,
+            drop_last=True,
         )
         loader = _data_loader(
             dataset,
-            loader_workers,
+            read.loader_workers,
             pin_memory,
-            batch_size=batch_size,
+            batch_size=read.batch_size,
             sampler=sampler,
             collate_fn=collate,
             drop_last=True,
         )
         return ImageLoader(loader, len(loader), sampler)
-    shards = existing_shards(source.train)
-    steps = equal_steps(shards, world_size, loader_workers, batch_size)
+    shards = existing_shards(read.source.train)
+    steps = equal_steps(shards, read.world_size, read.loader_workers, read.batch_size)
     if steps == 0:
         raise ImageDataError(
-            f"{source.train}: {len(shards)} shards give some rank no full batch of "
-            f"{batch_size} with {world_size} ranks × {max(1, loader_workers)} loader processes; "
+            f"{read.source.train}: {len(shards)} shards give some rank no full batch of "
+            f"{read.batch_size} with {read.world_size} ranks × {max(1, read.loader_workers)} "
+            "loader processes; "
             "write more (smaller) shards, or use fewer workers or loader_workers"
         )
-    pipeline = shard_samples(
-        shards, size, source.classes, rank, world_size, seed, batch_size, collate, partial=False
-    )
-    return ImageLoader(_data_loader(pipeline, loader_workers, pin_memory, batch_size=None), steps)
+    return _shard_loader(read, shards, seed, collate, pin_memory, steps)
 
 
 def eval_loader(
-    source: ImageSource,
-    size: tuple[int, int],
-    batch_size: int,
-    rank: int = 0,
-    world_size: int = 1,
-    loader_workers: int = 0,
+    read: RankRead,
     pin_memory: bool = False,
     classes: list[str] | None = None,
 ) -> ImageLoader:
     """The test split of one rank, in order: every test sample on exactly one rank (ranks may
     get one batch more or less: sum correct counts over ranks). Folders take the train split's
     class list (`classes`, default read from source.train) so labels mean the same."""
-    collate = Normalise(source.mean, source.std)
-    if source.format == "imagefolder":
-        dataset = FolderImages(source.test, size, classes or folder_classes(source.train))
-        mine = Subset(dataset, range(rank, len(dataset), world_size))
+    collate = Normalise(read.source.mean, read.source.std)
+    if read.source.format == "imagefolder":
+        dataset = FolderImages(
+            read.source.test, read.size, classes or folder_classes(read.source.train)
+        )
+        mine = Subset(dataset, range(read.rank, len(dataset), read.world_size))
         loader = _data_loader(
-            mine, loader_workers, pin_memory, batch_size=batch_size, collate_fn=collate
+            mine, read.loader_workers, pin_memory, batch_size=read.batch_size, collate_fn=collate
         )
         return ImageLoader(loader, None)
-    shards = existing_shards(source.test)
-    pipeline = shard_samples(
-        shards, size, source.classes, rank, world_size, None, batch_size, collate, partial=True
-    )
-    return ImageLoader(_data_loader(pipeline, loader_workers, pin_memory, batch_size=None), None)
+    shards = existing_shards(read.source.test)
+    return _shard_loader(read, shards, None, collate, pin_memory, None)
 
 
 def loaders(spec, rank: int, world_size: int, cuda: bool) -> tuple[ImageLoader, ImageLoader]:
     """(train, test) loaders of a run spec (matrix.RunSpec) with a user data set
     (`spec.image_source` not None), for rank `rank` of `world_size` data-parallel ranks."""
-    source = spec.image_source
-    size = tuple(spec.image_size)
-    batch = spec.per_worker_batch_size
-    workers = spec.loader_workers
-    train = train_loader(source, size, batch, rank, world_size, workers, spec.seed, cuda)
-    test = eval_loader(source, size, batch, rank, world_size, workers, cuda)
-    return train, test
+    read = RankRead(
+        spec.image_source,
+        tuple(spec.image_size),
+        spec.per_worker_batch_size,
+        rank,
+        world_size,
+        spec.loader_workers,
+    )
+    return train_loader(read, spec.seed, cuda), eval_loader(read, cuda)
 
 
 def rank_waits(seconds: float) -> list[float]:

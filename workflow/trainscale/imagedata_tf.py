@@ -10,7 +10,8 @@ the encoded bytes through `from_generator`, and tf.data decodes them in the same
 `loader_workers` is the parallel map's width (0: decoded one at a time, on tf.data's own
 thread); tf.data runs it on threads of the training process, not in separate processes.
 
-    train, steps = imagedata_tf.train_dataset(source, size, batch, rank, world, workers, seed)
+    read = RankRead(source, size, batch, rank, world, workers)
+    train, steps = imagedata_tf.train_dataset(read, seed)
     for x, y in DataWait(train.take(steps)): ...
 """
 
@@ -18,8 +19,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from trainscale.imagedecode import equal_steps, existing_shards, shard_samples
-from trainscale.imagesets import ImageDataError, ImageSource, folder_classes, folder_files
+from trainscale.imagedecode import equal_steps, existing_shards, rank_samples
+from trainscale.imagesets import ImageDataError, RankRead, folder_classes, folder_files
 
 
 def _calls(loader_workers: int) -> int | None:
@@ -61,60 +62,52 @@ def _folder(root: str, classes: list[str], rank: int, world_size: int, equal: bo
 
 
 def train_dataset(
-    source: ImageSource,
-    size: tuple[int, int],
-    batch_size: int,
-    rank: int = 0,
-    world_size: int = 1,
-    loader_workers: int = 0,
+    read: RankRead,
     seed: int = 0,
 ) -> tuple[tf.data.Dataset, int]:
     """(batches of rank `rank`, reshuffled each pass; full batches only; steps per epoch, the
     same on every rank). Iterate `dataset.take(steps)` each epoch."""
-    folders = source.format == "imagefolder"
-    decode = Decode(size, source.mean, source.std, from_path=folders)
+    folders = read.source.format == "imagefolder"
+    decode = Decode(read.size, read.source.mean, read.source.std, from_path=folders)
     if folders:
-        ds, samples = _folder(source.train, folder_classes(source.train), rank, world_size, True)
+        ds, samples = _folder(
+            read.source.train, folder_classes(read.source.train), read.rank, read.world_size, True
+        )
         ds = ds.shuffle(samples, seed=seed, reshuffle_each_iteration=True)
-        steps = samples // batch_size
+        steps = samples // read.batch_size
     else:
-        shards = existing_shards(source.train)
-        steps = equal_steps(shards, world_size, 0, batch_size)
-        ds = _shards(source, shards, size, rank, world_size, seed)
+        shards = existing_shards(read.source.train)
+        steps = equal_steps(shards, read.world_size, 0, read.batch_size)
+        ds = _shards(read, shards, seed)
     if steps == 0:
         raise ImageDataError(
-            f"{source.train}: too few samples for one batch of {batch_size} on each of "
-            f"{world_size} ranks; use a smaller batch or fewer workers"
+            f"{read.source.train}: too few samples for one batch of {read.batch_size} on each of "
+            f"{read.world_size} ranks; use a smaller batch or fewer workers"
         )
-    ds = ds.map(decode, num_parallel_calls=_calls(loader_workers))
-    return ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE), steps
+    ds = ds.map(decode, num_parallel_calls=_calls(read.loader_workers))
+    return ds.batch(read.batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE), steps
 
 
 def eval_dataset(
-    source: ImageSource,
-    size: tuple[int, int],
-    batch_size: int,
-    rank: int = 0,
-    world_size: int = 1,
-    loader_workers: int = 0,
+    read: RankRead,
 ) -> tf.data.Dataset:
     """The test split of rank `rank`, in order; every test sample on exactly one rank."""
-    folders = source.format == "imagefolder"
-    decode = Decode(size, source.mean, source.std, from_path=folders)
+    folders = read.source.format == "imagefolder"
+    decode = Decode(read.size, read.source.mean, read.source.std, from_path=folders)
     if folders:
-        classes = folder_classes(source.train)
-        ds, _ = _folder(source.test, classes, rank, world_size, False)
+        classes = folder_classes(read.source.train)
+        ds, _ = _folder(read.source.test, classes, read.rank, read.world_size, False)
     else:
-        ds = _shards(source, existing_shards(source.test), size, rank, world_size, None)
-    ds = ds.map(decode, num_parallel_calls=_calls(loader_workers))
-    return ds.batch(batch_size).prefetch(tf.data.AUTOTUNE)
+        ds = _shards(read, existing_shards(read.source.test), None)
+    ds = ds.map(decode, num_parallel_calls=_calls(read.loader_workers))
+    return ds.batch(read.batch_size).prefetch(tf.data.AUTOTUNE)
 
 
-def _shards(source: ImageSource, shards, size, rank: int, world_size: int, seed: int | None):
-    """(encoded image, label) of rank `rank`'s shards, from the webdataset pipeline."""
+def _shards(read: RankRead, shards: list[str], seed: int | None):
+    """(encoded image, label) of rank `read.rank`'s shards, from the webdataset pipeline."""
 
     def samples():
-        yield from shard_samples(shards, size, source.classes, rank, world_size, seed, decode=False)
+        yield from rank_samples(read, shards, seed, decode=False)
 
     signature = (tf.TensorSpec([], tf.string), tf.TensorSpec([], tf.int64))
     return tf.data.Dataset.from_generator(samples, output_signature=signature)

@@ -23,7 +23,13 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from trainscale.imagesets import ImageDataError, expand_shards, pillow_error, shard_size
+from trainscale.imagesets import (
+    ImageDataError,
+    RankRead,
+    expand_shards,
+    pillow_error,
+    shard_size,
+)
 
 #: Samples each loader process holds to shuffle a shard stream (WebDataset reads sequentially).
 SHUFFLE_BUFFER = 1000
@@ -190,6 +196,15 @@ def equal_steps(shards: list[str], world_size: int, loader_workers: int, batch_s
         for r in range(world_size)
     ]
     return min(per_rank)
+
+
+def rank_samples(read: RankRead, shards: list[str], seed: int | None, **pipeline):
+    """`shard_samples` of rank `read.rank` of `read.world_size` at `read.size`: the pipeline
+    both the PyTorch loader and the tf.data one read shards through. `pipeline`: batch_size,
+    collate, partial, decode."""
+    return shard_samples(
+        shards, read.size, read.source.classes, read.rank, read.world_size, seed, **pipeline
+    )
 
 
 def shard_samples(

@@ -64,6 +64,22 @@ class ImageSource:
         )
 
 
+@dataclass(frozen=True)
+class RankRead:
+    """What one rank reads of a user data set: the images at `size` (H, W) in batches of
+    `batch_size` (the per-worker batch), its share as rank `rank` of `world_size` data-parallel
+    ranks, decoded by `loader_workers` (processes for PyTorch, parallel calls for tf.data).
+    The PyTorch loaders (trainscale.imagedata) and the tf.data ones (trainscale.imagedata_tf)
+    take it alike, for the training and the test split."""
+
+    source: ImageSource
+    size: tuple[int, int]
+    batch_size: int
+    rank: int = 0
+    world_size: int = 1
+    loader_workers: int = 0
+
+
 def pillow_error(e: Exception) -> str:
     """Pillow's complaint about a file, without the in-memory buffer's address it names."""
     from PIL import UnidentifiedImageError

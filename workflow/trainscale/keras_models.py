@@ -24,7 +24,6 @@ from __future__ import annotations
 import itertools
 import math
 import os
-from collections.abc import Callable
 
 import numpy as np
 
@@ -35,11 +34,15 @@ import tf_keras as keras  # noqa: E402
 from tf_keras import layers  # noqa: E402
 
 from trainscale import catalog  # noqa: E402
+from trainscale.model_builders import VGG19_STAGES, Builders  # noqa: E402
 
 #: The models this module builds: the catalog's, in its order.
 MODELS: tuple[str, ...] = tuple(catalog.MODELS)
 
 Shape = tuple[int, int, int]
+
+#: name -> builder of each catalog model (each builder registers itself below).
+_BUILDERS = Builders("Keras")
 
 
 def build(name: str, in_shape: Shape, num_classes: int) -> keras.Model:
@@ -48,13 +51,7 @@ def build(name: str, in_shape: Shape, num_classes: int) -> keras.Model:
     ``in_shape`` is (C, H, W) as in `trainscale.models.build`; the model takes (N, H, W, C).
     Raises ValueError when the input is too small for the model, as the PyTorch zoo does.
     """
-    if name not in _BUILDERS:
-        raise ValueError(f"unknown model {name!r}; choose one of: {', '.join(MODELS)}")
-    if len(in_shape) != 3 or any(int(d) < 1 for d in in_shape):
-        raise ValueError(f"in_shape must be (C, H, W) with positive sizes, got {in_shape!r}")
-    if num_classes < 1:
-        raise ValueError(f"num_classes must be >= 1, got {num_classes}")
-    c, h, w = (int(d) for d in in_shape)
+    c, h, w = _BUILDERS.checked(name, in_shape, num_classes)
     global _seq
     _seq = itertools.count(1)
     inputs = keras.Input(shape=(h, w, c), name="images")
@@ -232,12 +229,14 @@ class AdaptiveAvgPool2D(layers.Layer):
 # --- seed models -------------------------------------------------------------------------------
 
 
+@_BUILDERS.builds("seed-small")
 def _seed_small(x, num_classes: int):
     x = _max_pool(_relu(_conv(x, 32, 3, padding=1)), 2)
     x = _relu(_dense(layers.Flatten()(x), 64))
     return _dense(x, num_classes)
 
 
+@_BUILDERS.builds("seed-large")
 def _seed_large(x, num_classes: int):
     for width in (128, 256, 512):
         x = _max_pool(_relu(_conv(x, width, 3, padding=1)), 2)
@@ -246,6 +245,7 @@ def _seed_large(x, num_classes: int):
     return _dense(x, num_classes)
 
 
+@_BUILDERS.builds("mnist-convnet")
 def _mnist_convnet(x, num_classes: int):
     x = _relu(_max_pool(_conv(x, 10, 5), 2))
     x = _relu(_max_pool(layers.SpatialDropout2D(0.5)(_conv(x, 20, 5)), 2))  # nn.Dropout2d
@@ -255,17 +255,10 @@ def _mnist_convnet(x, num_classes: int):
 
 # --- VGG-19 and AlexNet --------------------------------------------------------------------------
 
-_VGG19_STAGES: tuple[tuple[int, ...], ...] = (
-    (64, 64),
-    (128, 128),
-    (256, 256, 256, 256),
-    (512, 512, 512, 512),
-    (512, 512, 512, 512),
-)
 
-
+@_BUILDERS.builds("vgg19")
 def _vgg19(x, num_classes: int):
-    for widths in _VGG19_STAGES:
+    for widths in VGG19_STAGES:
         for width in widths:
             x = _relu(_conv(x, width, 3, padding=1, init="he"))
         x = _max_pool(x, 2)
@@ -275,6 +268,7 @@ def _vgg19(x, num_classes: int):
     return _dense(x, num_classes, init="normal")
 
 
+@_BUILDERS.builds("alexnet")
 def _alexnet(x, num_classes: int):
     x = _max_pool(_relu(_conv(x, 64, 11, stride=4, padding=2)), 3, 2)
     x = _max_pool(_relu(_conv(x, 192, 5, padding=2)), 3, 2)
@@ -302,6 +296,7 @@ def _bottleneck(x, width: int, stride: int):
     return _relu(layers.Add()([y, shortcut]))
 
 
+@_BUILDERS.builds("resnet50")
 def _resnet50(x, num_classes: int):
     x = _relu(_bn(_conv(x, 64, 7, stride=2, padding=3, bias=False, init="he")))
     # nn.MaxPool2d(3, 2, padding=1) pads with -inf; after the ReLU, zeros are the same
@@ -331,6 +326,7 @@ def _inception(x, ch1x1, ch3x3_reduce, ch3x3, ch5x5_reduce, ch5x5, pool_proj):
     return layers.Concatenate(axis=-1)([b1, b2, b3, b4])
 
 
+@_BUILDERS.builds("googlenet")
 def _googlenet(x, num_classes: int):
     x = _basic_conv(x, 64, 7, stride=2, padding=3)
     x = _ceil_pool(x, 3)
@@ -350,13 +346,4 @@ def _googlenet(x, num_classes: int):
     return layers.Dense(num_classes, name=_name("dense"), **_normal(0.01, fan_in=x.shape[-1]))(x)
 
 
-_BUILDERS: dict[str, Callable] = {
-    "seed-small": _seed_small,
-    "seed-large": _seed_large,
-    "mnist-convnet": _mnist_convnet,
-    "vgg19": _vgg19,
-    "resnet50": _resnet50,
-    "alexnet": _alexnet,
-    "googlenet": _googlenet,
-}
-assert tuple(_BUILDERS) == MODELS, "MODELS and _BUILDERS must list the same names in order"
+_BUILDERS.check_complete()

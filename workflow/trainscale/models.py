@@ -12,17 +12,21 @@ Every model returns raw logits: the training loop applies ``CrossEntropyLoss``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import nn
 
 from trainscale import catalog
+from trainscale.model_builders import VGG19_STAGES, Builders
 
 #: The models this module builds: the catalog's, in its order.
 MODELS: tuple[str, ...] = tuple(catalog.MODELS)
 
 Shape = tuple[int, int, int]
+
+#: name -> builder of each catalog model (each builder registers itself below).
+_BUILDERS = Builders("PyTorch")
 
 
 def build(name: str, in_shape: Shape, num_classes: int) -> nn.Sequential:
@@ -32,13 +36,7 @@ def build(name: str, in_shape: Shape, num_classes: int) -> nn.Sequential:
     raise ValueError when the input is too small for them; the torchvision models end in
     adaptive pooling, so a too-small input only fails at forward time.
     """
-    if name not in _BUILDERS:
-        raise ValueError(f"unknown model {name!r}; choose one of: {', '.join(MODELS)}")
-    if len(in_shape) != 3 or any(int(d) < 1 for d in in_shape):
-        raise ValueError(f"in_shape must be (C, H, W) with positive sizes, got {in_shape!r}")
-    if num_classes < 1:
-        raise ValueError(f"num_classes must be >= 1, got {num_classes}")
-    c, h, w = (int(d) for d in in_shape)
+    c, h, w = _BUILDERS.checked(name, in_shape, num_classes)
     return _BUILDERS[name]((c, h, w), num_classes)
 
 
@@ -88,6 +86,7 @@ def _shrink(side: int, windows: Sequence[tuple[int, int]]) -> int:
 # --- seed models (the original benchmark scripts' networks) ---------------------------------
 
 
+@_BUILDERS.builds("seed-small")
 def _seed_small(in_shape: Shape, num_classes: int) -> nn.Sequential:
     """Seed benchmark's small CNN: one conv stage, a 64-unit hidden layer (402,442 on MNIST)."""
     flat = _flat_features("seed-small", in_shape, 32, [(2, 2)])
@@ -98,6 +97,7 @@ def _seed_small(in_shape: Shape, num_classes: int) -> nn.Sequential:
     )
 
 
+@_BUILDERS.builds("seed-large")
 def _seed_large(in_shape: Shape, num_classes: int) -> nn.Sequential:
     """Seed benchmark's large CNN: three conv stages (128/256/512) and two 512-unit layers."""
     stages: list[nn.Module] = []
@@ -116,6 +116,7 @@ def _seed_large(in_shape: Shape, num_classes: int) -> nn.Sequential:
     )
 
 
+@_BUILDERS.builds("mnist-convnet")
 def _mnist_convnet(in_shape: Shape, num_classes: int) -> nn.Sequential:
     """The classic PyTorch MNIST example net (21,840 params on MNIST), minus its log_softmax."""
     flat = _flat_features("mnist-convnet", in_shape, 20, [(5, 1), (2, 2), (5, 1), (2, 2)])
@@ -129,15 +130,8 @@ def _mnist_convnet(in_shape: Shape, num_classes: int) -> nn.Sequential:
 
 # --- VGG-19 and AlexNet ----------------------------------------------------------------------
 
-_VGG19_STAGES: tuple[tuple[int, ...], ...] = (
-    (64, 64),
-    (128, 128),
-    (256, 256, 256, 256),
-    (512, 512, 512, 512),
-    (512, 512, 512, 512),
-)
 
-
+@_BUILDERS.builds("vgg19")
 def _vgg19(in_shape: Shape, num_classes: int) -> nn.Sequential:
     """torchvision vgg19 (config E, no BN): five conv stages, then three FC blocks.
 
@@ -145,7 +139,7 @@ def _vgg19(in_shape: Shape, num_classes: int) -> nn.Sequential:
     """
     stages: list[nn.Module] = []
     channels = in_shape[0]
-    for widths in _VGG19_STAGES:
+    for widths in VGG19_STAGES:
         layers: list[nn.Module] = []
         for width in widths:
             layers += [nn.Conv2d(channels, width, 3, padding=1), nn.ReLU(inplace=True)]
@@ -171,6 +165,7 @@ def _vgg19(in_shape: Shape, num_classes: int) -> nn.Sequential:
     return model
 
 
+@_BUILDERS.builds("alexnet")
 def _alexnet(in_shape: Shape, num_classes: int) -> nn.Sequential:
     """torchvision alexnet ("one weird trick" variant): five conv blocks, three FC blocks."""
     return nn.Sequential(
@@ -235,6 +230,7 @@ class Bottleneck(nn.Module):
         return self.relu(out + self.shortcut(x))
 
 
+@_BUILDERS.builds("resnet50")
 def _resnet50(in_shape: Shape, num_classes: int) -> nn.Sequential:
     """torchvision resnet50: stem, the 16 bottlenecks of layer1..layer4 (3, 4, 6, 3), head."""
     stem = nn.Sequential(
@@ -318,6 +314,7 @@ def _ceil_pool(kernel: int) -> nn.MaxPool2d:
     return nn.MaxPool2d(kernel, stride=2, ceil_mode=True)
 
 
+@_BUILDERS.builds("googlenet")
 def _googlenet(in_shape: Shape, num_classes: int) -> nn.Sequential:
     """torchvision googlenet without aux classifiers and with transform_input=False.
 
@@ -360,13 +357,4 @@ def _he_init_convs(model: nn.Module) -> None:
                 nn.init.zeros_(m.bias)
 
 
-_BUILDERS: dict[str, Callable[[Shape, int], nn.Sequential]] = {
-    "seed-small": _seed_small,
-    "seed-large": _seed_large,
-    "mnist-convnet": _mnist_convnet,
-    "vgg19": _vgg19,
-    "resnet50": _resnet50,
-    "alexnet": _alexnet,
-    "googlenet": _googlenet,
-}
-assert tuple(_BUILDERS) == MODELS, "MODELS and _BUILDERS must list the same names in order"
+_BUILDERS.check_complete()

@@ -27,6 +27,11 @@ MATRIX_KEYS: tuple[str, ...] = (
 )
 
 
+#: A spec's JSON: sorted keys, no spaces. One encoder, made once: json.dumps with options
+#: builds a new one per call, and a dry-run writes one spec per run.
+_SPEC_JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
+
+
 class ConfigError(ValueError):
     """A config that cannot become a run set; the message names the key and the fix."""
 
@@ -117,7 +122,7 @@ class RunSpec:
         return d
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        return _SPEC_JSON.encode(self.to_dict())
 
     @classmethod
     def from_dict(cls, d: dict) -> RunSpec:

@@ -4,11 +4,10 @@ per epoch (the per-epoch convergence table)."""
 from __future__ import annotations
 
 import pandas as pd
-from matplotlib.figure import Figure
 
 from trainscale.aggregate import Study
-from trainscale.figures.facets import lines
-from trainscale.figures.registry import Kind, figure, ok_cells
+from trainscale.figures.lined import lines_figure
+from trainscale.figures.registry import ok_cells
 
 
 def _accuracy(study: Study) -> pd.DataFrame | str:
@@ -23,31 +22,5 @@ def _convergence(study: Study) -> pd.DataFrame | str:
     return c[c["train_loss_mean"].notna()]
 
 
-@figure("accuracy", data=_accuracy, row=("model", "dataset"), col=("strategy",))
-def draw_accuracy(d: pd.DataFrame, kind: Kind) -> Figure:
-    return lines(
-        d,
-        kind,
-        x="batch_size",
-        y="test_accuracy_mean",
-        err="test_accuracy_ci95",
-        hue="world_size",
-        xlabel="batch size",
-        ylabel="test accuracy (final epoch)",
-        log2x=True,
-        ylim=(None, 1.0),
-    )
-
-
-@figure("convergence", data=_convergence, row=("model", "dataset"), col=("strategy",))
-def draw_convergence(d: pd.DataFrame, kind: Kind) -> Figure:
-    return lines(
-        d,
-        kind,
-        x="epoch",
-        y="train_loss_mean",
-        err="train_loss_ci95",
-        hue="world_size",
-        xlabel="epoch",
-        ylabel="train loss (epoch mean)",
-    )
+lines_figure("accuracy", data=_accuracy, row=("model", "dataset"), col=("strategy",))
+lines_figure("convergence", data=_convergence, row=("model", "dataset"), col=("strategy",))

@@ -19,19 +19,10 @@ from matplotlib.ticker import FixedLocator, MaxNLocator, NullLocator
 
 from trainscale.figures.registry import Kind
 from trainscale.figures.style import DASHES, MARKERS, header, hue_title, label, labels, palette
+from trainscale.runspec import MATRIX_KEYS
 
 #: Cell keys as figures see them (world_size stands for workers: workers = N / nodes).
-KEYS = [
-    "strategy",
-    "model",
-    "dataset",
-    "scale",
-    "batch_size",
-    "batch_mode",
-    "nodes",
-    "precision",
-    "world_size",
-]
+KEYS = [*(k for k in MATRIX_KEYS if k != "workers"), "world_size"]
 #: Inches around the facets: left (y labels), top (titles), bottom (x labels), between rows.
 LEFT, TOP, BOTTOM, HSPACE = 0.95, 0.62, 0.55, 0.75
 #: At most this many y intervals per facet: readable on a 2.4-inch facet, and every tick is a

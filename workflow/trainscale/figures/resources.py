@@ -11,7 +11,8 @@ from matplotlib.ticker import FixedLocator, NullLocator
 
 from trainscale import aggregate
 from trainscale.aggregate import Study
-from trainscale.figures.facets import finish, grid, lines, side_width
+from trainscale.figures.facets import finish, grid, side_width
+from trainscale.figures.lined import draw_lines
 from trainscale.figures.registry import Kind, figure, ok_cells
 from trainscale.figures.style import header, sequential
 
@@ -63,16 +64,7 @@ def _busbw(study: Study) -> pd.DataFrame | str:
 
 @figure("memory", data=_memory, row=("model", "dataset"), col=("kind",))
 def draw_memory(d: pd.DataFrame, kind: Kind) -> Figure:
-    fig = lines(
-        d,
-        kind,
-        x="world_size",
-        y="mib",
-        err="mib_ci",
-        hue="strategy",
-        xlabel="workers N (world size)",
-        ylabel="peak MiB per worker process",
-    )
+    fig = draw_lines(d, kind)
     for ax in fig.axes:
         if ax.has_data():
             ax.set_ylim(bottom=0)

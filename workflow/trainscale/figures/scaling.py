@@ -3,6 +3,8 @@ batch size and N as heat maps."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import pandas as pd
 from matplotlib.cm import ScalarMappable
@@ -15,15 +17,11 @@ from trainscale.figures.facets import (
     finish,
     grid,
     ideal_linear,
-    lines,
     reference_handle,
 )
+from trainscale.figures.lined import draw_lines
 from trainscale.figures.registry import Kind, figure, ok_cells
 from trainscale.figures.style import MAKO, labels, relative_luminance
-
-
-def _throughput(study: Study) -> pd.DataFrame | str:
-    return ok_cells(study, "throughput_mean")
 
 
 def scaled(study: Study) -> pd.DataFrame | str:
@@ -51,19 +49,12 @@ def _multi_efficiency(study: Study) -> pd.DataFrame | str:
     return d if len(d) else "no N > 1 cell has an efficiency"
 
 
-@figure("throughput", data=_throughput, row=("model",), col=("dataset",))
+@figure(
+    "throughput", data=partial(ok_cells, col="throughput_mean"), row=("model",), col=("dataset",)
+)
 def draw_throughput(d: pd.DataFrame, kind: Kind) -> Figure:
-    return lines(
-        d,
-        kind,
-        x="world_size",
-        y="throughput_mean",
-        err="throughput_ci95",
-        hue="strategy",
-        xlabel="workers N (world size)",
-        ylabel="samples/s (steady, all workers)",
-        ideal=ideal_linear,
-        legend_extra=[reference_handle("ideal: N · X(1)")],
+    return draw_lines(
+        d, kind, ideal=ideal_linear, legend_extra=[reference_handle("ideal: N · X(1)")]
     )
 
 
@@ -73,39 +64,16 @@ def draw_speedup(d: pd.DataFrame, kind: Kind) -> Figure:
         n = np.array(sorted({1.0, *sub["world_size"].astype(float)}))
         ax.plot(n, n, color="0.2", linestyle="--", linewidth=0.9)
 
-    return lines(
-        d,
-        kind,
-        x="world_size",
-        y="speedup",
-        err=None,
-        hue="strategy",
-        xlabel="workers N (world size)",
-        ylabel="speedup X(N) / X(1)",
-        ref=ref,
-        legend_extra=[reference_handle("ideal: S(N) = N", "--")],
-    )
+    return draw_lines(d, kind, ref=ref, legend_extra=[reference_handle("ideal: S(N) = N", "--")])
 
 
 @figure("efficiency", data=scaled, row=("model",), col=("dataset",))
 def draw_efficiency(d: pd.DataFrame, kind: Kind) -> Figure:
-    d = d.assign(efficiency_pct=100 * d["efficiency"])
-
     def ref(ax, sub):
         ax.axhline(100, color="0.2", linestyle="--", linewidth=0.9)
 
-    return lines(
-        d,
-        kind,
-        x="world_size",
-        y="efficiency_pct",
-        err=None,
-        hue="strategy",
-        xlabel="workers N (world size)",
-        ylabel="efficiency %",
-        ref=ref,
-        legend_extra=[reference_handle("ideal: 100 %", "--")],
-    )
+    d = d.assign(efficiency_pct=100 * d["efficiency"])
+    return draw_lines(d, kind, ref=ref, legend_extra=[reference_handle("ideal: 100 %", "--")])
 
 
 @figure(

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pandas as pd
-from matplotlib.figure import Figure
 
 from trainscale.aggregate import Study
-from trainscale.figures.facets import KEYS, lines
-from trainscale.figures.registry import Kind, figure, ok_cells
+from trainscale.figures.facets import KEYS
+from trainscale.figures.lined import lines_figure
+from trainscale.figures.registry import ok_cells
 
 
 def varies_along(d: pd.DataFrame, x: str) -> bool:
@@ -34,31 +34,9 @@ def _throughput_batch(study: Study) -> pd.DataFrame | str:
     return _along(study, "batch_size", "batch size")
 
 
-@figure("throughput_scale", data=_throughput_scale, row=("model", "dataset"), col=("strategy",))
-def draw_throughput_scale(d: pd.DataFrame, kind: Kind) -> Figure:
-    return lines(
-        d,
-        kind,
-        x="scale",
-        y="throughput_mean",
-        err="throughput_ci95",
-        hue="world_size",
-        xlabel="dataset scale (training set repeated)",
-        ylabel="samples/s",
-        log2x=d["scale"].max() / max(d["scale"].min(), 1) >= 8,
-    )
-
-
-@figure("throughput_batch", data=_throughput_batch, row=("model", "dataset"), col=("strategy",))
-def draw_throughput_batch(d: pd.DataFrame, kind: Kind) -> Figure:
-    return lines(
-        d,
-        kind,
-        x="batch_size",
-        y="throughput_mean",
-        err="throughput_ci95",
-        hue="world_size",
-        xlabel="batch size (see batch mode)",
-        ylabel="samples/s",
-        log2x=True,
-    )
+lines_figure(
+    "throughput_scale", data=_throughput_scale, row=("model", "dataset"), col=("strategy",)
+)
+lines_figure(
+    "throughput_batch", data=_throughput_batch, row=("model", "dataset"), col=("strategy",)
+)

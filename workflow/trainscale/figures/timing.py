@@ -3,11 +3,13 @@ against the steady epoch."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import pandas as pd
 from matplotlib.figure import Figure
 
 from trainscale.aggregate import Study
-from trainscale.figures.facets import lines
+from trainscale.figures.lined import draw_lines, lines_figure
 from trainscale.figures.registry import Kind, figure, ok_cells
 
 WARMUP_KINDS = {
@@ -15,10 +17,6 @@ WARMUP_KINDS = {
     "steady epoch (2..E)": "steady_epoch_seconds",
     "overhead: epoch 1 − steady": "first_epoch_overhead_seconds",
 }
-
-
-def _epoch_time(study: Study) -> pd.DataFrame | str:
-    return ok_cells(study, "steady_epoch_seconds_mean")
 
 
 def _warmup(study: Study) -> pd.DataFrame | str:
@@ -35,34 +33,17 @@ def _warmup(study: Study) -> pd.DataFrame | str:
     )
 
 
-@figure("epoch_time", data=_epoch_time, row=("model", "dataset"), col=("strategy",))
-def draw_epoch_time(d: pd.DataFrame, kind: Kind) -> Figure:
-    return lines(
-        d,
-        kind,
-        x="world_size",
-        y="steady_epoch_seconds_mean",
-        err="steady_epoch_seconds_ci95",
-        hue="scale",
-        xlabel="workers N (world size)",
-        ylabel="steady epoch seconds",
-    )
+lines_figure(
+    "epoch_time",
+    data=partial(ok_cells, col="steady_epoch_seconds_mean"),
+    row=("model", "dataset"),
+    col=("strategy",),
+)
 
 
 @figure("warmup", data=_warmup, row=("model", "dataset"), col=("kind",))
 def draw_warmup(d: pd.DataFrame, kind: Kind) -> Figure:
-    fig = lines(
-        d,
-        kind,
-        x="world_size",
-        y="seconds",
-        err="seconds_ci",
-        hue="strategy",
-        xlabel="workers N (world size)",
-        ylabel="seconds",
-        ylim=(None, None),
-        col_order=list(WARMUP_KINDS),
-    )
+    fig = draw_lines(d, kind, col_order=list(WARMUP_KINDS))
     for ax in fig.axes:
         if "overhead" in ax.get_title():
             ax.axhline(0, color="0.3", linewidth=0.8)

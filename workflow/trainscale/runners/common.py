@@ -79,6 +79,39 @@ def check_steps(steps: int, spec_path: str, train_samples: int, global_batch: in
         )
 
 
+def record_epoch(
+    rec: metrics.Recorder,
+    spec: RunSpec,
+    epoch: int,
+    seconds: float,
+    steps: int,
+    train_loss: float,
+    step_seconds: list[float],
+    test: tuple[float | None, float | None] | None,
+    main: bool,
+) -> dict:
+    """Record epoch `epoch` in `rec` and, on the main rank, print its progress line: one
+    piece for every framework's loop, so each records the same figures. `test` is the
+    (accuracy, loss) of this epoch's evaluation, None where it did not evaluate."""
+    accuracy, loss = test if test is not None else (None, None)
+    e = rec.epoch(
+        seconds,
+        samples=steps * spec.global_batch_size,
+        steps=steps,
+        train_loss=train_loss,
+        step_seconds=step_seconds,
+        test_accuracy=accuracy,
+        test_loss=loss,
+    )
+    if main:
+        print(
+            f"epoch {epoch}/{spec.epochs}: {seconds:.3f} s, "
+            f"{fmt_rate(e['samples_per_second'])} samples/s, loss {train_loss:.4f}",
+            flush=True,
+        )
+    return e
+
+
 def fmt_rate(x: float) -> str:
     return f"{x:,.0f}" if x >= 100 else f"{x:.3g}" if math.isfinite(x) else str(x)
 

@@ -38,19 +38,11 @@ import tf_keras as keras  # noqa: E402
 
 from trainscale import data, metrics  # noqa: E402
 from trainscale.matrix import RunSpec  # noqa: E402
+from trainscale.runners import keras_loop as loop  # noqa: E402
 from trainscale.runners.keras_data import eval_dataset, train_dataset  # noqa: E402
-from trainscale.runners.keras_loop import (  # noqa: E402
-    KerasStrategy,
-    Placement,
-    nan_for_none,
-    none_for_nan,
-    run,
-    set_threads,
-    visible_gpus,
-)
 
 
-class HorovodKeras(KerasStrategy):
+class HorovodKeras(loop.KerasStrategy):
     """`horovod-keras`: each process feeds its own model its share of every global batch;
     Horovod's optimizer averages the gradients."""
 
@@ -58,22 +50,22 @@ class HorovodKeras(KerasStrategy):
     #: horovodrun starts exactly the spec's workers (elastic: as many as the hosts offer)
     fixed_world = True
 
-    def configure(self) -> Placement:
-        set_threads(self.spec, 1)  # before hvd.init, which starts TensorFlow's runtime
+    def configure(self) -> loop.Placement:
+        loop.set_threads(self.spec, 1)  # before hvd.init, which starts TensorFlow's runtime
         hvd.init()
         gpus = tf.config.list_physical_devices("GPU")
         if gpus:
-            visible_gpus(gpus, hvd.local_rank(), 1, self.spec.strategy)
+            loop.visible_gpus(gpus, hvd.local_rank(), 1, self.spec.strategy)
         if self.fixed_world and hvd.size() != self.spec.world_size:
             raise RuntimeError(
                 f"horovodrun started {hvd.size()} workers, the run needs {self.spec.world_size}"
             )
-        return Placement(rank=hvd.rank(), gpu=bool(gpus))
+        return loop.Placement(rank=hvd.rank(), gpu=bool(gpus))
 
     def wrap_optimizer(self, optimizer):
         return hvd.DistributedOptimizer(optimizer)
 
-    def train_dataset(self, arrays: data.Arrays, x: np.ndarray, steps: int, p: Placement):
+    def train_dataset(self, arrays: data.Arrays, x: np.ndarray, steps: int, p: loop.Placement):
         return train_dataset(self.spec, arrays, x, steps, 1, rank=p.rank)
 
     def callbacks(self) -> list:
@@ -84,7 +76,7 @@ class HorovodKeras(KerasStrategy):
         # backend, which has no `constant`, even when tf-keras trains)
         return float(hvd_tf.allreduce(tf.constant(value, tf.float64), op=hvd_tf.Average).numpy())
 
-    def evaluate(self, model, arrays: data.Arrays, x: np.ndarray, p: Placement):
+    def evaluate(self, model, arrays: data.Arrays, x: np.ndarray, p: loop.Placement):
         """Accuracy and mean loss over the whole test set: each worker scores its stride in
         batches of its training batch, the sums are added over workers with hvd.allreduce."""
         rank, size, n = hvd.rank(), hvd.size(), len(arrays.test_y)
@@ -103,9 +95,9 @@ class HorovodKeras(KerasStrategy):
         return float(total[0] / n), float(total[1] / n)
 
     def gather(self, row: list[float | None], host: str) -> list[tuple[list[float | None], str]]:
-        table = hvd_tf.allgather(tf.constant([nan_for_none(row)], tf.float64)).numpy()
+        table = hvd_tf.allgather(tf.constant([loop.nan_for_none(row)], tf.float64)).numpy()
         hosts = hvd_tf.allgather_object(host)
-        return [(none_for_nan(r), h) for r, h in zip(table, hosts, strict=True)]
+        return [(loop.none_for_nan(r), h) for r, h in zip(table, hosts, strict=True)]
 
     def extra_metrics(self) -> dict:
         return {
@@ -149,7 +141,7 @@ class HorovodKerasElastic(HorovodKeras):
         self.membership: list[dict] = []
         self._inputs: tuple[data.Arrays, np.ndarray] | None = None
 
-    def train_dataset(self, arrays: data.Arrays, x: np.ndarray, steps: int, p: Placement):
+    def train_dataset(self, arrays: data.Arrays, x: np.ndarray, steps: int, p: loop.Placement):
         self._inputs = (arrays, x)  # fit builds each (re)start's share from them
         return super().train_dataset(arrays, x, steps, p)
 
@@ -197,7 +189,7 @@ class HorovodKerasElastic(HorovodKeras):
         train(state)
         self.membership = state.membership
 
-    def final_rank(self, p: Placement) -> int:
+    def final_rank(self, p: loop.Placement) -> int:
         return hvd.rank()
 
     def extra_metrics(self) -> dict:
@@ -213,4 +205,4 @@ PLUGINS: dict[str, type[HorovodKeras]] = {
 
 
 def main(spec: RunSpec, out: str) -> None:
-    run(PLUGINS[spec.strategy](spec), out)
+    loop.run(PLUGINS[spec.strategy](spec), out)

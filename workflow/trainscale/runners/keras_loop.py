@@ -47,6 +47,7 @@ from trainscale.runners.common import (  # noqa: E402
     evaluates,
     fmt_rate,
     maybe_fault,
+    record_epoch,
     steps_per_epoch,
 )
 from trainscale.runners.keras_data import eval_dataset, nhwc, train_dataset  # noqa: E402
@@ -299,27 +300,16 @@ def run(plugin: KerasStrategy, out: str) -> None:
 
     def after_epoch(epoch: int, seconds: float, step_seconds: list[float], logs: dict) -> None:
         train_loss = plugin.mean_over_workers(float(logs["loss"]))
-        scored = evaluates(spec, synthetic, epoch)
-        if scored:  # every worker evaluates: under the strategies evaluation is collective
+        scored = None
+        if evaluates(spec, synthetic, epoch):
+            # every worker evaluates: under the strategies evaluation is collective
             memory.evaluation_starts()
-            acc, loss = plugin.evaluate(model, arrays, test_x, p)
+            scored = plugin.evaluate(model, arrays, test_x, p)
             memory.evaluation_ends()
-            test.update(accuracy=acc, loss=loss)
-        e = rec.epoch(
-            seconds,
-            samples=steps * spec.global_batch_size,
-            steps=steps,
-            train_loss=train_loss,
-            step_seconds=step_seconds,
-            test_accuracy=test["accuracy"] if scored else None,
-            test_loss=test["loss"] if scored else None,
+            test.update(accuracy=scored[0], loss=scored[1])
+        record_epoch(
+            rec, spec, epoch, seconds, steps, train_loss, step_seconds, scored, p.rank == 0
         )
-        if p.rank == 0:
-            print(
-                f"epoch {epoch}/{spec.epochs}: {seconds:.3f} s, "
-                f"{fmt_rate(e['samples_per_second'])} samples/s, loss {train_loss:.4f}",
-                flush=True,
-            )
 
     clock = EpochClock(after_epoch, lambda e: maybe_fault(spec, p.rank, e), steps)
     gpu = metrics.GpuMonitor(

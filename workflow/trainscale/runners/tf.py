@@ -23,15 +23,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from trainscale.matrix import RunSpec  # noqa: E402
-from trainscale.runners.keras_loop import (  # noqa: E402
-    KerasStrategy,
-    Placement,
-    nan_for_none,
-    none_for_nan,
-    run,
-    set_threads,
-    visible_gpus,
-)
+from trainscale.runners import keras_loop as loop  # noqa: E402
 
 HOST_BYTES = 64  # host names travel between workers as this many bytes
 
@@ -97,29 +89,29 @@ def cluster_resolver(spec: RunSpec, gpus: bool):
     return resolver, int(os.environ.get("LOCAL_RANK", resolver.task_id % spec.workers))
 
 
-class OneDevice(KerasStrategy):
+class OneDevice(loop.KerasStrategy):
     """`tf`: plain Keras on the one device this process sees (its first GPU, or the CPU)."""
 
-    def configure(self) -> Placement:
-        set_threads(self.spec, 1)
+    def configure(self) -> loop.Placement:
+        loop.set_threads(self.spec, 1)
         gpus = tf.config.list_physical_devices("GPU")
         if gpus:
-            visible_gpus(gpus, 0, 1, self.spec.strategy)
+            loop.visible_gpus(gpus, 0, 1, self.spec.strategy)
         self.strategy = tf.distribute.get_strategy()
-        return Placement(rank=0, gpu=bool(gpus))
+        return loop.Placement(rank=0, gpu=bool(gpus))
 
 
-class Mirrored(KerasStrategy):
+class Mirrored(loop.KerasStrategy):
     """`tf-mirrored`: one process, one replica per device, gradients all-reduced in-process
     (NCCL on GPUs; on CPU `workers` logical devices and a reduction to one device)."""
 
-    def configure(self) -> Placement:
+    def configure(self) -> loop.Placement:
         n = self.spec.workers
-        set_threads(self.spec, n)
+        loop.set_threads(self.spec, n)
         gpus = tf.config.list_physical_devices("GPU")
         logical = False
         if gpus:
-            visible_gpus(gpus, 0, n, self.spec.strategy)
+            loop.visible_gpus(gpus, 0, n, self.spec.strategy)
             devices = [f"/device:GPU:{i}" for i in range(n)]
         else:
             if n > 1:  # no GPUs: N logical CPU devices share this process's cores
@@ -131,19 +123,19 @@ class Mirrored(KerasStrategy):
             devices = [f"/device:CPU:{i}" for i in range(n)]
         cross = None if gpus else tf.distribute.ReductionToOneDevice()  # NCCL on GPUs
         self.strategy = tf.distribute.MirroredStrategy(devices=devices, cross_device_ops=cross)
-        return Placement(rank=0, gpu=bool(gpus), replicas=n, logical=logical)
+        return loop.Placement(rank=0, gpu=bool(gpus), replicas=n, logical=logical)
 
 
-class MultiWorker(KerasStrategy):
+class MultiWorker(loop.KerasStrategy):
     """`tf-multiworker`: one process per worker, gradients all-reduced across processes
     (NCCL on GPUs, a gRPC ring on CPU); the cluster from TF_CONFIG or SLURM."""
 
-    def configure(self) -> Placement:
-        set_threads(self.spec, 1)
+    def configure(self) -> loop.Placement:
+        loop.set_threads(self.spec, 1)
         gpus = tf.config.list_physical_devices("GPU")
         resolver, local_rank = cluster_resolver(self.spec, bool(gpus))
         if gpus:
-            visible_gpus(gpus, local_rank, 1, self.spec.strategy)
+            loop.visible_gpus(gpus, local_rank, 1, self.spec.strategy)
         impl = tf.distribute.experimental.CommunicationImplementation
         self.strategy = tf.distribute.MultiWorkerMirroredStrategy(
             cluster_resolver=resolver,
@@ -151,14 +143,14 @@ class MultiWorker(KerasStrategy):
                 implementation=impl.NCCL if gpus else impl.RING
             ),
         )
-        return Placement(rank=resolver.task_id, gpu=bool(gpus))
+        return loop.Placement(rank=resolver.task_id, gpu=bool(gpus))
 
     def gather(self, row: list[float | None], host: str) -> list[tuple[list[float | None], str]]:
         """An all-gather over the workers (None travels as NaN, the host name as bytes)."""
         name = np.zeros(HOST_BYTES)
         raw = host.encode()[:HOST_BYTES]
         name[: len(raw)] = list(raw)
-        mine = np.concatenate([nan_for_none(row), name])[None]
+        mine = np.concatenate([loop.nan_for_none(row), name])[None]
         strategy = self.strategy
 
         @tf.function
@@ -172,10 +164,10 @@ class MultiWorker(KerasStrategy):
         table = strategy.experimental_local_results(all_gather())[0].numpy()
         k = len(row)
         decoded = (bytes(int(b) for b in r[k:] if b).decode(errors="replace") for r in table)
-        return [(none_for_nan(r[:k]), h) for r, h in zip(table, decoded, strict=True)]
+        return [(loop.none_for_nan(r[:k]), h) for r, h in zip(table, decoded, strict=True)]
 
 
-PLUGINS: dict[str, type[KerasStrategy]] = {
+PLUGINS: dict[str, type[loop.KerasStrategy]] = {
     "tf": OneDevice,
     "tf-mirrored": Mirrored,
     "tf-multiworker": MultiWorker,
@@ -183,4 +175,4 @@ PLUGINS: dict[str, type[KerasStrategy]] = {
 
 
 def main(spec: RunSpec, out: str) -> None:
-    run(PLUGINS[spec.strategy](spec), out)
+    loop.run(PLUGINS[spec.strategy](spec), out)

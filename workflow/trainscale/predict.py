@@ -217,9 +217,7 @@ def fits(
     sum_e = np.stack([e[:, m].sum(axis=1) for m in members], axis=1)  # (resamples, shapes)
     sum_e2 = np.stack([(e[:, m] ** 2).sum(axis=1) for m in members], axis=1)
     grid = np.linspace(0.0, np.maximum(tcs.max(axis=1), 1e-12), GRID, axis=1)  # (resamples, grid)
-    hidden = np.maximum(0.0, tcs[:, None, :] - grid[:, :, None])  # (resamples, grid, shapes)
-    h1, h2 = hidden @ count, (hidden * hidden) @ count  # Σ n·h and Σ n·h², (resamples, grid)
-    he = np.einsum("rgs,rs->rg", hidden, sum_e)  # Σ h·Σe
+    h1, h2, he = _hidden_sums(tcs, grid, count, sum_e)
     total_e, n_runs = sum_e.sum(1)[:, None], count.sum()
     t_fixed = np.maximum(0.0, (total_e - h1) / n_runs)
     # Σ over shapes of Σe² − 2(t_fixed + h)·Σe + n·(t_fixed + h)², expanded
@@ -229,6 +227,27 @@ def fits(
     rows = np.arange(len(picks))
     how = f"t_fixed and overlap fitted over {len(shapes)} multi-worker world sizes"
     return c0, c1, t_fixed[rows, i], grid[rows, i], (note, how)
+
+
+def _hidden_sums(
+    tcs: np.ndarray, grid: np.ndarray, count: np.ndarray, sum_e: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Σ n·h, Σ n·h² and Σ h·Σe over shapes, (resamples, grid) each, with h = max(0, t_comm −
+    overlap) the hidden communication of each shape at each grid overlap. Accumulated shape by
+    shape in place (a few shapes): one (resamples, grid) buffer, not a (resamples, grid,
+    shapes) array and its square, which made this the report's slowest step."""
+    h1, h2, he = (np.zeros(grid.shape) for _ in range(3))
+    h, tmp = np.empty(grid.shape), np.empty(grid.shape)
+    for j in range(tcs.shape[1]):
+        np.subtract(tcs[:, j, None], grid, out=h)
+        np.maximum(h, 0.0, out=h)
+        np.multiply(h, count[j], out=tmp)
+        h1 += tmp
+        tmp *= h
+        h2 += tmp
+        np.multiply(h, sum_e[:, j, None], out=tmp)
+        he += tmp
+    return h1, h2, he
 
 
 def fit(obs: pd.DataFrame | dict, net: Network, u: float = 0.0) -> Fit:

@@ -15,7 +15,7 @@ import json
 import math
 import multiprocessing
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -145,14 +145,33 @@ def typed(df: pd.DataFrame, types: dict[str, str]) -> pd.DataFrame:
 
 def find_metrics(runs_dir: str | Path) -> list[Path]:
     """Every metrics.json under `runs_dir` (e.g. results/<study>/runs copied from a cluster), in
-    path order. os.walk, not Path.rglob: half the time on 100,000 runs."""
-    found = [
-        os.path.join(root, "metrics.json")
-        for root, _, files in os.walk(runs_dir)
-        if "metrics.json" in files
-    ]
+    path order. os.scandir with the entries' cached types: a seventh of os.walk's time on
+    10,000 runs (os.walk lists every directory's files and sub-directories first)."""
+    found = list(_metrics_files(os.fspath(runs_dir)))
     found.sort(key=lambda p: p.split(os.sep))  # the order of sorted(Path, ...)
     return [Path(p) for p in found]
+
+
+def has_metrics(runs_dir: str | Path) -> bool:
+    """Whether any metrics.json lies under `runs_dir` (stops at the first one found)."""
+    return next(_metrics_files(os.fspath(runs_dir)), None) is not None
+
+
+def _metrics_files(top: str) -> Iterator[str]:
+    """The metrics.json files under `top` (depth first, unordered; symbolic links to
+    directories are not followed, as os.walk does not)."""
+    stack = [top]
+    while stack:
+        try:
+            entries = os.scandir(stack.pop())
+        except OSError:  # unreadable or vanished, as os.walk skips it
+            continue
+        with entries:
+            for e in entries:
+                if e.is_dir(follow_symlinks=False):
+                    stack.append(e.path)
+                elif e.name == "metrics.json":
+                    yield e.path
 
 
 def run_id(path: str | Path) -> str:

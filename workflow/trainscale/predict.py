@@ -140,6 +140,21 @@ def t_comm(strategy: str, n: int, nodes: int, size: float, net: Network, u: floa
     return 0.0 if link is None else VOLUME[strategy] * link.ring_seconds(n, size, u)
 
 
+def comm_table(
+    strategy: str, shapes: list[tuple[int, int]], size: float, net: Network, us: np.ndarray
+) -> np.ndarray:
+    """t_comm of each (N, nodes) shape (columns) at each benchmark reading u (rows). A link
+    without a measured curve does not depend on u: its column is computed once."""
+    out = np.empty((len(us), len(shapes)))
+    for j, (n, k) in enumerate(shapes):
+        link = net.link(k)
+        if link is None or link.sizes is None:
+            out[:, j] = t_comm(strategy, n, k, size, net)
+        else:
+            out[:, j] = [t_comm(strategy, n, k, size, net, u) for u in us]
+    return out
+
+
 def _arrays(obs: pd.DataFrame) -> dict:
     """One family's runs as numpy arrays (the bootstrap refits thousands of times)."""
     a = {k: obs[k].to_numpy(float) for k in ("world_size", "nodes", "b", "t_step", "compute")}
@@ -204,7 +219,7 @@ def fits(
     e = np.maximum(0.0, t_step[:, multi] - cm)  # (resamples, runs)
     keys, first, inverse = np.unique(n * 1e6 + k, return_index=True, return_inverse=True)
     shapes = [(int(n[i]), int(k[i])) for i in first]  # (N, nodes) in the order of `keys`
-    tcs = np.array([[t_comm(a["strategy"], x, y, a["S"], net, u) for x, y in shapes] for u in us])
+    tcs = comm_table(a["strategy"], shapes, a["S"], net, us)
     if len(shapes) == 1:
         d = e.mean(axis=1) - tcs[:, 0]
         how = "one multi-worker world size: t_fixed and overlap not separable, "
@@ -219,10 +234,22 @@ def fits(
     grid = np.linspace(0.0, np.maximum(tcs.max(axis=1), 1e-12), GRID, axis=1)  # (resamples, grid)
     h1, h2, he = _hidden_sums(tcs, grid, count, sum_e)
     total_e, n_runs = sum_e.sum(1)[:, None], count.sum()
-    t_fixed = np.maximum(0.0, (total_e - h1) / n_runs)
-    # Σ over shapes of Σe² − 2(t_fixed + h)·Σe + n·(t_fixed + h)², expanded
-    sse = sum_e2.sum(1)[:, None] - 2 * (t_fixed * total_e + he)
-    sse += n_runs * t_fixed**2 + 2 * t_fixed * h1 + h2
+    t_fixed = total_e - h1
+    t_fixed /= n_runs
+    np.maximum(t_fixed, 0.0, out=t_fixed)
+    # Σ over shapes of Σe² − 2(t_fixed + h)·Σe + n·(t_fixed + h)², expanded; in place, in
+    # the order of: Σe² − 2·(t_fixed·Σe + he) + (n·t_fixed² + 2·t_fixed·h1 + h2)
+    sse = np.multiply(t_fixed, total_e)
+    sse += he
+    sse *= 2
+    np.subtract(sum_e2.sum(1)[:, None], sse, out=sse)
+    rest = np.multiply(t_fixed, t_fixed)
+    rest *= n_runs
+    he = np.multiply(t_fixed, 2, out=he)
+    he *= h1
+    rest += he
+    rest += h2
+    sse += rest
     i = np.argmin(sse, axis=1)
     rows = np.arange(len(picks))
     how = f"t_fixed and overlap fitted over {len(shapes)} multi-worker world sizes"
@@ -298,9 +325,7 @@ def band(
     for lo in range(0, BOOTSTRAP, DRAWS_AT_ONCE):
         at = slice(lo, lo + DRAWS_AT_ONCE)
         c0, c1, t_fixed, overlap, _ = fits(a, picks[at], us[at], net)
-        comm = np.array(
-            [[t_comm(strategy, n, k, size, net, u) for n, k, _ in targets] for u in us[at]]
-        )
+        comm = comm_table(strategy, [(n, k) for n, k, _ in targets], size, net, us[at])
         b = np.array([t[2] for t in targets])
         step = c0[:, None] + c1[:, None] * b + t_fixed[:, None]
         draws[at] = (step + np.maximum(0.0, comm - overlap[:, None])) * noise[at]

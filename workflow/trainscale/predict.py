@@ -316,10 +316,11 @@ def band(
     groups = _groups(a)
     scatter = _scatter(a, groups)
     us, picks, noise = np.empty(BOOTSTRAP), [], np.empty((BOOTSTRAP, len(targets)))
+    # scatter[integers(...)] is what rng.choice(scatter, k) draws, without its checks' cost
     for i in range(BOOTSTRAP):
         us[i] = rng.uniform()
         picks.append(np.concatenate([g[rng.integers(0, len(g), len(g))] for g in groups]))
-        noise[i] = 1 + rng.choice(scatter, len(targets))
+        noise[i] = 1 + scatter[rng.integers(0, len(scatter), len(targets))]
     picks = np.array(picks)
     draws = np.empty((BOOTSTRAP, len(targets)))
     for lo in range(0, BOOTSTRAP, DRAWS_AT_ONCE):

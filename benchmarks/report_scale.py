@@ -38,7 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "workflow"))
 
-from trainscale import matrix, metrics  # noqa: E402
+from trainscale import matrix, metrics, metrics_tables  # noqa: E402
 
 #: (seconds, GiB) targets by number of runs.
 TARGETS = {10_000: (5.0, 1.0), 100_000: (25.0, 2.0)}
@@ -169,10 +169,11 @@ def _load_chunk(paths: list[str]) -> int:
 
 
 def floor_seconds(runs_dir: Path, jobs: int) -> float:
-    """Find and json.load every metrics file, `jobs` forked processes, chunks as the report's."""
+    """Find (as the report does) and json.load every metrics file, `jobs` forked processes,
+    chunks as the report's."""
     t = time.perf_counter()
-    paths = sorted(str(p) for p in runs_dir.rglob("metrics.json"))
-    size = math.ceil(len(paths) / (jobs * 4))
+    paths = [str(p) for p in metrics_tables.find_metrics(runs_dir)]
+    size = min(metrics_tables.CHUNK, math.ceil(len(paths) / jobs))
     chunks = [paths[i : i + size] for i in range(0, len(paths), size)]
     with ProcessPoolExecutor(jobs, mp_context=mp.get_context("fork")) as ex:
         assert sum(ex.map(_load_chunk, chunks)) == len(paths)

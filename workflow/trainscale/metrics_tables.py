@@ -15,7 +15,7 @@ import json
 import math
 import multiprocessing
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -145,14 +145,33 @@ def typed(df: pd.DataFrame, types: dict[str, str]) -> pd.DataFrame:
 
 def find_metrics(runs_dir: str | Path) -> list[Path]:
     """Every metrics.json under `runs_dir` (e.g. results/<study>/runs copied from a cluster), in
-    path order. os.walk, not Path.rglob: half the time on 100,000 runs."""
-    found = [
-        os.path.join(root, "metrics.json")
-        for root, _, files in os.walk(runs_dir)
-        if "metrics.json" in files
-    ]
+    path order. os.scandir with the entries' cached types: a seventh of os.walk's time on
+    10,000 runs (os.walk lists every directory's files and sub-directories first)."""
+    found = list(_metrics_files(os.fspath(runs_dir)))
     found.sort(key=lambda p: p.split(os.sep))  # the order of sorted(Path, ...)
     return [Path(p) for p in found]
+
+
+def has_metrics(runs_dir: str | Path) -> bool:
+    """Whether any metrics.json lies under `runs_dir` (stops at the first one found)."""
+    return next(_metrics_files(os.fspath(runs_dir)), None) is not None
+
+
+def _metrics_files(top: str) -> Iterator[str]:
+    """The metrics.json files under `top` (depth first, unordered; symbolic links to
+    directories are not followed, as os.walk does not)."""
+    stack = [top]
+    while stack:
+        try:
+            entries = os.scandir(stack.pop())
+        except OSError:  # unreadable or vanished, as os.walk skips it
+            continue
+        with entries:
+            for e in entries:
+                if e.is_dir(follow_symlinks=False):
+                    stack.append(e.path)
+                elif e.name == "metrics.json":
+                    yield e.path
 
 
 def run_id(path: str | Path) -> str:
@@ -218,9 +237,15 @@ def read_tables(
     parts = _in_pool(_tables_of, [str(p) for p in paths], jobs)
     if len(parts) == 1:
         return parts[0]
+    invalid = [i for p in parts for i in p[2]]
     runs, epochs = ([t[i] for t in parts if len(t[i])] or [parts[0][i]] for i in (0, 1))
-    runs, epochs = (pd.concat(t, ignore_index=True) for t in (runs, epochs))
-    return _lead_first(runs), epochs, [i for p in parts for i in p[2]]
+    del parts
+    # each chunk in the final column order first, so that the joined table is the only copy
+    # (joining, then reordering its columns, held three copies of 100,000 runs at once)
+    order = _column_order(dict.fromkeys(c for t in runs for c in t.columns))
+    runs = [t if list(t.columns) == order else t.reindex(columns=order) for t in runs]
+    runs = pd.concat(runs, ignore_index=True)  # the chunks are let go as each table is joined
+    return runs, pd.concat(epochs, ignore_index=True), invalid
 
 
 def _flatten(d: dict, prefix: str = "", out: dict | None = None) -> dict:
@@ -253,8 +278,14 @@ def runs_frame(records: list[dict]) -> pd.DataFrame:
 
 
 def _lead_first(df: pd.DataFrame) -> pd.DataFrame:
-    lead = [c for c in LEAD if c in df.columns]
-    return df[lead + sorted(c for c in df.columns if c not in lead)]
+    return df[_column_order(df.columns)]
+
+
+def _column_order(columns: Iterable[str]) -> list[str]:
+    """runs.csv's column order: LEAD, then every other column by name."""
+    columns = list(columns)
+    lead = [c for c in LEAD if c in columns]
+    return lead + sorted(c for c in columns if c not in lead)
 
 
 def epochs_frame(records: list[dict]) -> pd.DataFrame:

@@ -51,6 +51,7 @@ import numpy as np
 import pandas as pd
 
 from trainscale import aggregate, catalog
+from trainscale.predict_grid import grid_search
 from trainscale.predict_network import Network, network
 
 #: Gradient traffic per optimizer step, in all-reduces of the gradient (v).
@@ -140,6 +141,21 @@ def t_comm(strategy: str, n: int, nodes: int, size: float, net: Network, u: floa
     return 0.0 if link is None else VOLUME[strategy] * link.ring_seconds(n, size, u)
 
 
+def comm_table(
+    strategy: str, shapes: list[tuple[int, int]], size: float, net: Network, us: np.ndarray
+) -> np.ndarray:
+    """t_comm of each (N, nodes) shape (columns) at each benchmark reading u (rows). A link
+    without a measured curve does not depend on u: its column is computed once."""
+    out = np.empty((len(us), len(shapes)))
+    for j, (n, k) in enumerate(shapes):
+        link = net.link(k)
+        if link is None or link.sizes is None:
+            out[:, j] = t_comm(strategy, n, k, size, net)
+        else:
+            out[:, j] = [t_comm(strategy, n, k, size, net, u) for u in us]
+    return out
+
+
 def _arrays(obs: pd.DataFrame) -> dict:
     """One family's runs as numpy arrays (the bootstrap refits thousands of times)."""
     a = {k: obs[k].to_numpy(float) for k in ("world_size", "nodes", "b", "t_step", "compute")}
@@ -204,7 +220,7 @@ def fits(
     e = np.maximum(0.0, t_step[:, multi] - cm)  # (resamples, runs)
     keys, first, inverse = np.unique(n * 1e6 + k, return_index=True, return_inverse=True)
     shapes = [(int(n[i]), int(k[i])) for i in first]  # (N, nodes) in the order of `keys`
-    tcs = np.array([[t_comm(a["strategy"], x, y, a["S"], net, u) for x, y in shapes] for u in us])
+    tcs = comm_table(a["strategy"], shapes, a["S"], net, us)
     if len(shapes) == 1:
         d = e.mean(axis=1) - tcs[:, 0]
         how = "one multi-worker world size: t_fixed and overlap not separable, "
@@ -216,19 +232,9 @@ def fits(
     count = np.array([m.sum() for m in members], dtype=float)
     sum_e = np.stack([e[:, m].sum(axis=1) for m in members], axis=1)  # (resamples, shapes)
     sum_e2 = np.stack([(e[:, m] ** 2).sum(axis=1) for m in members], axis=1)
-    grid = np.linspace(0.0, np.maximum(tcs.max(axis=1), 1e-12), GRID, axis=1)  # (resamples, grid)
-    hidden = np.maximum(0.0, tcs[:, None, :] - grid[:, :, None])  # (resamples, grid, shapes)
-    h1, h2 = hidden @ count, (hidden * hidden) @ count  # Σ n·h and Σ n·h², (resamples, grid)
-    he = np.einsum("rgs,rs->rg", hidden, sum_e)  # Σ h·Σe
-    total_e, n_runs = sum_e.sum(1)[:, None], count.sum()
-    t_fixed = np.maximum(0.0, (total_e - h1) / n_runs)
-    # Σ over shapes of Σe² − 2(t_fixed + h)·Σe + n·(t_fixed + h)², expanded
-    sse = sum_e2.sum(1)[:, None] - 2 * (t_fixed * total_e + he)
-    sse += n_runs * t_fixed**2 + 2 * t_fixed * h1 + h2
-    i = np.argmin(sse, axis=1)
-    rows = np.arange(len(picks))
+    t_fixed, overlap = grid_search(tcs, count, sum_e, sum_e2, GRID)
     how = f"t_fixed and overlap fitted over {len(shapes)} multi-worker world sizes"
-    return c0, c1, t_fixed[rows, i], grid[rows, i], (note, how)
+    return c0, c1, t_fixed, overlap, (note, how)
 
 
 def fit(obs: pd.DataFrame | dict, net: Network, u: float = 0.0) -> Fit:
@@ -270,18 +276,17 @@ def band(
     groups = _groups(a)
     scatter = _scatter(a, groups)
     us, picks, noise = np.empty(BOOTSTRAP), [], np.empty((BOOTSTRAP, len(targets)))
+    # scatter[integers(...)] is what rng.choice(scatter, k) draws, without its checks' cost
     for i in range(BOOTSTRAP):
         us[i] = rng.uniform()
         picks.append(np.concatenate([g[rng.integers(0, len(g), len(g))] for g in groups]))
-        noise[i] = 1 + rng.choice(scatter, len(targets))
+        noise[i] = 1 + scatter[rng.integers(0, len(scatter), len(targets))]
     picks = np.array(picks)
     draws = np.empty((BOOTSTRAP, len(targets)))
     for lo in range(0, BOOTSTRAP, DRAWS_AT_ONCE):
         at = slice(lo, lo + DRAWS_AT_ONCE)
         c0, c1, t_fixed, overlap, _ = fits(a, picks[at], us[at], net)
-        comm = np.array(
-            [[t_comm(strategy, n, k, size, net, u) for n, k, _ in targets] for u in us[at]]
-        )
+        comm = comm_table(strategy, [(n, k) for n, k, _ in targets], size, net, us[at])
         b = np.array([t[2] for t in targets])
         step = c0[:, None] + c1[:, None] * b + t_fixed[:, None]
         draws[at] = (step + np.maximum(0.0, comm - overlap[:, None])) * noise[at]

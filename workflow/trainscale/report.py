@@ -22,7 +22,7 @@ import yaml
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 import trainscale
-from trainscale import aggregate, collectives, metrics, predict
+from trainscale import aggregate, collectives, metrics, metrics_tables, predict
 from trainscale import report_rows as rows
 from trainscale.aggregate import Study
 from trainscale.report_rows import mib, pct, ratio, with_ci
@@ -278,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
         "--strict", action="store_true", help="exit with status 1 when any metrics file is invalid"
     )
     a = p.parse_args(argv)
-    if not any(aggregate.find_metrics(a.runs_dir)[:1]):
+    if not metrics_tables.has_metrics(a.runs_dir):
         print(f"trainscale.report: no metrics.json under {a.runs_dir}", file=sys.stderr)
         return 2
     config = yaml.safe_load(a.config.read_text()) if a.config else None

@@ -155,20 +155,30 @@ def lines(
     handles += list(legend_extra)
     texts = [hd.get_label() for hd in handles]
     fig, axes = grid(rows, cols, side=side_width(texts), legend_rows=len(handles))
-    facets = dict(iter(d.groupby(["_row", "_col"], sort=False)))
+    # Row positions of each facet's lines, found once (a DataFrame per line cost more than
+    # drawing it): {(row, col): {(hue value, style): positions in x order}}.
+    d = d.reset_index(drop=True)
+    xv, yv = d[x].to_numpy(dtype=float), d[y].to_numpy(dtype=float)
+    ev = d[err].to_numpy(dtype=float) if err else None
+    facets: dict[tuple, dict[tuple, np.ndarray]] = {}
+    for (r, c, hv, sv), at in sorted(
+        d.groupby(["_row", "_col", hue, "_style"], sort=False).indices.items(),
+        key=lambda kv: kv[0][2:],
+    ):
+        facets.setdefault((r, c), {})[(hv, sv)] = at
     for (ri, r), (ci, c) in ((a, b) for a in enumerate(rows) for b in enumerate(cols)):
         ax = axes[ri, ci]
-        sub = facets.get((r, c), d.iloc[0:0])
+        series = facets.get((r, c), {})
         ax.set_title(" · ".join(p for p in (r, c) if p))
-        if sub.empty:
+        if not series:
             ax.text(0.5, 0.5, "no cells", ha="center", va="center", transform=ax.transAxes)
             ax.set_xticks([])
             continue
         bars = []  # every error bar of the axes, drawn as one collection (fast)
-        for (hv, sv), s in sub.groupby([hue, "_style"], sort=True):
+        for (hv, sv), at in series.items():
             marker, dash = styles[sv]
-            xs = s[x].to_numpy(dtype=float) * dodge[hv]
-            ys = s[y].to_numpy(dtype=float)
+            xs = xv[at] * dodge[hv]
+            ys = yv[at]
             ax.plot(
                 xs,
                 ys,
@@ -178,21 +188,22 @@ def lines(
                 markersize=4,
                 linewidth=1.3,
             )
-            if err:
-                e = s[err].to_numpy(dtype=float)
+            if ev is not None:
+                e = ev[at]
                 keep = np.isfinite(e)
                 bars += [
                     (xi, yi - ei, yi + ei, colours[hv])
                     for xi, yi, ei in zip(xs[keep], ys[keep], e[keep], strict=True)
                 ]
             if ideal is not None:
-                ideal(ax, s, colours[hv])
+                ideal(ax, d.iloc[at], colours[hv])
         if bars:  # capless, as seaborn draws error bars
             bx, lo, hi, cs = zip(*bars, strict=True)
             ax.vlines(bx, lo, hi, colors=cs, linewidth=1.0)
+        facet = np.sort(np.concatenate(list(series.values())))
         if ref is not None:
-            ref(ax, sub)
-        xaxis(ax, sub[x], log2x)
+            ref(ax, d.iloc[facet])
+        xaxis(ax, xv[facet], log2x)
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel if ci == 0 else "")
     # Only now, with every facet drawn: a row shares its y axis, and a limit set earlier would

@@ -48,7 +48,7 @@ from typing import Any
 import yaml
 
 import trainscale
-from trainscale import catalog, datawait, imagesets
+from trainscale import catalog, classes, datawait, imagesets
 from trainscale.device_usage import GpuMonitor  # noqa: F401  (runners call metrics.GpuMonitor)
 
 SCHEMA_ID = "trainscale.metrics/1"
@@ -303,8 +303,9 @@ class Recorder:
             rec["communication"] = self.communication or not_measured_communication(
                 self.spec["strategy"]
             )
+        rec["test"] = classes.per_class_block(rec["test"], self.spec)
         if imagesets.spec_info(self.spec).synthetic:  # random labels: accuracy means nothing
-            rec["test"] = {"accuracy": None, "loss": None}
+            rec["test"] = classes.per_class_block({"accuracy": None, "loss": None}, self.spec)
             for e in rec["epochs"]:
                 e["test_accuracy"] = e["test_loss"] = None
         return rec
@@ -354,7 +355,7 @@ def empty_record(spec: dict, status: str, error: str | None) -> dict:
         "throughput": None,
         "throughput_per_worker": None,
         "setup_seconds": None,
-        "test": {"accuracy": None, "loss": None},
+        "test": {"accuracy": None, "loss": None, **dict.fromkeys(classes.PER_CLASS_KEYS)},
         "time_to_accuracy_seconds": None,
         "memory": {"peak_host_rss_bytes": None, "peak_device_bytes": None},
         "device": {

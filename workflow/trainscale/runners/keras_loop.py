@@ -48,6 +48,7 @@ from trainscale.runners.common import (  # noqa: E402
     steps_per_epoch,
 )
 from trainscale.runners.keras_data import eval_dataset, nhwc, train_dataset  # noqa: E402
+from trainscale.runners.keras_eval import scorer, scores_of  # noqa: E402
 
 POLICIES = {"fp32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
 
@@ -75,6 +76,7 @@ class KerasStrategy:
         #: TensorFlow's runtime, after which threads and devices can no longer be set)
         self.strategy: tf.distribute.Strategy | None = None
         self._test_data: tf.data.Dataset | None = None
+        self._scorer: keras.Model | None = None
 
     def configure(self) -> Placement:
         """Threads, visible devices and the tf.distribute strategy; runs before TensorFlow
@@ -101,15 +103,22 @@ class KerasStrategy:
         tf.distribute strategy)."""
         return value
 
-    def evaluate(self, model, arrays: data.Arrays, x: np.ndarray, p: Placement):
-        """(accuracy, mean loss) over the whole test set; collective under a strategy, each
-        replica scoring its share of batches of the global batch."""
+    def evaluate(self, model, arrays: data.Arrays, x: np.ndarray, p: Placement) -> dict:
+        """The `test` block's accuracy, mean loss and confusion over the whole test set
+        (runners/keras_eval.py); collective under a strategy, each replica scoring its share of
+        batches of the global batch."""
         if self._test_data is None:  # built once, at the first evaluation
             self._test_data = eval_dataset(
                 self.spec, arrays, x, arrays.test_y, self.spec.global_batch_size, p.replicas
             )
-        result = model.evaluate(self._test_data, verbose=0, return_dict=True)
-        return float(result["accuracy"]), float(result["loss"])
+        return scores_of(self.scorer(model, arrays), self._test_data, arrays.info.num_classes)
+
+    def scorer(self, model, arrays: data.Arrays) -> keras.Model:
+        """`model`'s scoring model (keras_eval.scorer), built once, in the plug-in's scope."""
+        if self._scorer is None:
+            with self.scope():
+                self._scorer = scorer(model, arrays.info.num_classes)
+        return self._scorer
 
     def gather(self, row: list[float | None], host: str) -> list[tuple[list[float | None], str]]:
         """Every worker process's `row` and host name, in rank order (all of them on rank 0)."""
@@ -285,7 +294,7 @@ def run(plugin: KerasStrategy, out: str) -> None:
     model = build_model(plugin, arrays)
 
     synthetic = arrays.info.synthetic
-    test: dict[str, float | None] = {"accuracy": None, "loss": None}
+    test: dict = {"accuracy": None, "loss": None}
     memory = phase_peaks(p.gpu, p.replicas)
 
     def after_epoch(epoch: int, seconds: float, step_seconds: list[float], logs: dict) -> None:
@@ -293,9 +302,8 @@ def run(plugin: KerasStrategy, out: str) -> None:
         scored = evaluates(spec, synthetic, epoch)
         if scored:  # every worker evaluates: under the strategies evaluation is collective
             memory.evaluation_starts()
-            acc, loss = plugin.evaluate(model, arrays, test_x, p)
+            test.update(plugin.evaluate(model, arrays, test_x, p))
             memory.evaluation_ends()
-            test.update(accuracy=acc, loss=loss)
         e = rec.epoch(
             seconds,
             samples=steps * spec.global_batch_size,

@@ -104,3 +104,56 @@ def test_a_two_worker_run_records_per_class_accuracy_and_confusion(strategy, tmp
         assert test["per_class_accuracy"][k] == pytest.approx(confusion[k][k] / sum(confusion[k]))
     assert test["class_names"] == [str(k) for k in range(10)]
     assert test["accuracy"] > 0.5
+
+
+def test_report_shows_per_class_accuracy_and_memory_per_strategy_at_its_largest_n(tmp_path):
+    """report.html's per-class section names CIFAR-10's classes and pools a strategy's runs at
+    its largest N (their confusions summed); the memory table puts the strategies side by side;
+    a study whose runs recorded no confusion says why it has no per-class table."""
+    import html
+    import re
+
+    from test_aggregate import ok_record, spec_for, write
+
+    from trainscale import report
+
+    def confusion(hits: int) -> list[list[int]]:  # 10 samples per class, `hits` right in class 0
+        m = [[10 if i == j else 0 for j in range(10)] for i in range(10)]
+        m[0] = [hits, 10 - hits, *[0] * 8]
+        return m
+
+    runs = tmp_path / "runs"
+    for strategy, workers, repeat, hits, util in (
+        ("torch", 1, 0, 2, None),
+        ("torch-ddp", 1, 0, 9, 80.0),
+        ("torch-ddp", 2, 0, 4, 60.0),
+        ("torch-ddp", 2, 1, 6, 70.0),
+    ):
+        s = spec_for(strategy, workers, repeat=repeat, dataset="cifar10")
+        rec = ok_record(s, [0.5, 0.5], rss=(100 + workers) * 2**20)
+        rec["test"] = classes.per_class_block(classes.scores(confusion(hits), 50.0), s.to_dict())
+        rec["device"]["utilization_mean"] = util
+        write(runs, s, rec)
+    assert report.main(["--runs-dir", str(runs), "--out", str(tmp_path / "out")]) == 0
+    page = (tmp_path / "out" / "report.html").read_text()
+    section = page.split('id="per-class"')[1].split('id="resources"')[0]
+    assert "seed-small on cifar10" in section
+    for name in classes.CIFAR10_NAMES:
+        assert f"<th>{name}</th>" in section, name
+    rows = {
+        r.split("</td>")[0]: r
+        for r in re.split(r"<tr><td>", section)[1:]  # strategy -> its row
+    }
+    assert set(rows) == {"torch", "torch-ddp"}
+    assert '<td class="num">2</td><td class="num">2</td>' in rows["torch-ddp"]  # N = 2, 2 runs
+    assert "50.0 %" in rows["torch-ddp"]  # airplane: (4 + 6) / 20, the N = 1 run's 9 left out
+    assert "20.0 %" in rows["torch"] and "<td>airplane</td>" in rows["torch"]  # the worst class
+    resources = html.unescape(page.split('id="resources"')[1].split("<h2")[0])
+    assert "65.0 %" in resources and "102 MiB" in resources and "101 MiB" in resources
+
+    bare = tmp_path / "bare"
+    s = spec_for("torch", 1, dataset="cifar10")
+    write(bare, s, ok_record(s, [0.5, 0.5]))  # a record of before per-class accuracy
+    assert report.main(["--runs-dir", str(bare), "--out", str(tmp_path / "out2")]) == 0
+    page = (tmp_path / "out2" / "report.html").read_text()
+    assert "No run recorded a confusion matrix" in page

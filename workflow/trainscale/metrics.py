@@ -11,6 +11,11 @@ Every per-run figure in metrics.json is defined here, once:
 - throughput: steady samples per second over all workers = sum(samples, epochs 2..E) /
   sum(seconds, epochs 2..E); throughput_per_worker = throughput / world size.
 - step_seconds_p50/p95: percentiles of rank 0's per-step wall times within the epoch.
+- test accuracy and loss (`test`): the last evaluation's, over the whole test set, every rank
+  scoring a share, summed over ranks: accuracy = the confusion matrix's diagonal / its total.
+- confusion and per_class_accuracy (`test`): the last evaluation's counts of (true class, argmax
+  class) pairs, rows = true class; a class's accuracy is its diagonal count / its row sum (its
+  recall), by class index, named in `class_names` (trainscale.classes); null on synthetic data.
 - time_to_accuracy_seconds: cumulative epoch seconds until the first epoch whose test accuracy
   reaches `target_accuracy` (null if never, or no target).
 - peak memory (`memory.peak_*`): training's: max over ranks of each process's peak resident set

@@ -117,4 +117,10 @@ def test_every_keras_runner_records_per_rank_memory_utilisation_and_step_p95(fam
         assert dev["count"] == rec["spec"]["world_size"]
         for e in rec["epochs"]:
             assert 0 < e["step_seconds_p50"] <= e["step_seconds_p95"], (strategy, e)
+        # the confusion of the evaluation counts every test sample once, whoever scored it
+        test = rec["test"]
+        confusion = test["confusion"]
+        assert sum(map(sum, confusion)) == rec["data"]["test_samples"], strategy
+        assert sum(confusion[k][k] for k in range(10)) / 360 == test["accuracy"], strategy
+        assert len(test["per_class_accuracy"]) == 10, strategy
         assert len(rec["env"]["rank_hosts"]) == processes

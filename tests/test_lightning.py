@@ -100,6 +100,10 @@ def test_lightning_ddp_ends_with_torch_ddp_weights(tmp_path, workers):
     assert rec["test"]["accuracy"] > 0.5
     assert rec["test"]["accuracy"] == pytest.approx(recs["torch-ddp"]["test"]["accuracy"], abs=0.01)
     assert keys(rec) - keys(recs["torch-ddp"]) == {"env.frameworks.lightning"}
+    confusion = rec["test"]["confusion"]  # scored by the loop's shared evaluation
+    assert sum(map(sum, confusion)) == rec["data"]["test_samples"] == 360
+    assert sum(confusion[k][k] for k in range(10)) / 360 == rec["test"]["accuracy"]
+    assert len(rec["test"]["per_class_accuracy"]) == 10
     assert keys(recs["torch-ddp"]) <= keys(rec)
     assert len(rec["memory"]["per_rank_host_rss_bytes"]) == workers
     assert rec["device"]["count"] == workers

@@ -84,6 +84,11 @@ def test_every_runner_of_the_family_writes_the_same_keys(tmp_path):
         assert 0 < rec["device"]["utilization_mean"] <= 100, strategy
         assert "energy_joules" in rec["device"], strategy
         assert all(e["step_seconds_p95"] > 0 for e in rec["epochs"]), strategy
+        # per-class accuracy from the evaluation's confusion matrix (trainscale.classes)
+        test = rec["test"]
+        assert sum(map(sum, test["confusion"])) == rec["data"]["test_samples"], strategy
+        assert len(test["per_class_accuracy"]) == 10, strategy
+        assert test["class_names"] == [str(k) for k in range(10)], strategy
 
 
 def test_cpu_busy_share_is_cpu_time_over_wall_time_and_threads():

@@ -11,6 +11,11 @@ Every per-run figure in metrics.json is defined here, once:
 - throughput: steady samples per second over all workers = sum(samples, epochs 2..E) /
   sum(seconds, epochs 2..E); throughput_per_worker = throughput / world size.
 - step_seconds_p50/p95: percentiles of rank 0's per-step wall times within the epoch.
+- test accuracy and loss (`test`): the last evaluation's, over the whole test set, every rank
+  scoring a share, summed over ranks: accuracy = the confusion matrix's diagonal / its total.
+- confusion and per_class_accuracy (`test`): the last evaluation's counts of (true class, argmax
+  class) pairs, rows = true class; a class's accuracy is its diagonal count / its row sum (its
+  recall), by class index, named in `class_names` (trainscale.classes); null on synthetic data.
 - time_to_accuracy_seconds: cumulative epoch seconds until the first epoch whose test accuracy
   reaches `target_accuracy` (null if never, or no target).
 - peak memory (`memory.peak_*`): training's: max over ranks of each process's peak resident set
@@ -55,7 +60,7 @@ from typing import Any
 import yaml
 
 import trainscale
-from trainscale import catalog, datawait, imagesets
+from trainscale import catalog, classes, datawait, imagesets
 from trainscale.device_usage import GpuMonitor  # noqa: F401  (runners call metrics.GpuMonitor)
 
 SCHEMA_ID = "trainscale.metrics/1"
@@ -310,8 +315,9 @@ class Recorder:
             rec["communication"] = self.communication or not_measured_communication(
                 self.spec["strategy"]
             )
+        rec["test"] = classes.per_class_block(rec["test"], self.spec)
         if imagesets.spec_info(self.spec).synthetic:  # random labels: accuracy means nothing
-            rec["test"] = {"accuracy": None, "loss": None}
+            rec["test"] = classes.per_class_block({"accuracy": None, "loss": None}, self.spec)
             for e in rec["epochs"]:
                 e["test_accuracy"] = e["test_loss"] = None
         return rec
@@ -361,7 +367,7 @@ def empty_record(spec: dict, status: str, error: str | None) -> dict:
         "throughput": None,
         "throughput_per_worker": None,
         "setup_seconds": None,
-        "test": {"accuracy": None, "loss": None},
+        "test": {"accuracy": None, "loss": None, **dict.fromkeys(classes.PER_CLASS_KEYS)},
         "time_to_accuracy_seconds": None,
         "memory": {"peak_host_rss_bytes": None, "peak_device_bytes": None},
         "device": {

@@ -22,7 +22,7 @@ import yaml
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 import trainscale
-from trainscale import aggregate, collectives, metrics, metrics_tables, predict
+from trainscale import aggregate, collectives, metrics, metrics_tables, predict, report_classes
 from trainscale import report_rows as rows
 from trainscale.aggregate import Study
 from trainscale.report_rows import mib, pct, ratio, with_ci
@@ -155,6 +155,7 @@ def context(
         "communication": communication[: rows.MAX_CELLS],
         "communication_more": max(0, len(communication) - rows.MAX_CELLS),
         "predicted": predicted,
+        **report_classes.context(study),  # per_class, resources
         "n_collectives": rows.n_measured_collectives(study),
         "failed_collectives": rows.failed_collective_rows(study),
         "failed": rows.failed_rows(study),

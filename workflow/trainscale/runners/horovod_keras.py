@@ -40,6 +40,7 @@ from trainscale import data, metrics  # noqa: E402
 from trainscale.matrix import RunSpec  # noqa: E402
 from trainscale.runners import keras_loop as loop  # noqa: E402
 from trainscale.runners.keras_data import eval_dataset, train_dataset  # noqa: E402
+from trainscale.runners.keras_eval import scores_of  # noqa: E402
 
 
 class HorovodKeras(loop.KerasStrategy):
@@ -76,23 +77,21 @@ class HorovodKeras(loop.KerasStrategy):
         # backend, which has no `constant`, even when tf-keras trains)
         return float(hvd_tf.allreduce(tf.constant(value, tf.float64), op=hvd_tf.Average).numpy())
 
-    def evaluate(self, model, arrays: data.Arrays, x: np.ndarray, p: loop.Placement):
-        """Accuracy and mean loss over the whole test set: each worker scores its stride in
-        batches of its training batch, the sums are added over workers with hvd.allreduce."""
+    def evaluate(self, model, arrays: data.Arrays, x: np.ndarray, p: loop.Placement) -> dict:
+        """Accuracy, mean loss and confusion over the whole test set: each worker scores its
+        stride in batches of its training batch, the sums are added with hvd.allreduce."""
         rank, size, n = hvd.rank(), hvd.size(), len(arrays.test_y)
-        count = len(range(rank, n, size))
         if self._test_data is None:
             self._test_data = eval_dataset(
                 self.spec, arrays, x[rank::size], arrays.test_y[rank::size],
                 self.spec.per_worker_batch_size, 1,
             )  # fmt: skip
-        if count:
-            res = model.evaluate(self._test_data, verbose=0, return_dict=True)
-        else:
-            res = {"accuracy": 0.0, "loss": 0.0}
-        sums = tf.constant([res["accuracy"] * count, res["loss"] * count], tf.float64)
-        total = hvd_tf.allreduce(sums, op=hvd_tf.Sum).numpy()
-        return float(total[0] / n), float(total[1] / n)
+        mine = self._test_data if len(range(rank, n, size)) else None
+
+        def all_sum(v: np.ndarray) -> np.ndarray:
+            return hvd_tf.allreduce(tf.constant(v, tf.float64), op=hvd_tf.Sum).numpy()
+
+        return scores_of(self.scorer(model, arrays), mine, arrays.info.num_classes, all_sum)
 
     def gather(self, row: list[float | None], host: str) -> list[tuple[list[float | None], str]]:
         table = hvd_tf.allgather(tf.constant([loop.nan_for_none(row)], tf.float64)).numpy()

@@ -51,6 +51,7 @@ from trainscale.runners.common import (  # noqa: E402
     steps_per_epoch,
 )
 from trainscale.runners.keras_data import eval_dataset, nhwc, train_dataset  # noqa: E402
+from trainscale.runners.keras_eval import scorer, scores_of  # noqa: E402
 
 POLICIES = {"fp32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
 
@@ -78,6 +79,7 @@ class KerasStrategy:
         #: TensorFlow's runtime, after which threads and devices can no longer be set)
         self.strategy: tf.distribute.Strategy | None = None
         self._test_data: tf.data.Dataset | None = None
+        self._scorer: keras.Model | None = None
 
     def configure(self) -> Placement:
         """Threads, visible devices and the tf.distribute strategy; runs before TensorFlow
@@ -104,15 +106,22 @@ class KerasStrategy:
         tf.distribute strategy)."""
         return value
 
-    def evaluate(self, model, arrays: data.Arrays, x: np.ndarray, p: Placement):
-        """(accuracy, mean loss) over the whole test set; collective under a strategy, each
-        replica scoring its share of batches of the global batch."""
+    def evaluate(self, model, arrays: data.Arrays, x: np.ndarray, p: Placement) -> dict:
+        """The `test` block's accuracy, mean loss and confusion over the whole test set
+        (runners/keras_eval.py); collective under a strategy, each replica scoring its share of
+        batches of the global batch."""
         if self._test_data is None:  # built once, at the first evaluation
             self._test_data = eval_dataset(
                 self.spec, arrays, x, arrays.test_y, self.spec.global_batch_size, p.replicas
             )
-        result = model.evaluate(self._test_data, verbose=0, return_dict=True)
-        return float(result["accuracy"]), float(result["loss"])
+        return scores_of(self.scorer(model, arrays), self._test_data, arrays.info.num_classes)
+
+    def scorer(self, model, arrays: data.Arrays) -> keras.Model:
+        """`model`'s scoring model (keras_eval.scorer), built once, in the plug-in's scope."""
+        if self._scorer is None:
+            with self.scope():
+                self._scorer = scorer(model, arrays.info.num_classes)
+        return self._scorer
 
     def gather(self, row: list[float | None], host: str) -> list[tuple[list[float | None], str]]:
         """Every worker process's `row` and host name, in rank order (all of them on rank 0)."""
@@ -295,7 +304,7 @@ def run(plugin: KerasStrategy, out: str) -> None:
     model = build_model(plugin, arrays)
 
     synthetic = arrays.info.synthetic
-    test: dict[str, float | None] = {"accuracy": None, "loss": None}
+    test: dict = {"accuracy": None, "loss": None}
     memory = phase_peaks(p.gpu, p.replicas)
 
     def after_epoch(epoch: int, seconds: float, step_seconds: list[float], logs: dict) -> None:
@@ -304,9 +313,9 @@ def run(plugin: KerasStrategy, out: str) -> None:
         if evaluates(spec, synthetic, epoch):
             # every worker evaluates: under the strategies evaluation is collective
             memory.evaluation_starts()
-            scored = plugin.evaluate(model, arrays, test_x, p)
+            test.update(plugin.evaluate(model, arrays, test_x, p))
             memory.evaluation_ends()
-            test.update(accuracy=scored[0], loss=scored[1])
+            scored = (test["accuracy"], test["loss"])
         record_epoch(
             rec, spec, epoch, seconds, steps, train_loss, step_seconds, scored, p.rank == 0
         )

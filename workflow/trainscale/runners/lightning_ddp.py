@@ -187,7 +187,7 @@ class LightningRun:
         if self.cuda:
             torch.cuda.set_device(self.device)
         arrays = data.load(spec.dataset, spec.data_dir, seed=spec.seed, samples=spec.samples)
-        self.synthetic = arrays.info.synthetic
+        self.synthetic, self.classes = arrays.info.synthetic, arrays.info.num_classes
         self.train_x, self.train_y, self.test_x, self.test_y = to_tensors(arrays, self.device)
         n = len(self.train_y)
         self.train_samples = n * spec.scale
@@ -218,12 +218,11 @@ class LightningRun:
         scored = evaluates(spec, self.synthetic, epoch)
         if scored:
             self.memory.evaluation_starts()
-            acc, loss = evaluate(
+            self.test = evaluate(
                 self.net, self.test_x, self.test_y, rk.rank, rk.world_size,
-                spec.per_worker_batch_size, _all_sum,
+                spec.per_worker_batch_size, self.classes, _all_sum,
             )  # fmt: skip
             self.memory.evaluation_ends()
-            self.test = {"accuracy": acc, "loss": loss}
         e = self.rec.epoch(
             seconds,
             samples=self.steps * spec.global_batch_size,

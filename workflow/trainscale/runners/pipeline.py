@@ -26,6 +26,7 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGP
 from trainscale import models
 from trainscale.matrix import RunSpec
 from trainscale.runners.torch_loop import Plugin, run
+from trainscale.runners.torch_parts import scored, tally
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 
@@ -60,15 +61,16 @@ def split(sizes: list[int], stages: int) -> list[tuple[int, int]]:
 
 @torch.no_grad()
 def evaluate(
-    schedule, stage_mod: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int, rank: int
-) -> tuple[float, float]:
-    """Test accuracy and mean loss through the pipeline, forward only, in batches of the
-    training batch size (so micro-batch shapes match the ones the stages were set up with);
+    schedule, stage_mod: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int, rank: int,
+    classes: int,
+) -> dict:  # fmt: skip
+    """Test accuracy, mean loss and confusion through the pipeline, forward only, in batches of
+    the training batch size (so micro-batch shapes match the ones the stages were set up with);
     the last batch is padded with a repeated sample that is not counted."""
     stage_mod.eval()
     first, last = rank == 0, rank == dist.get_world_size() - 1
     n = len(y)
-    totals = torch.zeros(3, dtype=torch.float64, device=y.device)  # correct, loss sum, count
+    totals = torch.zeros(1 + classes * classes, dtype=torch.float64, device=y.device)
     for i in range(0, n, batch):
         idx = torch.arange(i, i + batch, device=y.device)
         counted = (idx < n).double()
@@ -76,13 +78,10 @@ def evaluate(
         args = (x[idx],) if first else ()
         out = schedule.eval(*args, target=y[idx] if last else None)  # the loss_fn needs one
         if last:
-            out = out.float()
-            totals[0] += ((out.argmax(1) == y[idx]).double() * counted).sum()
-            totals[1] += (F.cross_entropy(out, y[idx], reduction="none").double() * counted).sum()
-            totals[2] += counted.sum()
+            tally(totals, out.float(), y[idx], counted)
     dist.all_reduce(totals)  # only the last stage's are non-zero
     stage_mod.train()
-    return (totals[0] / totals[2]).item(), (totals[1] / totals[2]).item()
+    return scored(totals, classes)
 
 
 class Pipeline(Plugin):
@@ -122,10 +121,13 @@ class Pipeline(Plugin):
             return torch.zeros((), device=lp.device)
         return torch.stack([v.detach().float() for v in losses]).sum()
 
-    def evaluate(self, batch: int) -> tuple[float, float]:
+    def evaluate(self, batch: int) -> dict:
         lp, dtype = self.loop, self.dtype
         with torch.autocast(lp.device.type, dtype=dtype, enabled=dtype is not None):
-            return evaluate(self.schedule, self.stage_mod, lp.test_x, lp.test_y, batch, lp.rk.rank)
+            return evaluate(
+                self.schedule, self.stage_mod, lp.test_x, lp.test_y, batch, lp.rk.rank,
+                lp.info.num_classes,
+            )  # fmt: skip
 
     def finish(self) -> None:
         stage_params = self.gather_object(models.param_count(self.stage_mod))

@@ -329,10 +329,13 @@ def main(spec: RunSpec, out: str) -> None:
     memory = PhasePeaks()  # the chief's host memory: training's, then evaluation's
     test: dict = {"accuracy": None, "loss": None}
     memory.evaluation_starts()
+    classes = arrays.info.num_classes
     for epoch, weights in snapshots.items():
         accuracy, test_loss, predicted = chief_evaluation(spec, weights, arrays, test_x)
         rec.epochs[epoch - 1].update(test_accuracy=accuracy, test_loss=test_loss)
-        test.update(accuracy=accuracy, loss=test_loss)
+        confusion = np.zeros((classes, classes), np.int64)  # rows true, columns predicted
+        np.add.at(confusion, (np.asarray(arrays.test_y), np.asarray(predicted)), 1)
+        test.update(accuracy=accuracy, loss=test_loss, confusion=confusion.tolist())
     memory.evaluation_ends()
 
     env = metrics.environment(

@@ -156,11 +156,12 @@ class Plugin:
         self.scaler.update()
         return loss.detach().float()
 
-    def evaluate(self, batch: int) -> tuple[float, float]:
+    def evaluate(self, batch: int) -> dict:
+        """The `test` block's accuracy, loss and confusion (torch_parts.evaluate)."""
         lp = self.loop
         return evaluate(
             self.eval_model, lp.test_x, lp.test_y, lp.rk.rank, self.world_size, batch,
-            self.all_sum, getattr(self, "input_dtype", None),
+            lp.info.num_classes, self.all_sum, getattr(self, "input_dtype", None),
         )  # fmt: skip
 
     # --- after the epochs ------------------------------------------------------------------
@@ -256,9 +257,8 @@ class Loop:
         scored = evaluates(spec, self.info.synthetic, epoch)
         if scored:
             self.memory.evaluation_starts()
-            acc, loss = p.evaluate(b)
+            self.test.update(p.evaluate(b))
             self.memory.evaluation_ends()
-            self.test.update(accuracy=acc, loss=loss)
         e = self.rec.epoch(
             seconds,
             samples=steps * shard.step_samples,

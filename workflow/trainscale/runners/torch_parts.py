@@ -15,6 +15,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from trainscale import data
+from trainscale.classes import scores
 from trainscale.matrix import RunSpec
 from trainscale.memory import PhasePeaks
 
@@ -89,6 +90,20 @@ class Indexable:
         return self.n
 
 
+def tally(totals: torch.Tensor, out: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> None:
+    """Add one batch's weighted loss sum and confusion counts (row = true class, column =
+    argmax) into `totals` = [loss sum, confusion k×k flattened], on the device: no sync."""
+    k = out.shape[1]
+    totals[0] += (F.cross_entropy(out, y, reduction="none").double() * w).sum()
+    totals[1:] += torch.bincount(y * k + out.argmax(1), weights=w.double(), minlength=k * k)
+
+
+def scored(totals: torch.Tensor, classes: int) -> dict:
+    """The `test` block's accuracy, loss and confusion from summed `tally` totals."""
+    t = totals.cpu()
+    return scores(t[1:].view(classes, classes).tolist(), t[0].item())
+
+
 @torch.no_grad()
 def evaluate(
     model: torch.nn.Module,
@@ -97,12 +112,14 @@ def evaluate(
     rank: int,
     world: int,
     batch: int,
+    classes: int,
     all_sum: Callable[[torch.Tensor], torch.Tensor],
     input_dtype: torch.dtype | None = None,
-) -> tuple[float, float]:
-    """Test accuracy and mean loss; each rank scores its stride of the test set in batches of
-    the training's per-worker batch (so evaluation needs no more memory than a step), then the
-    ranks' sums are added (`all_sum`: the strategy's sum over ranks, returning the sum).
+) -> dict:
+    """Test accuracy, mean loss and the confusion matrix (trainscale.classes.scores); each rank
+    scores its stride of the test set in batches of the training's per-worker batch (so
+    evaluation needs no more memory than a step), then the ranks' sums are added in one
+    collective (`all_sum`: the strategy's sum over ranks, returning the sum).
 
     Every rank runs the same number of equal-sized forward passes (the last stride is padded
     with a repeated sample that is not counted), because with sharded parameters (ZeRO-3,
@@ -114,14 +131,11 @@ def evaluate(
     idx = rank + world * torch.arange(per_rank, device=y.device)
     counted = (idx < n).double()
     idx = idx.clamp(max=n - 1)
-    totals = torch.zeros(3, dtype=torch.float64, device=x.device)  # correct, loss sum, count
+    totals = torch.zeros(1 + classes * classes, dtype=torch.float64, device=x.device)
     for i in range(0, per_rank, batch):
         sel, w = idx[i : i + batch], counted[i : i + batch]
         xb = x[sel] if input_dtype is None else x[sel].to(input_dtype)
-        out = model(xb).float()
-        totals[0] += ((out.argmax(1) == y[sel]).double() * w).sum()
-        totals[1] += (F.cross_entropy(out, y[sel], reduction="none").double() * w).sum()
-        totals[2] += w.sum()
+        tally(totals, model(xb).float(), y[sel], w)
     totals = all_sum(totals)
     model.train()
-    return (totals[0] / totals[2]).item(), (totals[1] / totals[2]).item()
+    return scored(totals, classes)

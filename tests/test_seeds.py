@@ -29,4 +29,9 @@ def test_seed_study_through_snakemake(tmp_path):
         assert rec["status"] == "ok", rec["error"]
         assert rec["test"]["accuracy"] > 0.5  # chance is 0.1
         assert rec["device"]["count"] == rec["spec"]["workers"]
-    assert (study / "report.html").exists()
+        per_class = rec["test"]["per_class_accuracy"]
+        assert len(per_class) == 10 and rec["test"]["class_names"] == [str(i) for i in range(10)]
+    page = (study / "report.html").read_text()
+    assert 'id="per-class"' in page  # the per-class section, with the class names
+    for s in strategies:
+        assert s in page

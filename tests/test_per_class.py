@@ -83,7 +83,7 @@ def run_digits(strategy: str, tmp_path) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["torch-ddp", "tf-mirrored", "tf-multiworker"])
+@pytest.mark.parametrize("strategy", ["torch-ddp", "tf-mirrored"])  # the other runners: seeds
 def test_a_two_worker_run_records_per_class_accuracy_and_confusion(strategy, tmp_path):
     """Both loops, 2 workers each scoring a share: the confusion counts every test sample once
     (rows sum to each class's test count), its diagonal share is the recorded accuracy, and

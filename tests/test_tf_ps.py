@@ -313,7 +313,7 @@ def test_a_cluster_of_the_wrong_shape_is_refused_before_training(monkeypatch):
         tf_ps.tf_config(spec(workers=[2]))
 
 
-# --- a real run: 2 workers and 2 servers on digits, through the supervisor -------------------------------
+# --- a real run: 2 workers and 2 servers on digits, through the supervisor -----------------
 
 
 @pytest.mark.slow

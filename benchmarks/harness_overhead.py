@@ -1,24 +1,41 @@
 """How much does trainscale's runner cost over a minimal hand-written loop?
 
-Runs the `torch-ddp` runner (through the real launcher, torchrun + gloo) and the minimal DDP
-loop in benchmarks/minimal_ddp.py on the same model, data, batch, worker and thread counts,
-alternating the order for several rounds in one process (odd rounds runner first, even rounds
-the minimal loop first; the `first` column says which), so drift and any first-run advantage
-hit both alike, and prints the
-steady-throughput ratio runner / minimal (1.0 = no overhead; the bar is >= 0.95).
+Each row runs one trainscale strategy through the real launcher (`trainscale.launch.supervise`:
+torchrun, horovodrun or one process, the env prefix, the metrics record) and a minimal loop
+written as its framework's tutorial would, on the same work, and prints the ratio of their
+steady throughputs, runner / minimal (1.0 = no overhead; the bar is a median >= 0.98):
 
-The `lightning-ddp` row runs PyTorch Lightning's Trainer(strategy="ddp") runner against the
-same minimal DDP loop: its ratio is Lightning's own overhead (reported, no bar).
-The `deepspeed-zero2` row compares the DeepSpeed runner (ZeRO-2, with DeepSpeed's
-wall_clock_breakdown on, as the runner always runs) with benchmarks/minimal_deepspeed.py.
-The `horovod-torch` row compares the Horovod runner (through horovodrun, gloo) with the
-minimal Horovod loop in benchmarks/minimal_horovod.py, launched by the same horovodrun command.
-The `tf-mirrored` row does the same for the TensorFlow runner (MirroredStrategy; on CPU over
-`--workers` logical devices) against the minimal model.fit in benchmarks/minimal_keras.py.
+- torch-ddp: the DDP runner vs benchmarks/minimal_ddp.py (DDP + Adam, torchrun, gloo).
+- deepspeed-zero2: the DeepSpeed runner (ZeRO-2, with DeepSpeed's wall_clock_breakdown on, as
+  the runner always runs) vs benchmarks/minimal_deepspeed.py (deepspeed.initialize, ZeRO-2).
+- horovod-torch: the Horovod runner vs benchmarks/minimal_horovod.py, launched by the very
+  horovodrun command (gloo) the runner gets.
+- tf-mirrored: the TensorFlow runner (MirroredStrategy; on CPU over `--workers` logical
+  devices) vs benchmarks/minimal_keras.py (model.fit over a from_tensor_slices pipeline).
+- lightning-ddp: Lightning's Trainer(strategy="ddp") runner vs the minimal DDP loop: its ratio
+  is Lightning's own overhead (reported, no bar).
 
-    .venv/bin/python benchmarks/harness_overhead.py [--rounds 3] [--workers 2]
-        [--strategy torch-ddp|lightning-ddp|horovod-torch|tf-mirrored|deepspeed-zero2]
-        (default: every row)
+Same work on both sides: the same model (`--model`), data arrays and normalisation
+(`--dataset`, repeated `--scale` times an epoch), global batch split over `--workers`
+processes of 1 thread each (OMP/MKL threads from the launcher's `worker_env` on both sides),
+Adam(1e-3, 0.9/0.999, 1e-7), fp32, the same steps per epoch (drop_last), epoch 1 warm-up and
+epochs 2.. timed between barriers. What the runner does on top (the sampler's order, per-step
+timing, the loss kept per step, evaluation after the last epoch, memory peaks, the record) is
+the overhead measured; evaluation and the record are outside the timed epochs on both sides.
+
+Noise: the default work (seed-small on digits ×64: 718 steps of 64 per rank an epoch, about
+2 s on a quiet 2-core machine) makes a steady epoch long enough that a round's number is not
+one scheduler hiccup. Rounds are round-major (every row in round 1, then round 2, ...), and
+within a round the two sides alternate (runner first in odd rounds, minimal first in even
+ones; the `first` column), so drift and load bursts fall on both sides and every row alike.
+The summary prints, per row, the ratio's min/median/max over the rounds and each side's
+spread (max/min of its throughput over the rounds): a spread above 1.05 means the rounds
+disagree by more than the 2% this measures, which on a shared machine is other load (the
+load average is printed with every line).
+
+    .venv/bin/python benchmarks/harness_overhead.py [--rounds 5] [--workers 2]
+        [--rows torch-ddp,deepspeed-zero2,horovod-torch,tf-mirrored,lightning-ddp]
+        [--model seed-small] [--dataset digits] [--scale 64] [--epochs 3]
 """
 
 from __future__ import annotations

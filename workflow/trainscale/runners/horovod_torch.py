@@ -93,8 +93,12 @@ class Horovod(Plugin):
 
     def step(self, idx: torch.Tensor) -> torch.Tensor:
         lp, dev = self.loop, self.loop.device
-        with torch.autocast(dev.type, dtype=self.dtype, enabled=self.dtype is not None):
-            loss = F.cross_entropy(self.net(lp.train_x[idx]), lp.train_y[idx])
+        x, y = lp.train_x[idx], lp.train_y[idx]
+        if self.dtype is None:  # fp32: no autocast context to enter (it costs per step)
+            loss = F.cross_entropy(self.net(x), y)
+        else:
+            with torch.autocast(dev.type, dtype=self.dtype):
+                loss = F.cross_entropy(self.net(x), y)
         self.opt.zero_grad()  # Horovod's takes no set_to_none; None is torch's default
         if self.scaler.is_enabled():  # fp16: Horovod's AMP recipe
             self.scaler.scale(loss).backward()
@@ -105,7 +109,7 @@ class Horovod(Plugin):
         else:
             loss.backward()
             self.opt.step()
-        return loss.detach().float()
+        return loss.detach()
 
     def train(self) -> None:
         if self.elastic:

@@ -145,16 +145,24 @@ class Plugin:
         """Called before each epoch's order is drawn (DeepSpeed starts its breakdown here)."""
 
     def step(self, idx: torch.Tensor) -> torch.Tensor:
-        """One optimizer step on these sample indices; returns the detached float loss."""
+        """One optimizer step on these sample indices; returns the detached loss (a 0-d
+        tensor, not read here: reading it would wait for the device every step)."""
         lp = self.loop
         x, y = lp.train_x[idx], lp.train_y[idx]
-        with torch.autocast(lp.device.type, dtype=self.dtype, enabled=self.dtype is not None):
-            loss = F.cross_entropy(self.model(x).float(), y)
+        if self.dtype is None:  # no autocast context to enter (it costs per step); FSDP's
+            loss = F.cross_entropy(self.model(x).float(), y)  # policy may still cast
+        else:
+            with torch.autocast(lp.device.type, dtype=self.dtype):
+                loss = F.cross_entropy(self.model(x).float(), y)
         self.opt.zero_grad(set_to_none=True)
-        self.scaler.scale(loss).backward()
-        self.scaler.step(self.opt)
-        self.scaler.update()
-        return loss.detach().float()
+        if self.scaler.is_enabled():
+            self.scaler.scale(loss).backward()
+            self.scaler.step(self.opt)
+            self.scaler.update()
+        else:
+            loss.backward()
+            self.opt.step()
+        return loss.detach()
 
     def evaluate(self, batch: int) -> dict:
         """The `test` block's accuracy, loss and confusion (torch_parts.evaluate)."""
@@ -234,8 +242,7 @@ class Loop:
         p.epoch_starts(epoch)
         shard = self.last_shard = p.shard(epoch)
         order, b, steps = shard.order, shard.batch, shard.steps
-        loss_sum = torch.zeros((), device=dev)
-        step_seconds = []
+        losses, step_seconds = [], []  # summed after the timed epoch: no per-step add
         sync(dev)
         p.barrier()
         if self.cpu:
@@ -245,7 +252,7 @@ class Loop:
             if step == steps // 2:
                 maybe_fault(spec, self.rk.rank, epoch)
             t_step = time.perf_counter()
-            loss_sum += p.step(order[step * b : (step + 1) * b])
+            losses.append(p.step(order[step * b : (step + 1) * b]))
             sync(dev)
             step_seconds.append(time.perf_counter() - t_step)
         sync(dev)
@@ -253,6 +260,7 @@ class Loop:
         seconds = time.perf_counter() - t_epoch
         if self.cpu:
             self.cpu.span_ends()
+        loss_sum = torch.stack(losses).float().sum() if losses else torch.zeros((), device=dev)
         train_loss = (p.all_sum(loss_sum) / (steps * p.losses_per_step())).item()
         scored = evaluates(spec, self.info.synthetic, epoch)
         if scored:

@@ -195,3 +195,21 @@ def test_deepspeed_study_through_snakemake(tmp_path):
         assert rec["status"] == "ok", (f, rec["error"])
         assert rec["spec"]["grad_accum"] == 2
     assert (tmp_path / ".cache" / "torch_extensions" / "deepspeed-ops.done").exists()
+
+
+def test_a_build_lock_left_by_a_dead_build_is_removed_and_a_fresh_one_kept(tmp_path, monkeypatch):
+    """torch's cpp_extension waits on a lock file forever: one left by a killed build would hang
+    every later DeepSpeed run until its timeout."""
+    import os
+
+    from trainscale.runners.deepspeed_zero import STALE_LOCK_SECONDS, clear_stale_build_locks
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    dead, live = tmp_path / "deepspeed_shm_comm" / "lock", tmp_path / "other_op" / "lock"
+    for lock in (dead, live):
+        lock.parent.mkdir()
+        lock.touch()
+    now = dead.stat().st_mtime + STALE_LOCK_SECONDS + 1
+    os.utime(live, (now - 5, now - 5))  # a build that started 5 s ago
+    assert clear_stale_build_locks(now) == [dead]
+    assert not dead.exists() and live.exists()

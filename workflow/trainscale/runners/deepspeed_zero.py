@@ -111,6 +111,32 @@ def zero_estimate_bytes(spec: RunSpec, net: torch.nn.Module) -> int:
     return dev
 
 
+#: A build lock older than this is a build that died (killed by a timeout or a cancelled job):
+#: torch's cpp_extension waits on a lock file with no limit, so every later run would hang.
+#: A real build of DeepSpeed's CPU ops takes a minute or two.
+STALE_LOCK_SECONDS = 600
+
+
+def clear_stale_build_locks(now: float | None = None) -> list[Path]:
+    """Remove the op-build locks under TORCH_EXTENSIONS_DIR left by a build that died (older
+    than STALE_LOCK_SECONDS), saying so on stderr; the locks removed."""
+    root = os.environ.get("TORCH_EXTENSIONS_DIR")
+    if not root:
+        return []
+    now = time.time() if now is None else now
+    removed = []
+    for lock in Path(root).glob("*/lock"):
+        try:
+            if now - lock.stat().st_mtime > STALE_LOCK_SECONDS:
+                lock.unlink()
+                removed.append(lock)
+        except FileNotFoundError:
+            continue
+    for lock in removed:
+        print(f"trainscale: removed {lock}, a build lock left by a build that died", file=sys.stderr)
+    return removed
+
+
 class ZeRO(Plugin):
     """DeepSpeed's engine around the model and a torch.optim optimizer; one step is
     `grad_accum` micro-batches, DeepSpeed steps the optimizer at the accumulation boundary."""
@@ -118,6 +144,7 @@ class ZeRO(Plugin):
     def connect(self, device: torch.device) -> None:
         cuda = device.type == "cuda"
         os.environ.setdefault("DS_ACCELERATOR", "cuda" if cuda else "cpu")  # before the import
+        clear_stale_build_locks()
         import deepspeed
         from deepspeed.accelerator import get_accelerator
 
@@ -208,6 +235,7 @@ def build_ops() -> None:
     """Compile the ops DeepSpeed JIT-builds on first use into TORCH_EXTENSIONS_DIR, once, so
     no run pays (or measures) the compile: the `deepspeed_ops` rule calls this."""
     os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
+    clear_stale_build_locks()
     import deepspeed.ops  # noqa: F401  (fills __compatible_ops__)
     from deepspeed.accelerator import get_accelerator
 

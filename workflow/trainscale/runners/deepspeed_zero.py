@@ -133,7 +133,7 @@ def clear_stale_build_locks(now: float | None = None) -> list[Path]:
         except FileNotFoundError:
             continue
     for lock in removed:
-        print(f"trainscale: removed {lock}, a build lock left by a build that died", file=sys.stderr)
+        print(f"trainscale: removed {lock}, left by a build that died", file=sys.stderr)
     return removed
 
 

@@ -112,6 +112,16 @@ def record_epoch(
     return e
 
 
+def write_ok(out: str, result: dict, accuracy: object) -> None:
+    """Write a finished run's record and say so on stdout: the last line of every loop."""
+    metrics.write(out, result)
+    print(
+        f"trainscale: ok, throughput {fmt_rate(result['throughput'])} samples/s, "
+        f"test accuracy {accuracy}; wrote {out}",
+        flush=True,
+    )
+
+
 def fmt_rate(x: float) -> str:
     return f"{x:,.0f}" if x >= 100 else f"{x:.3g}" if math.isfinite(x) else str(x)
 

@@ -45,10 +45,10 @@ from trainscale.runners.common import (  # noqa: E402
     check_oversubscribed,
     check_steps,
     evaluates,
-    fmt_rate,
     maybe_fault,
     record_epoch,
     steps_per_epoch,
+    write_ok,
 )
 from trainscale.runners.keras_data import eval_dataset, nhwc, train_dataset  # noqa: E402
 from trainscale.runners.keras_eval import scorer, scores_of  # noqa: E402
@@ -340,12 +340,7 @@ def run(plugin: KerasStrategy, out: str) -> None:
     gathered = plugin.gather([*memory.finish(), utilization, energy], metrics.hostname())
     if plugin.final_rank(p) == 0:
         result = record(plugin, p, rec, model, gathered, test, train_samples, len(arrays.test_y))
-        metrics.write(out, result)
-        print(
-            f"trainscale: ok, throughput {fmt_rate(result['throughput'])} samples/s, "
-            f"test accuracy {test['accuracy'] if not synthetic else 'n/a'}; wrote {out}",
-            flush=True,
-        )
+        write_ok(out, result, test["accuracy"] if not synthetic else "n/a")
     plugin.teardown()
 
 

@@ -42,6 +42,7 @@ from trainscale.runners.common import (
     fmt_rate,
     maybe_fault,
     steps_per_epoch,
+    write_ok,
 )
 from trainscale.runners.exposed import block
 from trainscale.runners.torch_parts import (
@@ -308,12 +309,7 @@ class LightningRun:
             oversubscribed=check_oversubscribed(self.spec.workers, self.spec.threads_per_worker),
             launch=metrics.launch_info(),
         )
-        metrics.write(out, result)
-        print(
-            f"trainscale: ok, throughput {fmt_rate(result['throughput'])} samples/s, "
-            f"test accuracy {result['test']['accuracy']}; wrote {out}",
-            flush=True,
-        )
+        write_ok(out, result, result["test"]["accuracy"])
 
 
 @record

@@ -47,6 +47,7 @@ from trainscale.runners.common import (  # noqa: E402
     fmt_rate,
     maybe_fault,
     steps_per_epoch,
+    write_ok,
 )
 from trainscale.runners.keras_data import nhwc, normaliser  # noqa: E402
 from trainscale.runners.keras_loop import POLICIES, make_optimizer  # noqa: E402
@@ -365,12 +366,7 @@ def main(spec: RunSpec, out: str) -> None:
         ),
         launch=metrics.launch_info(),
     )
-    metrics.write(out, result)
-    print(
-        f"trainscale: ok, throughput {fmt_rate(result['throughput'])} samples/s, "
-        f"test accuracy {test['accuracy'] if not synthetic else 'n/a'}; wrote {out}",
-        flush=True,
-    )
+    write_ok(out, result, test["accuracy"] if not synthetic else "n/a")
 
 
 def processes_on_this_node(spec: RunSpec) -> int:

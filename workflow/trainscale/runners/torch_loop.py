@@ -37,6 +37,7 @@ from trainscale.runners.common import (
     fmt_rate,
     maybe_fault,
     steps_per_epoch,
+    write_ok,
 )
 from trainscale.runners.torch_parts import (
     DTYPES,
@@ -346,12 +347,7 @@ class Loop:
             launch=metrics.launch_info(),
             **p.extra_blocks,
         )
-        metrics.write(out, result)
-        print(
-            f"trainscale: ok, throughput {fmt_rate(result['throughput'])} samples/s, "
-            f"test accuracy {result['test']['accuracy']}; wrote {out}",
-            flush=True,
-        )
+        write_ok(out, result, result["test"]["accuracy"])
 
 
 @record

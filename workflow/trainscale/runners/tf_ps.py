@@ -41,14 +41,7 @@ import tf_keras as keras  # noqa: E402
 from trainscale import catalog, data, keras_models, metrics, tfrun  # noqa: E402
 from trainscale.matrix import RunSpec, gpu_count  # noqa: E402
 from trainscale.memory import PhasePeaks, memory_block  # noqa: E402
-from trainscale.runners.common import (  # noqa: E402
-    check_steps,
-    evaluates,
-    fmt_rate,
-    maybe_fault,
-    steps_per_epoch,
-    write_ok,
-)
+from trainscale.runners import common  # noqa: E402
 from trainscale.runners.keras_data import nhwc, normaliser  # noqa: E402
 from trainscale.runners.keras_loop import POLICIES, make_optimizer  # noqa: E402
 from trainscale.runners.tf import at_node_addrs  # noqa: E402
@@ -285,10 +278,10 @@ def main(spec: RunSpec, out: str) -> None:
     arrays = data.load(spec.dataset, spec.data_dir, seed=spec.seed, samples=spec.samples)
     train_x, test_x = nhwc(arrays.train_x), nhwc(arrays.test_x)
     train_samples = len(arrays.train_y) * spec.scale
-    steps = steps_per_epoch(
+    steps = common.steps_per_epoch(
         train_samples, spec.world_size, spec.per_worker_batch_size, spec.steps_per_epoch
     )
-    check_steps(steps, spec.path, train_samples, spec.global_batch_size)
+    common.check_steps(steps, spec.path, train_samples, spec.global_batch_size)
     worker_steps = steps * spec.world_size  # each one worker's batch: the same samples
 
     with strategy.scope():
@@ -303,7 +296,7 @@ def main(spec: RunSpec, out: str) -> None:
     snapshots: dict[int, list[np.ndarray]] = {}  # epoch -> trained weights, scored after fit
 
     def after_epoch(epoch: int, seconds: float, loss: float) -> None:
-        if evaluates(spec, synthetic, epoch):  # fit runs in strategy.scope(): score later
+        if common.evaluates(spec, synthetic, epoch):  # fit runs in strategy.scope(): score later
             snapshots[epoch] = joined_weights(model)
         e = rec.epoch(
             seconds,
@@ -314,11 +307,13 @@ def main(spec: RunSpec, out: str) -> None:
         )
         print(
             f"epoch {epoch}/{spec.epochs}: {seconds:.3f} s, "
-            f"{fmt_rate(e['samples_per_second'])} samples/s, loss {loss:.4f}",
+            f"{common.fmt_rate(e['samples_per_second'])} samples/s, loss {loss:.4f}",
             flush=True,
         )
 
-    clock = EpochClock(coordinator, after_epoch, lambda e: maybe_fault(spec, 0, e), worker_steps)
+    clock = EpochClock(
+        coordinator, after_epoch, lambda e: common.maybe_fault(spec, 0, e), worker_steps
+    )
     rec.training_starts()
     model.fit(
         keras.utils.experimental.DatasetCreator(dataset_fn(spec, arrays, train_x)),
@@ -366,7 +361,7 @@ def main(spec: RunSpec, out: str) -> None:
         ),
         launch=metrics.launch_info(),
     )
-    write_ok(out, result, test["accuracy"] if not synthetic else "n/a")
+    common.write_ok(out, result, test["accuracy"] if not synthetic else "n/a")
 
 
 def processes_on_this_node(spec: RunSpec) -> int:

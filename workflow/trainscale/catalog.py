@@ -29,6 +29,8 @@ class Cell:
     microbatches: int = 1
     schedule: str = "gpipe"
     input_side: int = 0  # smallest side of the data set's images
+    user_data: bool = False  # the user's image files (`datasets:`), decoded while training
+    resized: bool = False  # a built-in data set trained at another `image_size`
 
     @property
     def world(self) -> int:
@@ -113,6 +115,36 @@ def _pipeline_precision(c: Cell) -> str | None:
         return (
             f"torch-pipeline: {c.precision} needs a loss scaler that skips steps on every stage "
             "alike; use bf16"
+        )
+    return None
+
+
+def _pipeline_user_data(c: Cell) -> str | None:
+    if c.user_data:
+        return (
+            f"torch-pipeline: trains on in-memory arrays only; {c.dataset} is image files: its "
+            "stages would each need the loader's batches in the same order, which the pipeline "
+            "runner does not arrange"
+        )
+    return None
+
+
+def _elastic_user_data(c: Cell) -> str | None:
+    if c.user_data:
+        return (
+            f"horovod-torch-elastic: trains on in-memory arrays only; {c.dataset} is image "
+            "files, whose loaders are split over a fixed set of ranks and cannot be re-split "
+            "when the world shrinks or grows"
+        )
+    return None
+
+
+def _lightning_data(c: Cell) -> str | None:
+    if c.user_data or c.resized:
+        return (
+            f"lightning-ddp: trains on the in-memory arrays at their stored size; {c.dataset} "
+            "is image files or resized by `image_size`, which Lightning's own DataLoader here "
+            "does not read: use torch-ddp"
         )
     return None
 
@@ -208,6 +240,7 @@ STRATEGIES: dict[str, Strategy] = {
                 _pipeline_microbatches,
                 _pipeline_precision,
                 _pipeline_schedule,
+                _pipeline_user_data,
             ),
         ),
         _row(
@@ -272,6 +305,7 @@ STRATEGIES: dict[str, Strategy] = {
             "#592f0d",
             collectives="horovod",
             elastic=True,
+            constraints=(_elastic_user_data,),
         ),
         # DeepSpeed through torchrun, not the `deepspeed` launcher: that one always rendezvouses
         # on port 29500 (runs side by side clash) and needs a hostfile for multi-node; torchrun
@@ -298,7 +332,7 @@ STRATEGIES: dict[str, Strategy] = {
             "#792ee5",
             exposed_unmeasured="Lightning's DDP forward is its training_step, whose gradient "
             "synchronisation cannot be switched off from outside without timing Lightning itself",
-            constraints=(_lightning_fp16,),
+            constraints=(_lightning_fp16, _lightning_data),
         ),
     )
 }

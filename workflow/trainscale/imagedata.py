@@ -165,12 +165,15 @@ def eval_loader(
     return ImageLoader(_data_loader(pipeline, loader_workers, pin_memory, batch_size=None), None)
 
 
-def loaders(spec, rank: int, world_size: int, cuda: bool) -> tuple[ImageLoader, ImageLoader]:
+def loaders(
+    spec, rank: int, world_size: int, cuda: bool, batch: int | None = None
+) -> tuple[ImageLoader, ImageLoader]:
     """(train, test) loaders of a run spec (matrix.RunSpec) with a user data set
-    (`spec.image_source` not None), for rank `rank` of `world_size` data-parallel ranks."""
+    (`spec.image_source` not None), for rank `rank` of `world_size` data-parallel ranks, in
+    batches of `batch` (default: the spec's per-worker batch)."""
     source = spec.image_source
     size = tuple(spec.image_size)
-    batch = spec.per_worker_batch_size
+    batch = batch or spec.per_worker_batch_size
     workers = spec.loader_workers
     train = train_loader(source, size, batch, rank, world_size, workers, spec.seed, cuda)
     test = eval_loader(source, size, batch, rank, world_size, workers, cuda)

@@ -49,6 +49,7 @@ from trainscale.runners.torch_parts import (
     evaluate,
     leave,
     make_optimizer,
+    memory_eval_batches,
     phase_peaks,
     sync,
     to_tensors,
@@ -218,10 +219,10 @@ class LightningRun:
         scored = evaluates(spec, self.synthetic, epoch)
         if scored:
             self.memory.evaluation_starts()
-            acc, loss = evaluate(
-                self.net, self.test_x, self.test_y, rk.rank, rk.world_size,
-                spec.per_worker_batch_size, _all_sum,
-            )  # fmt: skip
+            batches = memory_eval_batches(
+                self.test_x, self.test_y, rk.rank, rk.world_size, spec.per_worker_batch_size
+            )
+            acc, loss = evaluate(self.net, batches, self.device, _all_sum)
             self.memory.evaluation_ends()
             self.test = {"accuracy": acc, "loss": loss}
         e = self.rec.epoch(

@@ -24,6 +24,7 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
 from trainscale import models
+from trainscale.imagedata import resize_batch
 from trainscale.matrix import RunSpec
 from trainscale.runners.torch_loop import Plugin, run
 
@@ -60,7 +61,13 @@ def split(sizes: list[int], stages: int) -> list[tuple[int, int]]:
 
 @torch.no_grad()
 def evaluate(
-    schedule, stage_mod: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int, rank: int
+    schedule,
+    stage_mod: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    batch: int,
+    rank: int,
+    image_size: tuple[int, int] | None = None,
 ) -> tuple[float, float]:
     """Test accuracy and mean loss through the pipeline, forward only, in batches of the
     training batch size (so micro-batch shapes match the ones the stages were set up with);
@@ -73,7 +80,7 @@ def evaluate(
         idx = torch.arange(i, i + batch, device=y.device)
         counted = (idx < n).double()
         idx = idx.clamp(max=n - 1)
-        args = (x[idx],) if first else ()
+        args = (resize_batch(x[idx], image_size),) if first else ()
         out = schedule.eval(*args, target=y[idx] if last else None)  # the loss_fn needs one
         if last:
             out = out.float()
@@ -109,13 +116,13 @@ class Pipeline(Plugin):
     def losses_per_step(self) -> int:
         return self.spec.microbatches  # only the last stage's losses are summed
 
-    def step(self, idx: torch.Tensor) -> torch.Tensor:
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         lp, dtype = self.loop, self.dtype
         losses: list[torch.Tensor] = []
         self.opt.zero_grad(set_to_none=True)
         with torch.autocast(lp.device.type, dtype=dtype, enabled=dtype is not None):
-            args = (lp.train_x[idx],) if self.first else ()
-            target = lp.train_y[idx] if self.last else None
+            args = (x,) if self.first else ()
+            target = y if self.last else None
             self.schedule.step(*args, target=target, losses=losses if self.last else None)
         self.opt.step()
         if not self.last:
@@ -125,7 +132,10 @@ class Pipeline(Plugin):
     def evaluate(self, batch: int) -> tuple[float, float]:
         lp, dtype = self.loop, self.dtype
         with torch.autocast(lp.device.type, dtype=dtype, enabled=dtype is not None):
-            return evaluate(self.schedule, self.stage_mod, lp.test_x, lp.test_y, batch, lp.rk.rank)
+            return evaluate(
+                self.schedule, self.stage_mod, lp.test_x, lp.test_y, batch, lp.rk.rank,
+                lp.spec.image_size,
+            )  # fmt: skip
 
     def finish(self) -> None:
         stage_params = self.gather_object(models.param_count(self.stage_mod))

@@ -119,24 +119,16 @@ def _pipeline_precision(c: Cell) -> str | None:
     return None
 
 
-def _pipeline_user_data(c: Cell) -> str | None:
-    if c.user_data:
-        return (
-            f"torch-pipeline: trains on in-memory arrays only; {c.dataset} is image files: its "
-            "stages would each need the loader's batches in the same order, which the pipeline "
-            "runner does not arrange"
-        )
-    return None
+def _arrays_only(why: str) -> Constraint:
+    """A strategy that trains on in-memory arrays only: the user's image files (`datasets:`),
+    decoded while training, are dropped from its cells with `why`."""
 
+    def rule(c: Cell) -> str | None:
+        if not c.user_data:
+            return None
+        return f"{c.strategy}: trains on in-memory arrays only; {c.dataset} is image files: {why}"
 
-def _elastic_user_data(c: Cell) -> str | None:
-    if c.user_data:
-        return (
-            f"horovod-torch-elastic: trains on in-memory arrays only; {c.dataset} is image "
-            "files, whose loaders are split over a fixed set of ranks and cannot be re-split "
-            "when the world shrinks or grows"
-        )
-    return None
+    return rule
 
 
 def _lightning_data(c: Cell) -> str | None:
@@ -240,7 +232,10 @@ STRATEGIES: dict[str, Strategy] = {
                 _pipeline_microbatches,
                 _pipeline_precision,
                 _pipeline_schedule,
-                _pipeline_user_data,
+                _arrays_only(
+                    "every stage would need the loader's batches in the same order, which the "
+                    "pipeline runner does not arrange"
+                ),
             ),
         ),
         _row(
@@ -277,6 +272,12 @@ STRATEGIES: dict[str, Strategy] = {
             runtime="tensorflow",
             collectives="tf.distribute",
             exposed_unmeasured=_KERAS_FIT,
+            constraints=(
+                _arrays_only(
+                    "its data auto-sharding would decode every global batch on every worker "
+                    "and keep its share; use tf-mirrored on one node or horovod-keras"
+                ),
+            ),
         ),
         _row(
             "horovod-torch",
@@ -305,7 +306,12 @@ STRATEGIES: dict[str, Strategy] = {
             "#592f0d",
             collectives="horovod",
             elastic=True,
-            constraints=(_elastic_user_data,),
+            constraints=(
+                _arrays_only(
+                    "its loaders are split over a fixed set of ranks and cannot be re-split "
+                    "when the world shrinks or grows"
+                ),
+            ),
         ),
         # DeepSpeed through torchrun, not the `deepspeed` launcher: that one always rendezvouses
         # on port 29500 (runs side by side clash) and needs a hostfile for multi-node; torchrun

@@ -28,6 +28,7 @@ import tensorflow as tf  # noqa: E402
 from trainscale import data  # noqa: E402
 from trainscale.matrix import RunSpec  # noqa: E402
 from trainscale.runners.keras_data import eval_dataset, train_dataset  # noqa: E402
+from trainscale.runners.keras_input import image_train  # noqa: E402
 from trainscale.runners.keras_loop import (  # noqa: E402
     KerasStrategy,
     Placement,
@@ -63,6 +64,10 @@ class HorovodKeras(KerasStrategy):
     def train_dataset(self, arrays: data.Arrays, x: np.ndarray, steps: int, p: Placement):
         return train_dataset(self.spec, arrays, x, steps, 1, rank=p.rank)
 
+    def image_train(self, p: Placement):
+        """Each worker reads its own share of the user's images, in its per-worker batch."""
+        return image_train(self.spec, self.spec.per_worker_batch_size, p.rank, hvd.size())
+
     def callbacks(self) -> list:
         return [hvd.callbacks.BroadcastGlobalVariablesCallback(0)]
 
@@ -73,7 +78,10 @@ class HorovodKeras(KerasStrategy):
 
     def evaluate(self, model, arrays: data.Arrays, x: np.ndarray, p: Placement):
         """Accuracy and mean loss over the whole test set: each worker scores its stride in
-        batches of its training batch, the sums are added over workers with hvd.allreduce."""
+        batches of its training batch, the sums are added over workers with hvd.allreduce.
+        On the user's images every worker scores the whole test split (the same weights)."""
+        if arrays is None:
+            return super().evaluate(model, arrays, x, p)
         rank, size, n = hvd.rank(), hvd.size(), len(arrays.test_y)
         count = len(range(rank, n, size))
         if self._test_data is None:

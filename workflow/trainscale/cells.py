@@ -210,7 +210,6 @@ _WINNER = [
     "speedup_vs_single",
     "baseline_note",
     "oversubscribed",
-    "input_bound",
     "logical",
     "ok",
     "runs",

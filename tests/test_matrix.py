@@ -180,7 +180,7 @@ def test_empty_matrix_is_an_error():
 
 
 def test_unimplemented_strategy_is_an_error(monkeypatch):
-    from trainscale import export_data, matrix
+    from trainscale import matrix
 
     # every strategy of the vocabulary runs in this version: pretend one does not
     monkeypatch.setattr(matrix, "IMPLEMENTED", matrix.IMPLEMENTED - {"torch-ddp"})

@@ -63,6 +63,17 @@ def losses(tap: Path) -> list[float]:
     return [v for _, v in sorted(rows, key=lambda x: x[0])]
 
 
+def labels(tap: Path) -> list[tuple[int, float, list[int]]]:
+    """The labels of every training batch a PyTorch runner fed: (rank, unix seconds, labels),
+    in time order."""
+    rows = []
+    for f in tap.glob("labels-*.txt"):
+        for line in f.read_text().splitlines():
+            r, t, v = line.split()
+            rows.append((int(r), float(t), [int(x) for x in v.split(",")]))
+    return sorted(rows, key=lambda x: x[1])
+
+
 def load(path: Path) -> dict[str, np.ndarray]:
     """Weights from a torch state dict (.pt) or a Keras get_weights() .npz, as numpy arrays."""
     if path.suffix == ".npz":

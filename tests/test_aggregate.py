@@ -64,8 +64,10 @@ def ok_record(
     losses: list[float] | None = None,
     rss: int = 400 * 2**20,
     oversubscribed: bool = False,
+    data_wait: float = 0.02,
 ) -> dict:
-    """An ok run whose epochs take `first`, then `steady` seconds for `samples` samples each."""
+    """An ok run whose epochs take `first`, then `steady` seconds for `samples` samples each,
+    a `data_wait` share of each spent waiting for data."""
     secs = [first, *steady]
     accuracy = accuracy or [0.5 + 0.1 * i for i in range(len(secs))]
     losses = losses or [2.0 / (i + 1) for i in range(len(secs))]
@@ -81,6 +83,8 @@ def ok_record(
             "step_seconds_p95": s / 8,
             "test_accuracy": accuracy[i],
             "test_loss": losses[i],
+            "data_wait_seconds": data_wait * s,
+            "data_wait_seconds_max": data_wait * s,
         }
         for i, s in enumerate(secs)
     ]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trainscale import aggregate, matrix
+from trainscale import aggregate, export_data, matrix
 from trainscale.study import Study
 
 from conftest import ROOT, snakemake, validated
@@ -109,7 +109,10 @@ def test_malformed_yaml_stops_snakemake_and_the_checker_names_file_and_line(tmp_
     assert f"{cfg}: line 4, column" in err and "not valid YAML" in err
 
 
-def test_config_checker_accepts_the_shipped_configs(capsys):
+def test_config_checker_accepts_the_shipped_configs(capsys, tmp_path, monkeypatch):
+    # .test/imagedata.yaml reads `snakemake export_data`'s output, relative to where it runs
+    export_data.export("digits", str(ROOT / "data"), tmp_path / "results" / "export" / "digits")
+    monkeypatch.chdir(tmp_path)
     configs = [ROOT / "config.yaml", *sorted((ROOT / ".test").glob("*.yaml"))]
     assert matrix.main([str(c) for c in configs]) == 0
     summaries = [ln for ln in capsys.readouterr().out.splitlines() if not ln.startswith(" ")]

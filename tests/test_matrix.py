@@ -3,7 +3,7 @@ import json
 import pytest
 from snakemake.exceptions import WorkflowError
 
-from trainscale import matrix
+from trainscale import export_data, matrix
 from trainscale.matrix import ConfigError, RunSpec, build_runs
 
 from conftest import ROOT, base_config, load_yaml, validated
@@ -189,7 +189,11 @@ def test_unimplemented_strategy_is_an_error(monkeypatch):
         build_runs(cfg)
 
 
-def test_shipped_configs_build(root):
+def test_shipped_configs_build(root, tmp_path, monkeypatch):
+    # .test/imagedata.yaml trains on what `snakemake export_data` writes, relative to the
+    # directory Snakemake runs in: write it there and run from there
+    export_data.export("digits", str(ROOT / "data"), tmp_path / "results" / "export" / "digits")
+    monkeypatch.chdir(tmp_path)
     for path in [ROOT / "config.yaml", *sorted((ROOT / ".test").glob("*.yaml"))]:
         runs, _ = build_runs(validated(load_yaml(path)))
         assert runs, path

@@ -38,6 +38,7 @@ FIGURES = (
     "efficiency_heatmap",
     "epoch_time",
     "warmup",
+    "data_wait",
     "throughput_scale",
     "throughput_batch",
     "accuracy",
@@ -73,6 +74,7 @@ def rich_study(runs: Path) -> list[Path]:
                                 first=t * 1.5,
                                 samples=1000 * scale,
                                 oversubscribed=workers == 2 and r == 1,
+                                data_wait=0.15 if workers == 2 else 0.02,  # N=2: input-bound
                             )
                             paths.append(write(runs, s, rec))
     s = spec_for("torch-ddp", 2, repeat=2)
@@ -288,6 +290,9 @@ def test_report_is_self_contained_escaped_and_complete(built):
     ):
         assert f">{section}" in page, section
     assert "oversubscribed" in page and "corrupt" in page
+    # the N = 2 cells wait 15% of their epochs for data: flagged, and counted above the table
+    assert ">input-bound</span>" in page and "cells input-bound</span>" in page
+    assert set(study.scaling.loc[study.scaling["input_bound"], "world_size"]) == {2}
     # Methods quotes the docstrings that define the metrics (the single source)
     for doc in (metrics.__doc__, aggregate.__doc__):
         for term, _ in report.definitions(doc)[1]:

@@ -17,6 +17,8 @@ TRAINSCALE_TEST_TAP=DIR, and every process of a run (each rank) writes into DIR
   throughput figure, so they are kept apart from the training batches;
 - `losses-<pid>.txt`: one line `<rank> <unix seconds> <loss>` for every training loss of a
   PyTorch runner (the value `F.cross_entropy` returned, exactly, as Python's repr writes it);
+- `labels-<pid>.txt`: one line `<rank> <unix seconds> <l1,l2,...>` for the same training
+  losses: the labels of the batch (with one sample per class, which samples were fed);
 - `final-<strategy>-<rank>.pt`: the trained model's full weights (keys as `models.build`
   names them: FSDP's and ZeRO-3's gathered, a pipeline's stages put together) when the PyTorch
   loop (`trainscale.runners.torch_loop.Loop.report`) starts its report, after the last epoch.
@@ -84,6 +86,9 @@ def _patch_torch_functional(mod) -> None:
         if _PHASE[-1] == "samples":
             with open(os.path.join(TAP, f"losses-{os.getpid()}.txt"), "a") as f:
                 f.write(f"{_rank()} {time.time():.6f} {loss.item()!r}\n")
+            with open(os.path.join(TAP, f"labels-{os.getpid()}.txt"), "a") as f:
+                labels = ",".join(str(v) for v in target.tolist())
+                f.write(f"{_rank()} {time.time():.6f} {labels}\n")
         return loss
 
     mod.cross_entropy = cross_entropy

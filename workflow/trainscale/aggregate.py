@@ -30,6 +30,10 @@ never stops the rest. Per-run figures (epoch times, throughput, ...) are defined
   (`time_to_accuracy_seconds_n` of `ok` did).
 - peak memory: mean over the cell's ok runs of the per-process peak (max over ranks), i.e. per
   worker: host resident set size, and allocated device memory on GPU.
+- data-wait share and input-bound: the mean over the cell's ok runs of metrics
+  `data_wait_share` (steady epochs' data wait of the slowest rank over their seconds);
+  `input_bound` when it is above `datawait.INPUT_BOUND_SHARE` (10 %): the input pipeline, not
+  the workers, limits the cell.
 - fastest: per model, dataset and N, the cell with the highest mean throughput; the runner-up
   is the best cell of another strategy, and `distinct` says whether their 95% CIs are disjoint.
   Cells on logical CPU devices (`device.logical`) are never ranked: a code-path check. Predicted

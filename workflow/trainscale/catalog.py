@@ -29,6 +29,8 @@ class Cell:
     microbatches: int = 1
     schedule: str = "gpipe"
     input_side: int = 0  # smallest side of the data set's images
+    user_data: bool = False  # the user's image files (`datasets:`), decoded while training
+    resized: bool = False  # a built-in data set trained at another `image_size`
 
     @property
     def world(self) -> int:
@@ -114,6 +116,28 @@ def _pipeline_precision(c: Cell) -> str | None:
         return (
             f"torch-pipeline: {c.precision} needs a loss scaler that skips steps on every stage "
             "alike; use bf16"
+        )
+    return None
+
+
+def _arrays_only(why: str) -> Constraint:
+    """A strategy that trains on in-memory arrays only: the user's image files (`datasets:`),
+    decoded while training, are dropped from its cells with `why`."""
+
+    def rule(c: Cell) -> str | None:
+        if not c.user_data:
+            return None
+        return f"{c.strategy}: trains on in-memory arrays only; {c.dataset} is image files: {why}"
+
+    return rule
+
+
+def _lightning_data(c: Cell) -> str | None:
+    if c.user_data or c.resized:
+        return (
+            f"lightning-ddp: trains on the in-memory arrays at their stored size; {c.dataset} "
+            "is image files or resized by `image_size`, which Lightning's own DataLoader here "
+            "does not read: use torch-ddp"
         )
     return None
 
@@ -222,6 +246,10 @@ STRATEGIES: dict[str, Strategy] = {
                 _pipeline_microbatches,
                 _pipeline_precision,
                 _pipeline_schedule,
+                _arrays_only(
+                    "every stage would need the loader's batches in the same order, which the "
+                    "pipeline runner does not arrange"
+                ),
             ),
         ),
         _row(
@@ -258,6 +286,12 @@ STRATEGIES: dict[str, Strategy] = {
             runtime="tensorflow",
             collectives="tf.distribute",
             exposed_unmeasured=_KERAS_FIT,
+            constraints=(
+                _arrays_only(
+                    "its data auto-sharding would decode every global batch on every worker "
+                    "and keep its share; use tf-mirrored on one node or horovod-keras"
+                ),
+            ),
         ),
         # tf-ps: asynchronous by design; its traffic (each worker step pushes its gradient to
         # the servers and pulls the variables back) is no multiple of a ring all-reduce
@@ -307,6 +341,12 @@ STRATEGIES: dict[str, Strategy] = {
             "#592f0d",
             collectives="horovod",
             elastic=True,
+            constraints=(
+                _arrays_only(
+                    "its loaders are split over a fixed set of ranks and cannot be re-split "
+                    "when the world shrinks or grows"
+                ),
+            ),
         ),
         _row(
             "horovod-keras-elastic",
@@ -344,7 +384,7 @@ STRATEGIES: dict[str, Strategy] = {
             "#792ee5",
             exposed_unmeasured="Lightning's DDP forward is its training_step, whose gradient "
             "synchronisation cannot be switched off from outside without timing Lightning itself",
-            constraints=(_lightning_fp16,),
+            constraints=(_lightning_fp16, _lightning_data),
         ),
     )
 }

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
+from trainscale.datawait import INPUT_BOUND_SHARE
 from trainscale.matrix import MATRIX_KEYS
 
 #: A cell: every matrix value but the repeat.
@@ -30,6 +31,7 @@ METRICS = {
     "time_to_accuracy_seconds": "time_to_accuracy_seconds",
     "peak_host_rss_bytes": "memory.peak_host_rss_bytes",
     "peak_device_bytes": "memory.peak_device_bytes",
+    "data_wait_share": "data_wait_share",
 }
 
 
@@ -108,6 +110,7 @@ def scaling_frame(runs: pd.DataFrame) -> pd.DataFrame:
         out[f"{name}_std"] = std
         out[f"{name}_ci95"] = t975(n.to_numpy()) * std / np.sqrt(n.where(n > 0))
     out = out.reset_index()
+    out["input_bound"] = out["data_wait_share_mean"] > INPUT_BOUND_SHARE  # NaN (unknown): False
     out = _with_baselines(out)
     return out
 

@@ -169,13 +169,16 @@ def eval_loader(
     return _shard_loader(read, shards, None, collate, pin_memory, None)
 
 
-def loaders(spec, rank: int, world_size: int, cuda: bool) -> tuple[ImageLoader, ImageLoader]:
+def loaders(
+    spec, rank: int, world_size: int, cuda: bool, batch: int | None = None
+) -> tuple[ImageLoader, ImageLoader]:
     """(train, test) loaders of a run spec (matrix.RunSpec) with a user data set
-    (`spec.image_source` not None), for rank `rank` of `world_size` data-parallel ranks."""
+    (`spec.image_source` not None), for rank `rank` of `world_size` data-parallel ranks, in
+    batches of `batch` (default: the spec's per-worker batch)."""
     read = RankRead(
         spec.image_source,
         tuple(spec.image_size),
-        spec.per_worker_batch_size,
+        batch or spec.per_worker_batch_size,
         rank,
         world_size,
         spec.loader_workers,

@@ -40,6 +40,7 @@ def why_not(
 ) -> str | None:
     """The reason a strategy or model cannot do this combination, or None if it can."""
     shape = (info or data.info(values["dataset"])).shape
+    builtin = values["dataset"] in data.DATASETS
     cell = catalog.Cell(
         **{k: values[k] for k in ("strategy", "model", "dataset", "workers", "nodes")},
         **{k: values[k] for k in ("batch_size", "batch_mode", "precision")},
@@ -47,6 +48,8 @@ def why_not(
         microbatches=microbatches,
         schedule=schedule,
         input_side=min(shape[1], shape[2]),
+        user_data=not builtin,
+        resized=builtin and tuple(shape) != tuple(data.info(values["dataset"]).shape),
     )
     return catalog.why_not(cell)
 

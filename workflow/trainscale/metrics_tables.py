@@ -61,6 +61,8 @@ EPOCH_FIELDS = [
     "train_loss",
     "test_accuracy",
     "test_loss",
+    "data_wait_seconds",
+    "data_wait_seconds_max",
 ]
 
 

@@ -147,6 +147,7 @@ def context(
         "statuses": sorted(counts.items()),
         "n_invalid": len(study.invalid),
         "n_oversubscribed": over,
+        "n_input_bound": sum(r["input_bound"] for r in scaling),
         "summary": rows.summary_rows(study),
         "missing": sorted({r["note"] for r in scaling if r["note"]}),
         "figures": figure_entries(Path(figures_dir) if figures_dir else None, drawn),

@@ -165,6 +165,8 @@ def scaling_rows(study: Study) -> list[dict]:
                 "rss": mib(r.peak_host_rss_bytes_mean, r.peak_host_rss_bytes_ci95),
                 "device": mib(r.peak_device_bytes_mean, r.peak_device_bytes_ci95),
                 "note": cell_note(r),
+                "data_wait": pct(getattr(r, "data_wait_share_mean", None)),
+                "input_bound": bool(getattr(r, "input_bound", False)),
                 "oversubscribed": bool(r.oversubscribed),
                 "logical": bool(getattr(r, "logical", False)),
                 "failed": int(r.failed) > 0,

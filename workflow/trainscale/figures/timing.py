@@ -1,5 +1,6 @@
-"""Time figures: the steady epoch against workers by dataset scale, and epoch 1 (with warm-up)
-against the steady epoch."""
+"""Time figures: the steady epoch against workers by dataset scale, epoch 1 (with warm-up)
+against the steady epoch, and the share of the steady epoch spent waiting for data against
+workers (above datawait.INPUT_BOUND_SHARE a cell is input-bound)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from trainscale.aggregate import Study
+from trainscale.datawait import INPUT_BOUND_SHARE
+from trainscale.figures.facets import lines, reference_handle
 from trainscale.figures.lined import draw_lines, lines_figure
 from trainscale.figures.registry import Kind, figure, ok_cells
 
@@ -48,3 +51,30 @@ def draw_warmup(d: pd.DataFrame, kind: Kind) -> Figure:
         if "overhead" in ax.get_title():
             ax.axhline(0, color="0.3", linewidth=0.8)
     return fig
+
+
+def _data_wait(study: Study) -> pd.DataFrame | str:
+    return ok_cells(study, "data_wait_share_mean")
+
+
+@figure("data_wait", data=_data_wait, row=("model",), col=("dataset",))
+def draw_data_wait(d: pd.DataFrame, kind: Kind) -> Figure:
+    d = d.assign(
+        data_wait_pct=100 * d["data_wait_share_mean"], data_wait_ci=100 * d["data_wait_share_ci95"]
+    )
+
+    def ref(ax, sub):
+        ax.axhline(100 * INPUT_BOUND_SHARE, color="0.2", linestyle="--", linewidth=0.9)
+
+    return lines(
+        d,
+        kind,
+        x="world_size",
+        y="data_wait_pct",
+        err="data_wait_ci",
+        hue="strategy",
+        xlabel="workers N (world size)",
+        ylabel="data wait, % of steady epoch",
+        ref=ref,
+        legend_extra=[reference_handle(f"input-bound above {100 * INPUT_BOUND_SHARE:.0f} %", "--")],
+    )

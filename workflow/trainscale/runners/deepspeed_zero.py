@@ -22,7 +22,7 @@ import yaml
 
 from trainscale import models
 from trainscale.matrix import RunSpec
-from trainscale.runners.exposed import batches_of, measure_exposed_communication
+from trainscale.runners.exposed import measure_exposed_communication
 from trainscale.runners.torch_loop import Plugin, Shard, run
 
 #: ds_config keys the study owns: a user fragment may not override them.
@@ -185,11 +185,10 @@ class ZeRO(Plugin):
     def epoch_starts(self, epoch: int) -> None:
         self.steady = epoch > 1  # DeepSpeed's own breakdown, over the steady epochs
 
-    def step(self, idx: torch.Tensor) -> torch.Tensor:
+    def step(self, xs: torch.Tensor, ys: torch.Tensor) -> torch.Tensor:
         lp, engine, m = self.loop, self.engine, self.micro
         loss_sum = torch.zeros((), device=lp.device)
-        for part in idx.split(m):
-            x, y = lp.train_x[part], lp.train_y[part]
+        for x, y in zip(xs.split(m), ys.split(m), strict=True):
             loss = F.cross_entropy(engine(x if self.dtype is None else x.to(self.dtype)).float(), y)
             engine.backward(loss)
             engine.step()
@@ -206,7 +205,7 @@ class ZeRO(Plugin):
         return measure_exposed_communication(
             "replica", lp.rec.epochs, replica.to(dtype) if dtype else replica,
             lp.make_optimizer(replica.parameters()),
-            batches_of(lp.train_x, lp.train_y, shard.order, self.micro, dtype), lp.device,
+            lp.sample_batches(self.micro, dtype), lp.device,
             grad_accum=self.spec.grad_accum,
         )  # fmt: skip
 

@@ -77,14 +77,19 @@ def batches_of(
     order: torch.Tensor,
     size: int,
     dtype: torch.dtype | None = None,
+    image_size: tuple[int, int] | None = None,
 ) -> Callable[[int], tuple[torch.Tensor, torch.Tensor]]:
     """batches(i): the i-th batch of `size` samples of this rank's last epoch order (wrapping),
-    inputs cast to `dtype` where the model's parameters are in it (DeepSpeed bf16/fp16)."""
+    resized to `image_size` as training fed them, inputs cast to `dtype` where the model's
+    parameters are in it (DeepSpeed bf16/fp16)."""
+    from trainscale.imagedata import resize_batch
+
     count = max(1, len(order) // size)
 
     def batches(i: int) -> tuple[torch.Tensor, torch.Tensor]:
         idx = order[(i % count) * size : (i % count + 1) * size]
-        return (x[idx] if dtype is None else x[idx].to(dtype)), y[idx]
+        xb = resize_batch(x[idx], image_size)
+        return (xb if dtype is None else xb.to(dtype)), y[idx]
 
     return batches
 

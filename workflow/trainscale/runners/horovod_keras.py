@@ -41,6 +41,7 @@ from trainscale.matrix import RunSpec  # noqa: E402
 from trainscale.runners import keras_loop as loop  # noqa: E402
 from trainscale.runners.keras_data import eval_dataset, train_dataset  # noqa: E402
 from trainscale.runners.keras_eval import scores_of  # noqa: E402
+from trainscale.runners.keras_input import image_train  # noqa: E402
 
 
 class HorovodKeras(loop.KerasStrategy):
@@ -69,6 +70,10 @@ class HorovodKeras(loop.KerasStrategy):
     def train_dataset(self, arrays: data.Arrays, x: np.ndarray, steps: int, p: loop.Placement):
         return train_dataset(self.spec, arrays, x, steps, 1, rank=p.rank)
 
+    def image_train(self, p: loop.Placement):
+        """Each worker reads its own share of the user's images, in its per-worker batch."""
+        return image_train(self.spec, self.spec.per_worker_batch_size, p.rank, hvd.size())
+
     def callbacks(self) -> list:
         return [hvd.callbacks.BroadcastGlobalVariablesCallback(0)]
 
@@ -79,7 +84,10 @@ class HorovodKeras(loop.KerasStrategy):
 
     def evaluate(self, model, arrays: data.Arrays, x: np.ndarray, p: loop.Placement) -> dict:
         """Accuracy, mean loss and confusion over the whole test set: each worker scores its
-        stride in batches of its training batch, the sums are added with hvd.allreduce."""
+        stride in batches of its training batch, the sums are added with hvd.allreduce.
+        On the user's images every worker scores the whole test split (the same weights)."""
+        if arrays is None:
+            return super().evaluate(model, arrays, x, p)
         rank, size, n = hvd.rank(), hvd.size(), len(arrays.test_y)
         if self._test_data is None:
             self._test_data = eval_dataset(
@@ -91,7 +99,8 @@ class HorovodKeras(loop.KerasStrategy):
         def all_sum(v: np.ndarray) -> np.ndarray:
             return hvd_tf.allreduce(tf.constant(v, tf.float64), op=hvd_tf.Sum).numpy()
 
-        return scores_of(self.scorer(model, arrays), mine, arrays.info.num_classes, all_sum)
+        classes = arrays.info.num_classes
+        return scores_of(self.scorer(model, classes), mine, classes, all_sum)
 
     def gather(self, row: list[float | None], host: str) -> list[tuple[list[float | None], str]]:
         table = hvd_tf.allgather(tf.constant([loop.nan_for_none(row)], tf.float64)).numpy()

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from trainscale import metrics
 from trainscale.matrix import RunSpec
 from trainscale.runners.common import Rank
-from trainscale.runners.exposed import batches_of, measure_exposed_communication
+from trainscale.runners.exposed import measure_exposed_communication
 from trainscale.runners.torch_loop import Plugin, Shard, run
 
 
@@ -91,13 +91,11 @@ class Horovod(Plugin):
         steps = min(self.loop.steps, len(shard.order) // b)
         return Shard(shard.order, b, steps, b * rk.world_size)
 
-    def step(self, idx: torch.Tensor) -> torch.Tensor:
-        lp, dev = self.loop, self.loop.device
-        x, y = lp.train_x[idx], lp.train_y[idx]
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         if self.dtype is None:  # fp32: no autocast context to enter (it costs per step)
             loss = F.cross_entropy(self.net(x), y)
         else:
-            with torch.autocast(dev.type, dtype=self.dtype):
+            with torch.autocast(self.loop.device.type, dtype=self.dtype):
                 loss = F.cross_entropy(self.net(x), y)
         self.opt.zero_grad()  # Horovod's takes no set_to_none; None is torch's default
         if self.scaler.is_enabled():  # fp16: Horovod's AMP recipe
@@ -124,7 +122,7 @@ class Horovod(Plugin):
         replica = lp.build_model().to(lp.device)
         return measure_exposed_communication(
             "replica", lp.rec.epochs, replica, lp.make_optimizer(replica.parameters()),
-            batches_of(lp.train_x, lp.train_y, shard.order, shard.batch), lp.device,
+            lp.sample_batches(shard.batch), lp.device,
             self.dtype, self.scaler,
         )  # fmt: skip
 

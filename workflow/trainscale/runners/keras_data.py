@@ -2,7 +2,8 @@
 `tf.data` pipelines of global batches (or one worker's share of each, for Horovod).
 
 What makes the comparison with PyTorch fair: the same arrays and normalisation
-(`trainscale.data`, x / x_max, then per-channel mean/std), the same global batch, the same
+(`trainscale.data`, x / x_max, then per-channel mean/std, resized to `image_size` where set),
+the same global batch, the same
 steps per epoch (remainder dropped) and the same thread budget per worker.
 """
 
@@ -18,6 +19,7 @@ import tensorflow as tf  # noqa: E402
 
 from trainscale import data  # noqa: E402
 from trainscale.matrix import RunSpec  # noqa: E402
+from trainscale.runners.keras_input import resize  # noqa: E402
 
 
 def nhwc(x: np.ndarray) -> np.ndarray:
@@ -78,7 +80,7 @@ def train_dataset(
         if rank is not None:  # (decided when the map is traced: no op for the whole batch)
             idx = idx[rank * b : (rank + 1) * b]
         idx = idx % n
-        return norm(tf.gather(images, idx)), tf.gather(labels, idx)
+        return resize(norm(tf.gather(images, idx)), spec.image_size), tf.gather(labels, idx)
 
     return (
         tf.data.Dataset.range(total)
@@ -101,6 +103,6 @@ def eval_dataset(
     return (
         tf.data.Dataset.from_tensor_slices((x, y))
         .batch(batch)
-        .map(lambda a, b: (norm(a), b))
+        .map(lambda a, b: (resize(norm(a), spec.image_size), b))
         .with_options(pipeline_options(spec, replicas))
     )

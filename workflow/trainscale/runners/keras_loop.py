@@ -30,6 +30,7 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
 import contextlib  # noqa: E402
+import dataclasses  # noqa: E402
 import time  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 
@@ -37,7 +38,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 import tf_keras as keras  # noqa: E402
 
-from trainscale import data, keras_models, metrics  # noqa: E402
+from trainscale import data, datawait, imagesets, keras_models, metrics  # noqa: E402
 from trainscale.device_usage import CpuUsage  # noqa: E402
 from trainscale.matrix import RunSpec  # noqa: E402
 from trainscale.memory import PhasePeaks, memory_block  # noqa: E402
@@ -52,7 +53,13 @@ from trainscale.runners.common import (  # noqa: E402
 )
 from trainscale.runners.keras_data import eval_dataset, nhwc, train_dataset  # noqa: E402
 from trainscale.runners.keras_eval import scorer, scores_of  # noqa: E402
+from trainscale.runners.keras_input import (  # noqa: E402
+    TimedTrainFunction,
+    image_test,
+    image_train,
+)
 
+SPLITS = ("train", "test")
 POLICIES = {"fp32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
 
 
@@ -106,21 +113,30 @@ class KerasStrategy:
         tf.distribute strategy)."""
         return value
 
-    def evaluate(self, model, arrays: data.Arrays, x: np.ndarray, p: Placement) -> dict:
+    def image_train(self, p: Placement) -> tuple[tf.data.Dataset, int]:
+        """What `model.fit` reads from the user's images, and the steps of an epoch: global
+        batches, read whole by this process (keras_input.image_train)."""
+        return image_train(self.spec, self.spec.global_batch_size)
+
+    def evaluate(self, model, arrays: data.Arrays | None, x: np.ndarray | None, p: Placement):
         """The `test` block's accuracy, mean loss and confusion over the whole test set
         (runners/keras_eval.py); collective under a strategy, each replica scoring its share of
-        batches of the global batch."""
+        batches of the global batch. On the user's images (`arrays` None) each process reads
+        the whole test split (keras_input.image_test)."""
+        if self._test_data is None and arrays is None:
+            self._test_data = image_test(self.spec, self.spec.per_worker_batch_size * p.replicas)
         if self._test_data is None:  # built once, at the first evaluation
             self._test_data = eval_dataset(
                 self.spec, arrays, x, arrays.test_y, self.spec.global_batch_size, p.replicas
             )
-        return scores_of(self.scorer(model, arrays), self._test_data, arrays.info.num_classes)
+        classes = imagesets.spec_info(self.spec.to_dict()).num_classes
+        return scores_of(self.scorer(model, classes), self._test_data, classes)
 
-    def scorer(self, model, arrays: data.Arrays) -> keras.Model:
+    def scorer(self, model, classes: int) -> keras.Model:
         """`model`'s scoring model (keras_eval.scorer), built once, in the plug-in's scope."""
         if self._scorer is None:
             with self.scope():
-                self._scorer = scorer(model, arrays.info.num_classes)
+                self._scorer = scorer(model, classes)
         return self._scorer
 
     def gather(self, row: list[float | None], host: str) -> list[tuple[list[float | None], str]]:
@@ -259,12 +275,12 @@ def first_gpu_ordinal() -> int:
     return tf.config.list_physical_devices("GPU").index(tf.config.get_visible_devices("GPU")[0])
 
 
-def build_model(plugin: KerasStrategy, arrays: data.Arrays):
+def build_model(plugin: KerasStrategy, info: data.DatasetInfo):
     """The run's network, compiled with the run's optimizer (as the plug-in wraps it), built in
     the plug-in's scope (after `run` set the seed: the same initial weights on every worker)."""
     spec = plugin.spec
     with plugin.scope():
-        model = keras_models.build(spec.model, arrays.info.shape, arrays.info.num_classes)
+        model = keras_models.build(spec.model, info.shape, info.num_classes)
         model.compile(
             optimizer=plugin.wrap_optimizer(make_optimizer(spec)),
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
@@ -293,21 +309,31 @@ def run(plugin: KerasStrategy, out: str) -> None:
     keras.mixed_precision.set_global_policy(POLICIES[spec.precision])
     keras.utils.set_random_seed(spec.seed)  # same fresh initial weights on every worker, repeat
 
-    arrays = data.load(spec.dataset, spec.data_dir, seed=spec.seed, samples=spec.samples)
-    train_x, test_x = nhwc(arrays.train_x), nhwc(arrays.test_x)
-    train_samples = len(arrays.train_y) * spec.scale
-    steps = steps_per_epoch(
-        train_samples, spec.world_size, spec.per_worker_batch_size, spec.steps_per_epoch
-    )
-    check_steps(steps, spec.path, train_samples, spec.global_batch_size)
-    dataset = plugin.train_dataset(arrays, train_x, steps, p)
-    model = build_model(plugin, arrays)
+    arrays = train_x = test_x = None
+    if spec.image_source is None:
+        arrays = data.load(spec.dataset, spec.data_dir, seed=spec.seed, samples=spec.samples)
+        info = dataclasses.replace(arrays.info, shape=imagesets.spec_info(spec.to_dict()).shape)
+        train_x, test_x = nhwc(arrays.train_x), nhwc(arrays.test_x)
+        train_samples, test_samples = len(arrays.train_y) * spec.scale, len(arrays.test_y)
+        steps = steps_per_epoch(
+            train_samples, spec.world_size, spec.per_worker_batch_size, spec.steps_per_epoch
+        )
+        check_steps(steps, spec.path, train_samples, spec.global_batch_size)
+        dataset = plugin.train_dataset(arrays, train_x, steps, p)
+    else:  # the user's images, decoded while training (trainscale.imagedata_tf)
+        info = imagesets.spec_info(spec.to_dict())
+        train_samples, test_samples = (imagesets.count(spec.image_source, s) for s in SPLITS)
+        dataset, steps = plugin.image_train(p)
+    model = build_model(plugin, info)
+    waits = TimedTrainFunction.install(model)
 
-    synthetic = arrays.info.synthetic
-    test: dict = {"accuracy": None, "loss": None}
+    synthetic = info.synthetic
+    test: dict[str, float | None] = {"accuracy": None, "loss": None}
     memory = phase_peaks(p.gpu, p.replicas)
 
     def after_epoch(epoch: int, seconds: float, step_seconds: list[float], logs: dict) -> None:
+        wait = waits.take()
+        ranks = [r[0] for r, _ in plugin.gather([wait], metrics.hostname())]
         train_loss = plugin.mean_over_workers(float(logs["loss"]))
         scored = None
         if evaluates(spec, synthetic, epoch):
@@ -316,9 +342,10 @@ def run(plugin: KerasStrategy, out: str) -> None:
             test.update(plugin.evaluate(model, arrays, test_x, p))
             memory.evaluation_ends()
             scored = (test["accuracy"], test["loss"])
-        record_epoch(
+        e = record_epoch(
             rec, spec, epoch, seconds, steps, train_loss, step_seconds, scored, p.rank == 0
         )
+        e.update(datawait.epoch_fields(wait, ranks))
 
     clock = EpochClock(after_epoch, lambda e: maybe_fault(spec, p.rank, e), steps)
     gpu = metrics.GpuMonitor(
@@ -339,7 +366,7 @@ def run(plugin: KerasStrategy, out: str) -> None:
     # every worker process's peaks, utilisation, energy and host, on rank 0 in rank order
     gathered = plugin.gather([*memory.finish(), utilization, energy], metrics.hostname())
     if plugin.final_rank(p) == 0:
-        result = record(plugin, p, rec, model, gathered, test, train_samples, len(arrays.test_y))
+        result = record(plugin, p, rec, model, gathered, test, train_samples, test_samples)
         write_ok(out, result, test["accuracy"] if not synthetic else "n/a")
     plugin.teardown()
 
@@ -383,7 +410,9 @@ def record(plugin, p: Placement, rec, model, gathered, test, train_samples, test
             "energy_joules": sum(energies) if energies else None,
         },
         env=env,
-        oversubscribed=check_oversubscribed(spec.workers, spec.threads_per_worker),
+        oversubscribed=check_oversubscribed(
+            spec.workers, spec.threads_per_worker + spec.loader_workers
+        ),
         launch=metrics.launch_info(),
         **plugin.extra_metrics(),
     )

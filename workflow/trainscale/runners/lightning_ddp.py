@@ -30,7 +30,8 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from torch.utils.data import DataLoader, Dataset, Sampler
 from torch.utils.data.distributed import DistributedSampler
 
-from trainscale import data, metrics, models
+from trainscale import data, datawait, metrics, models
+from trainscale.datawait import DataWait
 from trainscale.matrix import RunSpec
 from trainscale.memory import PhasePeaks, memory_block
 from trainscale.runners.common import (
@@ -50,6 +51,7 @@ from trainscale.runners.torch_parts import (
     evaluate,
     leave,
     make_optimizer,
+    memory_eval_batches,
     phase_peaks,
     sync,
     to_tensors,
@@ -175,6 +177,19 @@ class EpochClock(pl.Callback):
         self.run.epoch_done(trainer.current_epoch + 1, seconds, self.loss_sum, self.step_seconds)
 
 
+class SizedWait(DataWait):
+    """DataWait over the DataLoader, with its length (Lightning sizes the epoch from it) and
+    its sampler (Lightning calls its set_epoch before each epoch, so the order is torch-ddp's).
+    Lightning's fetcher takes each batch synchronously: the time in next() is the data wait."""
+
+    def __len__(self) -> int:
+        return len(self._batches)
+
+    @property
+    def sampler(self):
+        return self._batches.sampler
+
+
 class LightningRun:
     """One rank's run: data, model, the Trainer, and rank 0's record."""
 
@@ -219,10 +234,10 @@ class LightningRun:
         scored = evaluates(spec, self.synthetic, epoch)
         if scored:
             self.memory.evaluation_starts()
-            self.test = evaluate(
-                self.net, self.test_x, self.test_y, rk.rank, rk.world_size,
-                spec.per_worker_batch_size, self.classes, _all_sum,
-            )  # fmt: skip
+            batches = memory_eval_batches(
+                self.test_x, self.test_y, rk.rank, rk.world_size, spec.per_worker_batch_size
+            )
+            self.test = evaluate(self.net, batches, self.device, self.classes, _all_sum)
             self.memory.evaluation_ends()
         e = self.rec.epoch(
             seconds,
@@ -233,6 +248,9 @@ class LightningRun:
             test_accuracy=self.test["accuracy"] if scored else None,
             test_loss=self.test["loss"] if scored else None,
         )
+        waits: list = [None] * rk.world_size
+        dist.all_gather_object(waits, self.waits.seconds)
+        e.update(datawait.epoch_fields(self.waits.seconds, waits))
         if rk.is_main:
             print(
                 f"epoch {epoch}/{spec.epochs}: {seconds:.3f} s, "
@@ -262,7 +280,8 @@ class LightningRun:
     def fit(self, out: str) -> None:
         loader = DataLoader(InMemory(self.train_x, self.train_y), sampler=self.batches,
                             batch_size=None)  # fmt: skip
-        self.trainer(out).fit(Classifier(self.net, self.spec), train_dataloaders=loader)
+        self.waits = SizedWait(loader)
+        self.trainer(out).fit(Classifier(self.net, self.spec), train_dataloaders=self.waits)
 
     def report(self, out: str) -> None:
         """Every rank's memory peaks and host name gathered; rank 0 writes the record."""

@@ -24,6 +24,7 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
 from trainscale import models
+from trainscale.imagedata import resize_batch
 from trainscale.matrix import RunSpec
 from trainscale.runners.torch_loop import Plugin, run
 from trainscale.runners.torch_parts import scored, tally
@@ -62,7 +63,7 @@ def split(sizes: list[int], stages: int) -> list[tuple[int, int]]:
 @torch.no_grad()
 def evaluate(
     schedule, stage_mod: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int, rank: int,
-    classes: int,
+    classes: int, image_size: tuple[int, int] | None = None,
 ) -> dict:  # fmt: skip
     """Test accuracy, mean loss and confusion through the pipeline, forward only, in batches of
     the training batch size (so micro-batch shapes match the ones the stages were set up with);
@@ -75,7 +76,7 @@ def evaluate(
         idx = torch.arange(i, i + batch, device=y.device)
         counted = (idx < n).double()
         idx = idx.clamp(max=n - 1)
-        args = (x[idx],) if first else ()
+        args = (resize_batch(x[idx], image_size),) if first else ()
         out = schedule.eval(*args, target=y[idx] if last else None)  # the loss_fn needs one
         if last:
             tally(totals, out.float(), y[idx], counted)
@@ -108,13 +109,13 @@ class Pipeline(Plugin):
     def losses_per_step(self) -> int:
         return self.spec.microbatches  # only the last stage's losses are summed
 
-    def step(self, idx: torch.Tensor) -> torch.Tensor:
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         lp, dtype = self.loop, self.dtype
         losses: list[torch.Tensor] = []
         self.opt.zero_grad(set_to_none=True)
         with torch.autocast(lp.device.type, dtype=dtype, enabled=dtype is not None):
-            args = (lp.train_x[idx],) if self.first else ()
-            target = lp.train_y[idx] if self.last else None
+            args = (x,) if self.first else ()
+            target = y if self.last else None
             self.schedule.step(*args, target=target, losses=losses if self.last else None)
         self.opt.step()
         if not self.last:
@@ -126,7 +127,7 @@ class Pipeline(Plugin):
         with torch.autocast(lp.device.type, dtype=dtype, enabled=dtype is not None):
             return evaluate(
                 self.schedule, self.stage_mod, lp.test_x, lp.test_y, batch, lp.rk.rank,
-                lp.info.num_classes,
+                lp.info.num_classes, lp.spec.image_size,
             )  # fmt: skip
 
     def finish(self) -> None:

@@ -15,7 +15,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from trainscale import catalog, models
 from trainscale.matrix import RunSpec
-from trainscale.runners.exposed import batches_of, measure_exposed_communication
+from trainscale.runners.exposed import measure_exposed_communication
 from trainscale.runners.torch_loop import Plugin, Shard, run
 
 # DDP warns when a 1-input-channel conv's weight gradient has other strides than its bucket
@@ -83,7 +83,7 @@ class DataParallel(Plugin):
         lp = self.loop
         return measure_exposed_communication(
             "fsdp" if self.fsdp else "ddp", lp.rec.epochs, self.model, self.opt,
-            batches_of(lp.train_x, lp.train_y, shard.order, shard.batch), lp.device,
+            lp.sample_batches(shard.batch), lp.device,
             self.dtype, self.scaler,
         )  # fmt: skip
 

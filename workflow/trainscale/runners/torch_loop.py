@@ -14,8 +14,11 @@ number of steps, so no rank ever waits in a collective for one that stopped on i
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import math
 import time
+from collections.abc import Iterator
 from typing import NamedTuple
 
 import torch
@@ -24,7 +27,7 @@ import torch.nn.functional as F
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.utils.data.distributed import DistributedSampler
 
-from trainscale import data, metrics, models
+from trainscale import data, datawait, imagedata, imagesets, metrics, models
 from trainscale.device_usage import CpuUsage
 from trainscale.matrix import RunSpec
 from trainscale.memory import memory_block
@@ -39,12 +42,15 @@ from trainscale.runners.common import (
     steps_per_epoch,
     write_ok,
 )
+from trainscale.runners.exposed import batches_of
 from trainscale.runners.torch_parts import (
     DTYPES,
     Indexable,
     evaluate,
     leave,
+    loader_eval_batches,
     make_optimizer,
+    memory_eval_batches,
     phase_peaks,
     sync,
     to_tensors,
@@ -52,10 +58,11 @@ from trainscale.runners.torch_parts import (
 
 
 class Shard(NamedTuple):
-    """One epoch's data for this rank: sample indices (scale folded), the rank's batch, the
-    steps every rank takes and the samples one step trains over all ranks."""
+    """One epoch's data for this rank: sample indices (scale folded; None on user data, whose
+    loader draws the order), the rank's batch, the steps every rank takes and the samples one
+    step trains over all ranks."""
 
-    order: torch.Tensor
+    order: torch.Tensor | None
     batch: int
     steps: int
     step_samples: int
@@ -128,6 +135,8 @@ class Plugin:
 
     def shard(self, epoch: int) -> Shard:
         lp = self.loop
+        if lp.loader is not None:  # user data: the loader's sampler or shards order it
+            return Shard(None, lp.batch, lp.steps, self.spec.global_batch_size)
         data_parallel = self.batch_of == "worker"  # else one replica: every rank, every batch
         sampler = DistributedSampler(
             Indexable(lp.train_samples), num_replicas=lp.rk.world_size if data_parallel else 1,
@@ -145,15 +154,13 @@ class Plugin:
     def epoch_starts(self, epoch: int) -> None:
         """Called before each epoch's order is drawn (DeepSpeed starts its breakdown here)."""
 
-    def step(self, idx: torch.Tensor) -> torch.Tensor:
-        """One optimizer step on these sample indices; returns the detached loss (a 0-d
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """One optimizer step on this batch (on the device); returns the detached loss (a 0-d
         tensor, not read here: reading it would wait for the device every step)."""
-        lp = self.loop
-        x, y = lp.train_x[idx], lp.train_y[idx]
         if self.dtype is None:  # no autocast context to enter (it costs per step); FSDP's
             loss = F.cross_entropy(self.model(x).float(), y)  # policy may still cast
         else:
-            with torch.autocast(lp.device.type, dtype=self.dtype):
+            with torch.autocast(self.loop.device.type, dtype=self.dtype):
                 loss = F.cross_entropy(self.model(x).float(), y)
         self.opt.zero_grad(set_to_none=True)
         if self.scaler.is_enabled():
@@ -169,8 +176,8 @@ class Plugin:
         """The `test` block's accuracy, loss and confusion (torch_parts.evaluate)."""
         lp = self.loop
         return evaluate(
-            self.eval_model, lp.test_x, lp.test_y, lp.rk.rank, self.world_size, batch,
-            lp.info.num_classes, self.all_sum, getattr(self, "input_dtype", None),
+            self.eval_model, lp.test_batches(batch), lp.device, lp.info.num_classes,
+            self.all_sum, getattr(self, "input_dtype", None),
         )  # fmt: skip
 
     # --- after the epochs ------------------------------------------------------------------
@@ -209,15 +216,29 @@ class Loop:
         if self.cuda:
             torch.cuda.set_device(self.device)
         p.connect(self.device)
-        arrays = data.load(spec.dataset, spec.data_dir, seed=spec.seed, samples=spec.samples)
-        self.info = arrays.info
-        self.train_x, self.train_y, self.test_x, self.test_y = to_tensors(arrays, self.device)
-        self.n = len(self.train_y)
-        self.train_samples = self.n * spec.scale
         per_worker = p.batch_of == "worker"
         self.batch = spec.per_worker_batch_size if per_worker else spec.global_batch_size
         replicas = spec.world_size if per_worker else 1
-        self.steps = steps_per_epoch(self.train_samples, replicas, self.batch, spec.steps_per_epoch)
+        self.loader = None
+        if spec.image_source is None:
+            arrays = data.load(spec.dataset, spec.data_dir, seed=spec.seed, samples=spec.samples)
+            shape = imagesets.spec_info(spec.to_dict()).shape  # image_size resizes per batch
+            self.info = dataclasses.replace(arrays.info, shape=shape)
+            self.train_x, self.train_y, self.test_x, self.test_y = to_tensors(arrays, self.device)
+            self.n = len(self.train_y)
+            self.train_samples = self.n * spec.scale
+            full = steps_per_epoch(self.train_samples, replicas, self.batch, spec.steps_per_epoch)
+        else:  # the user's images, decoded while training (trainscale.imagedata)
+            self.info = imagesets.spec_info(spec.to_dict())
+            rank = self.rk.rank if per_worker else 0
+            self.loader, self.test_loader = imagedata.loaders(
+                spec, rank, replicas, self.cuda, self.batch
+            )
+            self.train_samples = self.loader.steps * self.batch * replicas
+            full = self.loader.steps
+            if spec.steps_per_epoch is not None:
+                full = min(full, spec.steps_per_epoch)
+        self.steps = full
         check_steps(self.steps, spec.path, self.train_samples, spec.global_batch_size)
         torch.manual_seed(spec.seed)  # same fresh initial weights on every rank and repeat
         net = self.build_model()
@@ -237,23 +258,60 @@ class Loop:
     def make_optimizer(self, params) -> torch.optim.Optimizer:
         return make_optimizer(self.spec, params)
 
+    def batches(self, shard: Shard, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """This rank's batches of the epoch, on the device: the in-memory tensors indexed by
+        the shard's order (resized where `image_size` asks), or the loader's decoded images."""
+        dev, size = self.device, self.spec.image_size
+        if self.loader is None:
+            order, b = shard.order, shard.batch
+            for step in range(shard.steps):
+                idx = order[step * b : (step + 1) * b]
+                yield imagedata.resize_batch(self.train_x[idx], size), self.train_y[idx]
+            return
+        for x, y in itertools.islice(self.loader.epoch(epoch), shard.steps):
+            yield x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
+
+    def test_batches(self, batch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """This rank's test batches as (x, y, counted) for torch_parts.evaluate: equally many
+        on every rank (a sharded model's forward is a collective)."""
+        if self.loader is None:
+            x, y, size = self.test_x, self.test_y, self.spec.image_size
+            return memory_eval_batches(x, y, self.rk.rank, self.plugin.world_size, batch, size)
+        return loader_eval_batches(
+            self.test_loader.epoch(1), self.device, self.plugin.all_sum, self.info.shape
+        )
+
+    def sample_batches(self, size: int, dtype: torch.dtype | None = None):
+        """batches(i) of `size` samples for the no-sync steps (runners/exposed.py): the last
+        epoch's order in memory; on user data a few freshly decoded batches, cycled."""
+        if self.loader is None:
+            return batches_of(
+                self.train_x, self.train_y, self.last_shard.order, size, dtype,
+                self.spec.image_size,
+            )  # fmt: skip
+        drawn = list(self.batches(self.last_shard._replace(steps=2), self.spec.epochs + 1))
+        xs = torch.cat([x for x, _ in drawn])
+        ys = torch.cat([y for _, y in drawn])
+        return batches_of(xs, ys, torch.arange(len(ys), device=self.device), size, dtype)
+
     def epoch(self, epoch: int) -> dict:
         """One barrier-timed epoch over this rank's shard, then its evaluation; its record."""
         spec, p, dev = self.spec, self.plugin, self.device
         p.epoch_starts(epoch)
         shard = self.last_shard = p.shard(epoch)
-        order, b, steps = shard.order, shard.batch, shard.steps
+        steps = shard.steps
+        batches = datawait.DataWait(self.batches(shard, epoch))
         losses, step_seconds = [], []  # summed after the timed epoch: no per-step add
         sync(dev)
         p.barrier()
         if self.cpu:
             self.cpu.span_starts()
         t_epoch = time.perf_counter()
-        for step in range(steps):
+        for step, (x, y) in enumerate(batches):
             if step == steps // 2:
                 maybe_fault(spec, self.rk.rank, epoch)
             t_step = time.perf_counter()
-            losses.append(p.step(order[step * b : (step + 1) * b]))
+            losses.append(p.step(x, y))
             sync(dev)
             step_seconds.append(time.perf_counter() - t_step)
         sync(dev)
@@ -262,11 +320,12 @@ class Loop:
         if self.cpu:
             self.cpu.span_ends()
         loss_sum = torch.stack(losses).float().sum() if losses else torch.zeros((), device=dev)
+        waits = p.gather_object(batches.seconds)  # every rank's wait, after the timed span
         train_loss = (p.all_sum(loss_sum) / (steps * p.losses_per_step())).item()
         scored = evaluates(spec, self.info.synthetic, epoch)
         if scored:
             self.memory.evaluation_starts()
-            self.test.update(p.evaluate(b))
+            self.test.update(p.evaluate(shard.batch))
             self.memory.evaluation_ends()
         e = self.rec.epoch(
             seconds,
@@ -277,13 +336,22 @@ class Loop:
             test_accuracy=self.test["accuracy"] if scored else None,
             test_loss=self.test["loss"] if scored else None,
         )
+        e.update(datawait.epoch_fields(batches.seconds, waits))
         if self.rk.is_main:
             print(
                 f"epoch {epoch}/{spec.epochs}: {seconds:.3f} s, {p.world_size} workers, "
-                f"{fmt_rate(e['samples_per_second'])} samples/s, loss {train_loss:.4f}",
+                f"{fmt_rate(e['samples_per_second'])} samples/s, loss {train_loss:.4f}, "
+                f"data wait {batches.seconds:.3f} s",
                 flush=True,
             )
         return e
+
+    def samples(self) -> dict:
+        """The record's train and test sample counts (user data: counted in its files)."""
+        if self.loader is None:
+            return {"train_samples": self.train_samples, "test_samples": len(self.test_y)}
+        source = self.spec.image_source
+        return {s + "_samples": imagesets.count(source, s) for s in ("train", "test")}
 
     def usage(self) -> tuple[float | None, float | None]:
         """This rank's (utilisation %, energy J) over training: NVML on a GPU, else the CPU
@@ -332,7 +400,7 @@ class Loop:
         }
         result = self.rec.record(
             model={"params": self.params},
-            data={"train_samples": self.train_samples, "test_samples": len(self.test_y)},
+            data=self.samples(),
             test=dict(self.test),
             memory=memory,
             device={
@@ -343,7 +411,9 @@ class Loop:
                 "energy_joules": energy,
             },
             env=env,
-            oversubscribed=check_oversubscribed(self.spec.workers, self.spec.threads_per_worker),
+            oversubscribed=check_oversubscribed(
+                self.spec.workers, self.spec.threads_per_worker + self.spec.loader_workers
+            ),
             launch=metrics.launch_info(),
             **p.extra_blocks,
         )

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
 import torch
@@ -104,38 +104,73 @@ def scored(totals: torch.Tensor, classes: int) -> dict:
     return scores(t[1:].view(classes, classes).tolist(), t[0].item())
 
 
-@torch.no_grad()
-def evaluate(
-    model: torch.nn.Module,
+def memory_eval_batches(
     x: torch.Tensor,
     y: torch.Tensor,
     rank: int,
     world: int,
     batch: int,
-    classes: int,
-    all_sum: Callable[[torch.Tensor], torch.Tensor],
-    input_dtype: torch.dtype | None = None,
-) -> dict:
-    """Test accuracy, mean loss and the confusion matrix (trainscale.classes.scores); each rank
-    scores its stride of the test set in batches of the training's per-worker batch (so
-    evaluation needs no more memory than a step), then the ranks' sums are added in one
-    collective (`all_sum`: the strategy's sum over ranks, returning the sum).
+    image_size: tuple[int, int] | None = None,
+) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """An in-memory test set's batches for `evaluate`: this rank's stride, in batches of the
+    training's per-worker batch, resized to `image_size` as training fed them. Every rank
+    yields equally many equal-sized batches (the last stride is padded with a repeated sample
+    whose `counted` weight is 0)."""
+    from trainscale.imagedata import resize_batch
 
-    Every rank runs the same number of equal-sized forward passes (the last stride is padded
-    with a repeated sample that is not counted), because with sharded parameters (ZeRO-3,
-    FSDP) each forward is a collective that all ranks must join.
-    """
-    model.eval()
     n = len(y)
     per_rank = -(-n // world)
     idx = rank + world * torch.arange(per_rank, device=y.device)
     counted = (idx < n).double()
     idx = idx.clamp(max=n - 1)
-    totals = torch.zeros(1 + classes * classes, dtype=torch.float64, device=x.device)
     for i in range(0, per_rank, batch):
-        sel, w = idx[i : i + batch], counted[i : i + batch]
-        xb = x[sel] if input_dtype is None else x[sel].to(input_dtype)
-        tally(totals, model(xb).float(), y[sel], w)
+        sel = idx[i : i + batch]
+        yield resize_batch(x[sel], image_size), y[sel], counted[i : i + batch]
+
+
+def loader_eval_batches(
+    batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+    device: torch.device,
+    all_sum: Callable[[torch.Tensor], torch.Tensor],
+    shape: tuple[int, ...],
+) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """A test loader's batches (trainscale.imagedata) for `evaluate`, moved to the device.
+    Ranks may hold a batch more or less, so before each batch the ranks count who still has
+    one; a rank that ran out repeats its last batch (or a blank one) with weight 0 until all
+    have, so every rank joins every forward (a collective with sharded parameters)."""
+    it = iter(batches)
+    last = (torch.zeros(1, *shape, device=device), torch.zeros(1, dtype=torch.int64, device=device))
+    while True:
+        got = next(it, None)
+        if all_sum(torch.tensor([float(got is not None)], device=device)).item() == 0:
+            return
+        if got is None:
+            yield last[0], last[1], torch.zeros(len(last[1]), dtype=torch.float64, device=device)
+            continue
+        last = (got[0].to(device, non_blocking=True), got[1].to(device, non_blocking=True))
+        yield last[0], last[1], torch.ones(len(last[1]), dtype=torch.float64, device=device)
+
+
+@torch.no_grad()
+def evaluate(
+    model: torch.nn.Module,
+    batches: Iterable[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+    device: torch.device,
+    classes: int,
+    all_sum: Callable[[torch.Tensor], torch.Tensor],
+    input_dtype: torch.dtype | None = None,
+) -> dict:
+    """Test accuracy, mean loss and the confusion matrix (trainscale.classes.scores); each rank
+    scores its `batches` (x, y, counted weight: `memory_eval_batches` or
+    `loader_eval_batches`, which give every rank equally many, since with sharded parameters
+    (ZeRO-3, FSDP) each forward is a collective that all ranks must join; a batch no larger
+    than a training step's), then the ranks' sums are added in one collective (`all_sum`: the
+    strategy's sum over ranks, returning the sum)."""
+    model.eval()
+    totals = torch.zeros(1 + classes * classes, dtype=torch.float64, device=device)
+    for xb, yb, w in batches:
+        xb = xb if input_dtype is None else xb.to(input_dtype)
+        tally(totals, model(xb).float(), yb, w)
     totals = all_sum(totals)
     model.train()
     return scored(totals, classes)

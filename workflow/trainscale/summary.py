@@ -11,6 +11,9 @@ import pandas as pd
 from trainscale import catalog
 from trainscale.cells import fastest, scaling_frame
 
+#: The strategy column of the summary table: as wide as the longest strategy name, plus a space.
+W = 1 + max(map(len, catalog.STRATEGIES))
+
 
 def human(v: float | None, unit: str = "", digits: int = 3) -> str:
     """A number for people: `digits` significant digits, thousands separators, a unit."""
@@ -76,7 +79,7 @@ def summary_text(
     if len(ok):
         lines += [
             "",
-            f"{'strategy':<16}{'model':<14}{'dataset':<19}{'scale':>5}{'N':>4}{'batch':>7} "
+            f"{'strategy':<{W}}{'model':<14}{'dataset':<19}{'scale':>5}{'N':>4}{'batch':>7} "
             f"{'mode':<11}{'ok':>5}{'samples/s':>11}{'± CI':>9}{'epoch1 s':>10}{'steady s':>10}"
             f"{'speedup':>9}{'eff %':>7}{'test acc':>9}{'RSS MiB':>9}",
         ]
@@ -85,7 +88,7 @@ def summary_text(
             flag += "  logical devices" if r.logical else ""
             eff = human(100 * r.efficiency) if pd.notna(r.efficiency) else "n/a"
             lines.append(
-                f"{r.strategy:<16}{r.model:<14}{r.dataset:<19}{r.scale:>5}{r.world_size:>4}"
+                f"{r.strategy:<{W}}{r.model:<14}{r.dataset:<19}{r.scale:>5}{r.world_size:>4}"
                 f"{r.batch_size:>7} {r.batch_mode:<11}{f'{r.ok}/{r.runs}':>5}"
                 f"{human(r.throughput_mean):>11}{human(r.throughput_ci95):>9}"
                 f"{human(r.first_epoch_seconds_mean):>10}{human(r.steady_epoch_seconds_mean):>10}"

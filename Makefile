@@ -43,6 +43,8 @@ lint: $(STAMP)
 
 dryrun: $(STAMP)
 	$(NO_SLURM) $(BIN)/snakemake -n --quiet rules
+	# .test/imagedata.yaml reads the bundled digits exported as JPEG folders and shards
+	$(NO_SLURM) $(BIN)/snakemake export_data --cores 1 --configfile .test/config.yaml --quiet rules
 	for c in .test/*.yaml; do $(NO_SLURM) $(BIN)/snakemake -n --quiet rules --configfile $$c || exit 1; done
 
 pytest: $(STAMP) $(HOROVOD)

@@ -197,3 +197,18 @@ def test_the_benchmark_asks_slurm_for_what_a_run_of_its_shape_asks_for():
         bench = launch.slurm_request(workers, nodes, run.threads_per_worker, acc, 10)
         assert bench == {**launch.slurm_resources(run, acc), "runtime": 15}
         assert set(bench) <= set(launch.SLURM_RESOURCE_KEYS)
+
+
+def test_the_benchmark_across_slurm_nodes_starts_one_torchrun_per_node_by_srun():
+    """The benchmark's shape goes through the same launcher as a training run's."""
+    from trainscale.launch import Environment, torchrun
+
+    env = Environment(mode="slurm", nodes=("n0", "n1"), port=1, job_id="1")
+    cmd = torchrun(collectives.Sweep("s", workers=1, nodes=2), env, ["-m", "x"])
+    assert cmd[:5] == [
+        "srun",
+        "--nodes=2",
+        "--ntasks=2",
+        "--ntasks-per-node=1",
+        "--kill-on-bad-exit=1",
+    ]

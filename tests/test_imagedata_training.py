@@ -153,6 +153,7 @@ def test_loader_processes_cut_the_data_wait_on_decode_heavy_images(tmp_path):
     from PIL import Image
 
     from trainscale.imagedata import train_loader
+    from trainscale.imagesets import RankRead
 
     rng = np.random.default_rng(1)
     for c in range(2):
@@ -164,7 +165,7 @@ def test_loader_processes_cut_the_data_wait_on_decode_heavy_images(tmp_path):
     source = imagesets.ImageSource("imagefolder", str(tmp_path / "train"), "", 2)
 
     def wait(loader_workers: int, step_seconds: float) -> tuple[float, float]:
-        loader = train_loader(source, (32, 32), 4, loader_workers=loader_workers)
+        loader = train_loader(RankRead(source, (32, 32), 4, loader_workers=loader_workers))
         for _ in loader.epoch(1):  # start the persistent processes
             pass
         batches = datawait.DataWait(loader.epoch(2))

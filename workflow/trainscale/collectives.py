@@ -113,6 +113,11 @@ class Sweep:
     def path(self) -> str:
         return f"collectives/workers~{self.workers}/nodes~{self.nodes}"
 
+    @property
+    def processes(self) -> int:
+        """One process per worker on every node (as RunSpec.processes for a training run)."""
+        return self.workers * self.nodes
+
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:
     """Supervisor: start this module under torchrun with the same arguments, on the nodes of

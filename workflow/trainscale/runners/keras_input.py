@@ -21,6 +21,7 @@ import tensorflow as tf  # noqa: E402
 from tf_keras.src.engine.training import _minimum_control_deps, reduce_per_replica  # noqa: E402
 
 from trainscale import imagedata_tf  # noqa: E402
+from trainscale.imagesets import RankRead  # noqa: E402
 from trainscale.matrix import RunSpec  # noqa: E402
 
 
@@ -70,9 +71,10 @@ def image_train(spec: RunSpec, batch: int, rank: int = 0, world: int = 1):
     images per element for this `rank` of `world` readers (a tf.distribute strategy in one
     process reads all, rank 0 of 1, and splits each global batch; Horovod's workers each read
     their own share). Every epoch is a fresh shuffle (tf.data reshuffles each pass)."""
-    ds, steps = imagedata_tf.train_dataset(
-        spec.image_source, spec.image_size, batch, rank, world, spec.loader_workers, spec.seed
+    read = RankRead(
+        spec.image_source, tuple(spec.image_size), batch, rank, world, spec.loader_workers
     )
+    ds, steps = imagedata_tf.train_dataset(read, spec.seed)
     if spec.steps_per_epoch is not None:
         steps = min(steps, spec.steps_per_epoch)
     return ds.take(steps).repeat(), steps
@@ -80,9 +82,8 @@ def image_train(spec: RunSpec, batch: int, rank: int = 0, world: int = 1):
 
 def image_test(spec: RunSpec, batch: int):
     """The whole test split of the user's images, in order, in batches of `batch`."""
-    return imagedata_tf.eval_dataset(
-        spec.image_source, spec.image_size, batch, 0, 1, spec.loader_workers
-    )
+    read = RankRead(spec.image_source, tuple(spec.image_size), batch, 0, 1, spec.loader_workers)
+    return imagedata_tf.eval_dataset(read)
 
 
 def resize(x: tf.Tensor, size: tuple[int, int] | None) -> tf.Tensor:

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from packaging.requirements import Requirement
 from test_envs import VENV
+from test_runners import make
 
 from trainscale import metrics
 from trainscale.matrix import build_runs
@@ -17,18 +18,6 @@ from conftest import launch, validated
 #: as tests/test_runners.py's DDP-against-one-process bound (measured differences there are
 #: ~3e-8 over 44 steps; a summed instead of averaged gradient differs by ~0.09)
 RTOL, ATOL = 1e-4, 1e-5
-
-
-def make(strategy: str, workers: int, **kw):
-    m = {
-        "strategy": [strategy],
-        "model": ["seed-small"],
-        "dataset": ["digits"],
-        "workers": [workers],
-        "batch_size": [64],
-    }
-    runs, _ = build_runs(validated({"study": "t", "matrix": m, **kw}))
-    return runs[0]
 
 
 def keys(rec: dict, prefix: str = "") -> set[str]:

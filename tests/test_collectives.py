@@ -172,6 +172,12 @@ def test_a_benchmark_that_cannot_run_is_recorded_with_its_reason_and_hosts(tmp_p
     assert "nccl needs a GPU for every rank" in rec["error"]
     assert rec["rank_hosts"] == [metrics.hostname()] * 2
 
+    # gloo with CUDA tensors (--device cuda) needs a GPU too, shared by the ranks if need be
+    cuda = tmp_path / "gloo-cuda.json"
+    benchmark("--backend", "gloo", "--device", "cuda", "--max-bytes", "4096", "--out", str(cuda))
+    rec = collectives.read(cuda)
+    assert rec["status"] == "failed" and "gloo needs a GPU for CUDA tensors" in rec["error"]
+
     # a crash before any result (an unknown backend torchrun cannot start) is recorded too
     bad = tmp_path / "bad.json"
     benchmark("--model", "nope:digits", "--out", str(bad), "--timeout-minutes", "2")
@@ -182,6 +188,13 @@ def test_a_benchmark_that_cannot_run_is_recorded_with_its_reason_and_hosts(tmp_p
     table = aggregate.collectives_frame([out])
     assert list(table["status"]) == ["failed"] and len(aggregate.measured_collectives(table)) == 0
     assert "nccl needs a GPU" in aggregate.failed_collectives(table)["error"].iloc[0]
+
+
+def test_nccl_with_host_tensors_is_refused_before_anything_starts(capsys):
+    with pytest.raises(SystemExit):
+        collectives.main(["--backend", "nccl", "--device", "cpu", "--workers", "1",
+                          "--max-bytes", "4096", "--out", "x.json"])  # fmt: skip
+    assert "--backend nccl reduces CUDA tensors only: drop --device cpu" in capsys.readouterr().err
 
 
 def test_the_benchmark_asks_slurm_for_what_a_run_of_its_shape_asks_for():

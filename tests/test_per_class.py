@@ -116,6 +116,7 @@ def test_report_shows_per_class_accuracy_and_memory_per_strategy_at_its_largest_
     from test_aggregate import ok_record, spec_for, write
 
     from trainscale import report
+    from trainscale.aggregate import human
 
     def confusion(hits: int) -> list[list[int]]:  # 10 samples per class, `hits` right in class 0
         m = [[10 if i == j else 0 for j in range(10)] for i in range(10)]
@@ -123,16 +124,20 @@ def test_report_shows_per_class_accuracy_and_memory_per_strategy_at_its_largest_
         return m
 
     runs = tmp_path / "runs"
-    for strategy, workers, repeat, hits, util in (
-        ("torch", 1, 0, 2, None),
-        ("torch-ddp", 1, 0, 9, 80.0),
-        ("torch-ddp", 2, 0, 4, 60.0),
-        ("torch-ddp", 2, 1, 6, 70.0),
+    per_ksample = []  # torch-ddp N = 2: J per 1,000 samples trained
+    for strategy, workers, repeat, hits, util, joules in (
+        ("torch", 1, 0, 2, None, None),
+        ("torch-ddp", 1, 0, 9, 80.0, 50.0),
+        ("torch-ddp", 2, 0, 4, 60.0, 300.0),
+        ("torch-ddp", 2, 1, 6, 70.0, 500.0),
     ):
         s = spec_for(strategy, workers, repeat=repeat, dataset="cifar10")
         rec = ok_record(s, [0.5, 0.5], rss=(100 + workers) * 2**20)
         rec["test"] = classes.per_class_block(classes.scores(confusion(hits), 50.0), s.to_dict())
         rec["device"]["utilization_mean"] = util
+        rec["device"]["energy_joules"] = joules
+        if workers == 2:
+            per_ksample.append(joules / (s.epochs * rec["data"]["train_samples"]) * 1000)
         write(runs, s, rec)
     assert report.main(["--runs-dir", str(runs), "--out", str(tmp_path / "out")]) == 0
     page = (tmp_path / "out" / "report.html").read_text()
@@ -150,6 +155,11 @@ def test_report_shows_per_class_accuracy_and_memory_per_strategy_at_its_largest_
     assert "20.0 %" in rows["torch"] and "<td>airplane</td>" in rows["torch"]  # the worst class
     resources = html.unescape(page.split('id="resources"')[1].split("<h2")[0])
     assert "65.0 %" in resources and "102 MiB" in resources and "101 MiB" in resources
+    rows = {r.split("</td>")[0]: r for r in re.split(r"<tr><td>", resources)[1:]}
+    assert "400 J" in rows["torch-ddp"]  # the mean of its two N = 2 runs, 300 and 500 J
+    assert f"{human(sum(per_ksample) / 2)} J" in rows["torch-ddp"]
+    # no device memory on CPU, no utilisation and no energy (no sensor): never estimated
+    assert rows["torch"].count("<td class=\"num\">–</td>") == 4
 
     bare = tmp_path / "bare"
     s = spec_for("torch", 1, dataset="cifar10")

@@ -158,3 +158,24 @@ def test_on_failure_stop_fails_the_job_but_keeps_the_record(tmp_path):
     )
     assert p.returncode == 1
     assert metrics.read(out)["status"] == "failed"
+
+
+def test_ranks_take_the_gpus_in_turn_and_share_one_over_gloo(monkeypatch):
+    """Two ranks on one GPU (as `make gpu-check` runs them) both use cuda:0, not cuda:1, and
+    their process group is gloo, since NCCL refuses two ranks on one device (seen on an H100:
+    "invalid device ordinal" before this)."""
+    import torch
+
+    from trainscale.runners.torch_parts import group_backend, rank_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert rank_device(1, 2) == (torch.device("cuda:0"), True)
+    assert group_backend(*rank_device(1, 2)) == "gloo"
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    assert rank_device(3, 4) == (torch.device("cuda:3"), False)
+    assert group_backend(*rank_device(3, 4)) == "nccl"
+    assert rank_device(5, 8) == (torch.device("cuda:1"), True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert rank_device(1, 2) == (torch.device("cpu"), False)
+    assert group_backend(*rank_device(1, 2)) == "gloo"

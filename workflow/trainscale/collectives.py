@@ -198,26 +198,31 @@ def worker(args: argparse.Namespace) -> None:
 
     rk = detect_rank()
     torch.set_num_threads(args.threads)
-    cuda = args.backend == "nccl"
+    nccl = args.backend == "nccl"
+    cuda = nccl or args.device == "cuda"
     dist.init_process_group(backend="gloo")
-    has_gpu = torch.cuda.is_available() and torch.cuda.device_count() > rk.local_rank
+    # nccl needs a GPU of each rank's own; gloo's CUDA tensors may share one (as two ranks of
+    # `make gpu-check` do on a one-GPU machine)
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    has_gpu = gpus > rk.local_rank if nccl else gpus > 0
     seen: list = [None] * rk.world_size
     dist.all_gather_object(seen, (metrics.hostname(), has_gpu))
     hosts = [h for h, _ in seen]
     if cuda and not all(g for _, g in seen):
         if rk.is_main:
             without = sorted({h for h, g in seen if not g})
+            need = "a GPU for every rank" if nccl else "a GPU for CUDA tensors"
             error = (
-                f"backend nccl needs a GPU for every rank; no usable GPU on {', '.join(without)} "
+                f"backend {args.backend} needs {need}; no usable GPU on {', '.join(without)} "
                 "(CUDA not available to this process, or fewer GPUs than workers)"
             )
             write(Path(args.out), failure(args, os.environ.get("SLURM_JOB_ID"), error, hosts))
             print(f"trainscale.collectives: {error}", flush=True)
         leave()
-    device = torch.device(f"cuda:{rk.local_rank}" if cuda else "cpu")
+    device = torch.device(f"cuda:{rk.local_rank % gpus}" if cuda else "cpu")
     if cuda:
         torch.cuda.set_device(device)
-    group = dist.new_group(backend="nccl") if cuda else None
+    group = dist.new_group(backend="nccl") if nccl else None
 
     def sync() -> None:
         if cuda:
@@ -298,6 +303,13 @@ def read(path: str | Path) -> dict:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m trainscale.collectives", description=__doc__)
     p.add_argument("--backend", choices=["gloo", "nccl"], default="gloo")
+    p.add_argument(
+        "--device",
+        choices=["cpu", "cuda"],
+        default=None,
+        help="where the reduced tensors live: cuda for nccl (always), cpu for gloo unless "
+        "cuda is given (gloo reduces CUDA tensors too, as DDP over gloo on GPUs does)",
+    )
     p.add_argument("--workers", type=int, required=True, help="ranks per node")
     p.add_argument("--nodes", type=int, default=1)
     p.add_argument("--threads", type=int, default=1, help="threads per worker")
@@ -318,6 +330,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if not args.model and not args.max_bytes:
         parser().error("give --model model:dataset (one or more) or --max-bytes")
+    if args.backend == "nccl" and args.device == "cpu":
+        parser().error("--backend nccl reduces CUDA tensors only: drop --device cpu")
     if "RANK" in os.environ:  # started by torchrun
         worker(args)
         return 0

@@ -183,6 +183,25 @@ def one_gpu(ctx: Context) -> dict[str, str]:
     return {"CUDA_VISIBLE_DEVICES": ctx.first_gpu}
 
 
+def pipeline_two_stages(ctx: Context) -> str | None:
+    """Two pipeline stages, each on a GPU of its own where the node has two; on a node of one
+    GPU the runner must refuse the shared GPU with its reason (status failed, no hang)."""
+    gpus = python_says(ctx, "import torch; print(torch.cuda.device_count())")
+    if gpus.isdigit() and int(gpus) >= 2:
+        return gpu_run_problems(
+            train(ctx, "torch-pipeline-2-stages", strategy="torch-pipeline", workers=2)
+        )
+    run = train(
+        ctx, "torch-pipeline-2-stages", one_gpu(ctx), strategy="torch-pipeline", workers=2
+    ).record
+    if run["status"] != "failed" or "a stage needs a GPU of its own" not in (run["error"] or ""):
+        return (
+            f"one GPU: expected the refusal of 2 stages on it, got status {run['status']!r}: "
+            f"{one_line(run.get('error') or '')}"
+        )
+    return None
+
+
 def oom_then_ok(ctx: Context) -> str | None:
     """VGG19 at 224×224 with a batch no GPU holds (its first two conv layers' activations alone
     take 8192 × 2 × 64 × 224² × 4 B ≈ 210 GB): status oom with PyTorch's allocator message;
@@ -211,7 +230,7 @@ def collectives(backend: str, workers: int, env: Callable[[Context], dict] | Non
         out = ctx.out / name / "collectives.json"
         out.unlink(missing_ok=True)
         out.parent.mkdir(parents=True, exist_ok=True)
-        cmd = [ctx.python, "-m", "trainscale.collectives", "--backend", backend]
+        cmd = [ctx.python, "-m", "trainscale.collectives", "--backend", backend, "--device", "cuda"]
         cmd += ["--workers", str(workers), "--max-bytes", str(1 << 22), "--warmup", "2"]
         cmd += ["--iters", "5", "--study", "gpu-check", "--out", str(out)]
         cmd += ["--timeout-minutes", str(ctx.timeout_minutes)]
@@ -316,6 +335,12 @@ CHECKS: tuple[Check, ...] = (
         trains("torch-fsdp-nccl", strategy="torch-fsdp", precision="bf16"),
     ),
     Check(
+        "lightning-ddp-nccl",
+        "lightning-ddp (Lightning's Trainer, strategy ddp), 1 rank on NCCL, bf16",
+        trains("lightning-ddp-nccl", strategy="lightning-ddp", precision="bf16"),
+        needs=("lightning",),
+    ),
+    Check(
         "torch-ddp-gloo-shared-gpu",
         "torch-ddp, 2 ranks sharing one GPU (NCCL refuses that; gloo must be used)",
         trains("torch-ddp-gloo-shared-gpu", one_gpu, strategy="torch-ddp", workers=2),
@@ -335,9 +360,10 @@ CHECKS: tuple[Check, ...] = (
         collectives("gloo", 2, one_gpu),
     ),
     Check(
-        "torch-pipeline-shared-gpu",
-        "torch-pipeline, 2 stages on one GPU",
-        trains("torch-pipeline-shared-gpu", one_gpu, strategy="torch-pipeline", workers=2),
+        "torch-pipeline-2-stages",
+        "torch-pipeline, 2 stages over NCCL on 2 GPUs; on a one-GPU node, the clear refusal "
+        "of 2 stages on one GPU (gloo cannot send CUDA tensors point to point)",
+        pipeline_two_stages,
     ),
     Check(
         "cuda-oom",

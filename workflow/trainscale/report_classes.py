@@ -84,10 +84,24 @@ def _max(g: pd.DataFrame, col: str):
     return g[col].max() if col in g and g[col].notna().any() else None
 
 
+def _energy(g: pd.DataFrame) -> tuple[float, float] | None:
+    """Mean energy per run over training, and per 1,000 samples trained (epochs × samples per
+    epoch), over the runs that measured it; None where none did (no sensor)."""
+    if "device.energy_joules" not in g:
+        return None
+    g = g[g["device.energy_joules"].notna()]
+    if not len(g):
+        return None
+    joules = g["device.energy_joules"].astype(float)
+    samples = g["spec.epochs"].astype(float) * g["data.train_samples"].astype(float)
+    return float(joules.mean()), float((joules / samples * 1000).mean())
+
+
 def resource_rows(study: Study) -> list[dict]:
     """Per (model, data set, strategy) at its largest world size: peak device memory and
-    peak host RSS (the largest over its ok runs) and mean device utilisation (the mean over
-    the runs that measured one), formatted."""
+    peak host RSS (the largest over its ok runs), mean device utilisation and mean energy per
+    run and per 1,000 training samples (the means over the runs that measured them),
+    formatted."""
     runs = study.runs
     if not len(runs):
         return []
@@ -95,6 +109,7 @@ def resource_rows(study: Study) -> list[dict]:
     out = []
     for (model, dataset, strategy), g in _largest(runs).groupby(_KEY, sort=True):
         util = g["device.utilization_mean"].dropna() if "device.utilization_mean" in g else []
+        energy = _energy(g)
         kinds = sorted(g["device.kind"].dropna().astype(str).unique()) if "device.kind" in g else []
         out.append(
             {
@@ -107,6 +122,8 @@ def resource_rows(study: Study) -> list[dict]:
                 "peak_device": mib(_max(g, "memory.peak_device_bytes")),
                 "utilization": "–" if not len(util) else f"{human(util.mean())} %",
                 "peak_rss": mib(_max(g, "memory.peak_host_rss_bytes")),
+                "energy": "–" if energy is None else f"{human(energy[0])} J",
+                "energy_per_ksample": "–" if energy is None else f"{human(energy[1])} J",
             }
         )
     return out

@@ -151,7 +151,7 @@ class ZeRO(Plugin):
         self.deepspeed = deepspeed
         self.frameworks = {"deepspeed": deepspeed.__version__}
         t_init = time.perf_counter()
-        deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo")
+        deepspeed.init_distributed(dist_backend=self.loop.backend)
         self.init_seconds = time.perf_counter() - t_init
         acc = get_accelerator()
         if self.spec.precision == "fp16" and not acc.is_fp16_supported():

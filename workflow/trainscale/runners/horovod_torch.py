@@ -46,6 +46,7 @@ class Horovod(Plugin):
         return Rank(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size())
 
     def connect(self, device: torch.device) -> None:
+        self.loop.backend = None  # Horovod's own controller and ops, not torch.distributed
         self.elastic = self.spec.strategy == "horovod-torch-elastic"
         if not self.elastic and hvd.size() != self.spec.world_size:
             raise RuntimeError(

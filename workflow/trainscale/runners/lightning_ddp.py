@@ -26,6 +26,7 @@ import lightning.pytorch as pl
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from lightning.pytorch.strategies import DDPStrategy
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.utils.data import DataLoader, Dataset, Sampler
 from torch.utils.data.distributed import DistributedSampler
@@ -49,10 +50,12 @@ from trainscale.runners.exposed import block
 from trainscale.runners.torch_parts import (
     Indexable,
     evaluate,
+    group_backend,
     leave,
     make_optimizer,
     memory_eval_batches,
     phase_peaks,
+    rank_device,
     sync,
     to_tensors,
 )
@@ -198,8 +201,9 @@ class LightningRun:
         self.rec = metrics.Recorder(spec.to_dict())
         self.rk = detect_rank()
         torch.set_num_threads(spec.threads_per_worker)
-        self.cuda = torch.cuda.is_available()
-        self.device = torch.device(f"cuda:{self.rk.local_rank}" if self.cuda else "cpu")
+        self.device, shared = rank_device(self.rk.local_rank, self.rk.local_world_size)
+        self.cuda = self.device.type == "cuda"
+        self.backend = group_backend(self.device, shared)
         if self.cuda:
             torch.cuda.set_device(self.device)
         arrays = data.load(spec.dataset, spec.data_dir, seed=spec.seed, samples=spec.samples)
@@ -261,7 +265,7 @@ class LightningRun:
     def trainer(self, out: str) -> pl.Trainer:
         spec = self.spec
         return pl.Trainer(
-            strategy="ddp",
+            strategy=DDPStrategy(process_group_backend=self.backend),
             accelerator="gpu" if self.cuda else "cpu",
             devices=spec.workers,
             num_nodes=spec.nodes,
@@ -304,6 +308,7 @@ class LightningRun:
         env = metrics.environment(self.rec.start_utc, frameworks, hosts)
         env["cuda"] = torch.version.cuda if self.cuda else None
         env["driver"] = metrics.driver_version() if self.cuda else None
+        env["process_group_backend"] = self.backend
         result = self.rec.record(
             model={"params": models.param_count(self.net)},
             data={"train_samples": self.train_samples, "test_samples": len(self.test_y)},

@@ -91,6 +91,18 @@ class Pipeline(Plugin):
 
     batch_of = "global"
 
+    def connect(self, device: torch.device) -> None:
+        if device.type == "cuda" and self.loop.backend != "nccl":
+            # seen on an H100 (docs/gpu-validation.md): gloo's TCP transport writes the CUDA
+            # pointer itself ("writev ...: Bad address"), and NCCL refuses two ranks on one GPU
+            raise RuntimeError(
+                f"torch-pipeline: {self.loop.rk.local_world_size} stages share "
+                f"{torch.cuda.device_count()} GPU(s) on this node; a stage needs a GPU of its "
+                "own (its activations go GPU to GPU over NCCL, and gloo cannot send CUDA "
+                "tensors point to point): use workers up to the node's GPUs"
+            )
+        super().connect(device)
+
     def wrap(self, net: nn.Module) -> None:
         lp, rk = self.loop, self.loop.rk
         self.first, self.last = rk.rank == 0, rk.rank == rk.world_size - 1

@@ -47,11 +47,13 @@ from trainscale.runners.torch_parts import (
     DTYPES,
     Indexable,
     evaluate,
+    group_backend,
     leave,
     loader_eval_batches,
     make_optimizer,
     memory_eval_batches,
     phase_peaks,
+    rank_device,
     sync,
     to_tensors,
 )
@@ -92,8 +94,8 @@ class Plugin:
 
     def connect(self, device: torch.device) -> None:
         if self.grouped:
-            cuda = device.type == "cuda"
-            dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
+            nccl = self.loop.backend == "nccl"
+            dist.init_process_group(self.loop.backend, device_id=device if nccl else None)
 
     def barrier(self) -> None:
         if self.grouped:
@@ -211,8 +213,9 @@ class Loop:
         spec, p = self.spec, self.plugin
         self.rk = p.rank()
         torch.set_num_threads(spec.threads_per_worker)
-        self.cuda = torch.cuda.is_available()
-        self.device = torch.device(f"cuda:{self.rk.local_rank}" if self.cuda else "cpu")
+        self.device, shared = rank_device(self.rk.local_rank, self.rk.local_world_size)
+        self.cuda = self.device.type == "cuda"
+        self.backend = group_backend(self.device, shared) if p.grouped else None
         if self.cuda:
             torch.cuda.set_device(self.device)
         p.connect(self.device)
@@ -392,6 +395,7 @@ class Loop:
         )
         env["cuda"] = torch.version.cuda if cuda else None
         env["driver"] = metrics.driver_version() if cuda else None
+        env["process_group_backend"] = self.backend
         memory = {
             **memory_block(per_rank.max(0).values.tolist(), cuda),
             "per_rank_host_rss_bytes": [int(v) for v in per_rank[:, 0].tolist()],

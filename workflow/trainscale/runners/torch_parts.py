@@ -35,6 +35,25 @@ def leave() -> None:
     os._exit(0)
 
 
+def rank_device(local_rank: int, local_world_size: int) -> tuple[torch.device, bool]:
+    """The device this rank trains on, and whether another rank of this node shares it.
+
+    Ranks take the node's visible GPUs in turn (local rank modulo their count), so a run of
+    more ranks than GPUs still starts: two ranks on one GPU is how the multi-rank CUDA code
+    paths run on a one-GPU machine (`make gpu-check`). The caller must then not use NCCL,
+    which refuses two ranks on one device."""
+    if not torch.cuda.is_available():
+        return torch.device("cpu"), False
+    visible = torch.cuda.device_count()
+    return torch.device(f"cuda:{local_rank % visible}"), local_world_size > visible
+
+
+def group_backend(device: torch.device, shared: bool) -> str:
+    """torch.distributed's backend for ranks on `device`: NCCL where each rank has a GPU of
+    its own, gloo on CPU and where ranks share a GPU (gloo reduces CUDA tensors too)."""
+    return "nccl" if device.type == "cuda" and not shared else "gloo"
+
+
 def sync(device: torch.device) -> None:
     """Wait for queued device work, so wall-clock time covers it (no-op on CPU)."""
     if device.type == "cuda":

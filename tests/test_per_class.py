@@ -159,7 +159,7 @@ def test_report_shows_per_class_accuracy_and_memory_per_strategy_at_its_largest_
     assert "400 J" in rows["torch-ddp"]  # the mean of its two N = 2 runs, 300 and 500 J
     assert f"{human(sum(per_ksample) / 2)} J" in rows["torch-ddp"]
     # no device memory on CPU, no utilisation and no energy (no sensor): never estimated
-    assert rows["torch"].count("<td class=\"num\">–</td>") == 4
+    assert rows["torch"].count('<td class="num">–</td>') == 4
 
     bare = tmp_path / "bare"
     s = spec_for("torch", 1, dataset="cifar10")

@@ -179,3 +179,16 @@ def test_ranks_take_the_gpus_in_turn_and_share_one_over_gloo(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert rank_device(1, 2) == (torch.device("cpu"), False)
     assert group_backend(*rank_device(1, 2)) == "gloo"
+
+
+def test_energy_counts_each_gpus_counter_once():
+    """Two ranks on one GPU read one NVML counter: the run's energy is that GPU's, not twice
+    it; ranks on GPUs of their own add up; ranks without a reading (RAPL is read by one
+    process per host) add nothing; no reading at all is None, never 0."""
+    from trainscale.device_usage import energy_once_per_device as once
+
+    assert once([100.0, 100.5], [("n1", "GPU-a"), ("n1", "GPU-a")]) == 100.0
+    assert once([100.0, 80.0], [("n1", "GPU-a"), ("n1", "GPU-b")]) == 180.0
+    assert once([100.0, 80.0], [("n1", "GPU-a"), ("n2", "GPU-a")]) == 180.0  # other host
+    assert once([50.0, None, 40.0, None], [("n1", None)] * 2 + [("n2", None)] * 2) == 90.0
+    assert once([None, None], [("n1", "GPU-a"), ("n1", "GPU-b")]) is None

@@ -7,7 +7,9 @@
   divided by wall time × the threads it was given (`threads_per_worker`), i.e. how much of its
   compute unit the process kept busy; capped at 100 (helper threads, such as gloo's, can add
   CPU time past the thread budget). The run's figure is the mean over ranks.
-- energy_joules: on a GPU, NVML's energy counter over training, summed over ranks. On CPU, the
+- energy_joules: on a GPU, NVML's energy counter over training, summed over the GPUs the ranks
+  ran on, each GPU once (ranks sharing a GPU read the same counter: `energy_once_per_device`).
+  On CPU, the
   RAPL package counters (`/sys/class/powercap/intel-rapl:N/energy_uj`) over the timed epochs,
   read by the first process of each host (one package counter serves every process on it, and
   counts all of that host's work), summed over hosts; null where no counter is readable. Never
@@ -26,6 +28,19 @@ from pathlib import Path
 from trainscale import nvml_devices
 
 RAPL_GLOB = "/sys/class/powercap/intel-rapl:[0-9]*"
+
+
+def energy_once_per_device(energies: list[float | None], devices: list) -> float | None:
+    """The run's energy: rank i's reading `energies[i]` of its device `devices[i]` (a
+    hashable name of the counter it read, e.g. (host, GPU UUID), or (host, None) for a host's
+    RAPL packages), summed over devices with each device's counter counted once. Ranks that
+    share a GPU (two ranks on one GPU, as `make gpu-check` runs them) read one counter; summing
+    per rank would count that GPU's energy once per rank. None where no rank read one."""
+    first: dict = {}
+    for energy, device in zip(energies, devices, strict=True):
+        if energy is not None and device not in first:
+            first[device] = energy
+    return sum(first.values()) if first else None
 
 
 def cpu_busy_percent(cpu_seconds: float, wall_seconds: float, threads: int) -> float | None:

@@ -33,6 +33,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 from trainscale import data, datawait, metrics, models
 from trainscale.datawait import DataWait
+from trainscale.device_usage import energy_once_per_device
 from trainscale.matrix import RunSpec
 from trainscale.memory import PhasePeaks, memory_block
 from trainscale.runners.common import (
@@ -220,6 +221,7 @@ class LightningRun:
         self.net.to(self.device)
         self.batches = ShardBatches(spec, self.rk, n, self.steps, self.device)
         uuid = torch.cuda.get_device_properties(self.device).uuid if self.cuda else None
+        self.uuid = str(uuid) if uuid is not None else None  # which GPU's counter it reads
         reader = metrics.GpuMonitor.nvml_reader(self.device.index, uuid) if self.cuda else None
         self.gpu = metrics.GpuMonitor(read=reader)
         self.memory: PhasePeaks = phase_peaks(self.device)
@@ -294,12 +296,13 @@ class LightningRun:
         gathered = [torch.zeros_like(peaks) for _ in range(self.rk.world_size)]
         dist.all_gather(gathered, peaks)
         per_rank = torch.stack(gathered).cpu()
-        hosts: list = [None] * self.rk.world_size
-        dist.all_gather_object(hosts, metrics.hostname())
-        usage = torch.tensor([energy or 0.0, utilization or 0.0], device=self.device)
-        dist.all_reduce(usage)
+        usage: list = [None] * self.rk.world_size  # (host, GPU, energy, utilisation) per rank
+        dist.all_gather_object(usage, (metrics.hostname(), self.uuid, energy, utilization))
+        hosts = [u[0] for u in usage]
         if self.cuda:
-            energy, utilization = usage[0].item(), usage[1].item() / self.rk.world_size
+            energy = energy_once_per_device([u[2] for u in usage], [u[:2] for u in usage])
+            utils = [u[3] for u in usage if u[3] is not None]
+            utilization = sum(utils) / len(utils) if utils else None
         if self.rk.world_size > 1:
             self.rec.communication = block(self.rec.epochs, None, None, NO_EXPOSED)
         if not self.rk.is_main:

@@ -28,7 +28,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from torch.utils.data.distributed import DistributedSampler
 
 from trainscale import data, datawait, imagedata, imagesets, metrics, models
-from trainscale.device_usage import CpuUsage
+from trainscale.device_usage import CpuUsage, energy_once_per_device
 from trainscale.matrix import RunSpec
 from trainscale.memory import memory_block
 from trainscale.runners.common import (
@@ -250,6 +250,7 @@ class Loop:
         del net  # a pipeline stage keeps only its blocks
         self.memory = phase_peaks(self.device)
         uuid = torch.cuda.get_device_properties(self.device).uuid if self.cuda else None
+        self.uuid = str(uuid) if uuid is not None else None  # which GPU's counter this rank reads
         read = metrics.GpuMonitor.nvml_reader(self.device.index, uuid) if self.cuda else None
         self.gpu = metrics.GpuMonitor(read=read)
         self.cpu = None if self.cuda else CpuUsage(spec.threads_per_worker, self.rk.local_rank == 0)
@@ -370,13 +371,13 @@ class Loop:
         rows = self.plugin.all_gather(torch.tensor(row, dtype=torch.float64, device=self.device))
         rows = rows.cpu()
         utils = [v for v in rows[:, 4].tolist() if not math.isnan(v)]
-        energies = [v for v in rows[:, 5].tolist() if not math.isnan(v)]
-        hosts = self.plugin.gather_object(metrics.hostname())
+        energies = [None if math.isnan(v) else v for v in rows[:, 5].tolist()]
+        devices = self.plugin.gather_object((metrics.hostname(), self.uuid))
         return (
             rows[:, :4],
             sum(utils) / len(utils) if utils else None,
-            sum(energies) if energies else None,
-            hosts,
+            energy_once_per_device(energies, devices),
+            [host for host, _ in devices],
         )
 
     def report(self, out: str) -> None:

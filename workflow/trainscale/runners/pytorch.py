@@ -75,7 +75,7 @@ class OneProcess(Plugin):
 class DataParallel(Plugin):
     """`torch-ddp`: DDP's bucketed all-reduce; `torch-fsdp`: FSDP2 shards (`shard`). With
     `compile`, DDP wraps the compiled model (its backward is one compiled graph, so DDP's
-    bucket all-reduces start when it ends) and FSDP2's sharded model is compiled."""
+    bucket all-reduces start when it ends); FSDP2 compiles each sharded block's forward."""
 
     def wrap(self, net: torch.nn.Module) -> None:
         lp = self.loop

@@ -15,7 +15,7 @@ import math
 from collections import Counter
 from pathlib import Path
 
-from trainscale import catalog, data, imagecheck, imagesets
+from trainscale import catalog, data, imagecheck, imagesets, speed_options
 from trainscale.runspec import MATRIX_KEYS, ConfigError, Dropped, Fault, RunSpec
 
 #: Strategies this version can run: those with a runner.
@@ -128,6 +128,7 @@ def build_runs(config: dict, accelerator: str = "cpu") -> tuple[list[RunSpec], l
             "config fragment (JSON or YAML), relative to the directory Snakemake runs in, or "
             "remove the key"
         )
+    layout, compile_ = config.get("memory_format", "contiguous"), config.get("compile", False)
     runs: list[RunSpec] = []
     dropped: list[Dropped] = []
     for combo in itertools.product(*(m[k] for k in MATRIX_KEYS)):
@@ -138,7 +139,9 @@ def build_runs(config: dict, accelerator: str = "cpu") -> tuple[list[RunSpec], l
         pipe = values["strategy"] == "torch-pipeline"
         mb, schedule = config.get("microbatches", 4), config.get("pipeline_schedule", "gpipe")
         info = imagesets.info(values["dataset"], config)
-        reason = why_not(values, accelerator, mb, schedule, info)
+        reason = why_not(values, accelerator, mb, schedule, info) or speed_options.why_not(
+            values["strategy"], values["model"], layout, compile_
+        )
         if reason:
             dropped.append(Dropped(values, reason))
             continue
@@ -198,6 +201,8 @@ def build_runs(config: dict, accelerator: str = "cpu") -> tuple[list[RunSpec], l
                     steps_per_epoch=limit,
                     samples=samples,
                     ps_tasks=config.get("ps_tasks", 1) if values["strategy"] == "tf-ps" else 0,
+                    memory_format=layout,
+                    compile=compile_,
                     **imagesets.run_fields(values["dataset"], config),
                 )
             )

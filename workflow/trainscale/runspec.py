@@ -89,6 +89,8 @@ class RunSpec:
     image_source: imagesets.ImageSource | None = None
     loader_workers: int = 0
     ps_tasks: int = 0  # tf-ps: parameter servers (config ps_tasks); 0 for other strategies
+    memory_format: str = "contiguous"  # config memory_format (trainscale.speed_options)
+    compile: bool = False  # config compile: torch.compile the model
 
     @property
     def processes(self) -> int:

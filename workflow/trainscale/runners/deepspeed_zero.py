@@ -24,6 +24,7 @@ from trainscale import models
 from trainscale.matrix import RunSpec
 from trainscale.runners.exposed import measure_exposed_communication
 from trainscale.runners.torch_loop import Plugin, Shard, run
+from trainscale.runners.torch_speed import compiled
 
 #: ds_config keys the study owns: a user fragment may not override them.
 STUDY_KEYS = (
@@ -173,6 +174,8 @@ class ZeRO(Plugin):
             model=net, optimizer=self.loop.make_optimizer(net.parameters()), config=self.config
         )
         self.init_seconds += time.perf_counter() - t_init
+        if spec.compile:  # DeepSpeed's own: the module compiled in place, at its first call
+            self.engine.compile()
         self.eval_model = self.net = self.engine
         self.input_dtype = self.dtype
         self.micro = spec.per_worker_batch_size // spec.grad_accum
@@ -202,8 +205,9 @@ class ZeRO(Plugin):
     def exposed(self, shard: Shard) -> dict:
         lp, dtype = self.loop, self.dtype
         replica = lp.build_model().to(lp.device)
+        replica = replica.to(dtype) if dtype else replica
         return measure_exposed_communication(
-            "replica", lp.rec.epochs, replica.to(dtype) if dtype else replica,
+            "replica", lp.rec.epochs, compiled(replica, self.spec),
             lp.make_optimizer(replica.parameters()),
             lp.sample_batches(self.micro, dtype), lp.device,
             grad_accum=self.spec.grad_accum,

@@ -35,6 +35,7 @@ from trainscale.matrix import RunSpec
 from trainscale.runners.common import Rank
 from trainscale.runners.exposed import measure_exposed_communication
 from trainscale.runners.torch_loop import Plugin, Shard, run
+from trainscale.runners.torch_speed import compiled
 
 
 class Horovod(Plugin):
@@ -77,6 +78,7 @@ class Horovod(Plugin):
     def wrap(self, net: torch.nn.Module) -> None:
         lp = self.loop
         self.eval_model = self.net = net.to(lp.device)
+        self.step_net = compiled(net, self.spec)
         self.opt = hvd.DistributedOptimizer(
             lp.make_optimizer(net.parameters()),
             named_parameters=net.named_parameters(),
@@ -94,10 +96,10 @@ class Horovod(Plugin):
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         if self.dtype is None:  # fp32: no autocast context to enter (it costs per step)
-            loss = F.cross_entropy(self.net(x), y)
+            loss = F.cross_entropy(self.step_net(x), y)
         else:
             with torch.autocast(self.loop.device.type, dtype=self.dtype):
-                loss = F.cross_entropy(self.net(x), y)
+                loss = F.cross_entropy(self.step_net(x), y)
         self.opt.zero_grad()  # Horovod's takes no set_to_none; None is torch's default
         if self.scaler.is_enabled():  # fp16: Horovod's AMP recipe
             self.scaler.scale(loss).backward()
@@ -122,7 +124,8 @@ class Horovod(Plugin):
         lp = self.loop
         replica = lp.build_model().to(lp.device)
         return measure_exposed_communication(
-            "replica", lp.rec.epochs, replica, lp.make_optimizer(replica.parameters()),
+            "replica", lp.rec.epochs, compiled(replica, self.spec),
+            lp.make_optimizer(replica.parameters()),
             lp.sample_batches(shard.batch), lp.device,
             self.dtype, self.scaler,
         )  # fmt: skip

@@ -60,6 +60,7 @@ from trainscale.runners.torch_parts import (
     sync,
     to_tensors,
 )
+from trainscale.runners.torch_speed import laid_out, memory_format, model_facts
 
 
 def _all_sum(t: torch.Tensor) -> torch.Tensor:
@@ -210,6 +211,7 @@ class LightningRun:
         arrays = data.load(spec.dataset, spec.data_dir, seed=spec.seed, samples=spec.samples)
         self.synthetic, self.classes = arrays.info.synthetic, arrays.info.num_classes
         self.train_x, self.train_y, self.test_x, self.test_y = to_tensors(arrays, self.device)
+        self.train_x, self.test_x = laid_out(self.train_x, spec), laid_out(self.test_x, spec)
         n = len(self.train_y)
         self.train_samples = n * spec.scale
         self.steps = steps_per_epoch(
@@ -218,7 +220,7 @@ class LightningRun:
         check_steps(self.steps, spec.path, self.train_samples, spec.global_batch_size)
         torch.manual_seed(spec.seed)  # the same fresh initial weights as torch-ddp's
         self.net = models.build(spec.model, arrays.info.shape, arrays.info.num_classes)
-        self.net.to(self.device)
+        self.net.to(self.device, memory_format=memory_format(spec))
         self.batches = ShardBatches(spec, self.rk, n, self.steps, self.device)
         uuid = torch.cuda.get_device_properties(self.device).uuid if self.cuda else None
         self.uuid = str(uuid) if uuid is not None else None  # which GPU's counter it reads
@@ -287,7 +289,10 @@ class LightningRun:
         loader = DataLoader(InMemory(self.train_x, self.train_y), sampler=self.batches,
                             batch_size=None)  # fmt: skip
         self.waits = SizedWait(loader)
-        self.trainer(out).fit(Classifier(self.net, self.spec), train_dataloaders=self.waits)
+        module = Classifier(self.net, self.spec)
+        if self.spec.compile:  # as Lightning documents it: its training_step is compiled
+            module = torch.compile(module)
+        self.trainer(out).fit(module, train_dataloaders=self.waits)
 
     def report(self, out: str) -> None:
         """Every rank's memory peaks and host name gathered; rank 0 writes the record."""
@@ -313,7 +318,7 @@ class LightningRun:
         env["driver"] = metrics.driver_version() if self.cuda else None
         env["process_group_backend"] = self.backend
         result = self.rec.record(
-            model={"params": models.param_count(self.net)},
+            model={"params": models.param_count(self.net), **model_facts(self.net)},
             data={"train_samples": self.train_samples, "test_samples": len(self.test_y)},
             test=dict(self.test),
             memory={

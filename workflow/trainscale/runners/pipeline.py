@@ -28,6 +28,7 @@ from trainscale.imagedata import resize_batch
 from trainscale.matrix import RunSpec
 from trainscale.runners.torch_loop import Plugin, run
 from trainscale.runners.torch_parts import scored, tally
+from trainscale.runners.torch_speed import compiled
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 
@@ -111,7 +112,8 @@ class Pipeline(Plugin):
         self.lo, hi = self.bounds[rk.rank]
         self.stage_mod = nn.Sequential(*blocks[self.lo : hi]).to(lp.device)
         del net, blocks
-        stage = PipelineStage(self.stage_mod, rk.rank, rk.world_size, lp.device)
+        stage_net = compiled(self.stage_mod, self.spec)
+        stage = PipelineStage(stage_net, rk.rank, rk.world_size, lp.device)
         self.schedule = SCHEDULES[self.spec.pipeline_schedule](
             stage, self.spec.microbatches, loss_fn=lambda o, t: F.cross_entropy(o.float(), t)
         )

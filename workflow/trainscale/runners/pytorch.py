@@ -17,6 +17,7 @@ from trainscale import catalog, models
 from trainscale.matrix import RunSpec
 from trainscale.runners.exposed import measure_exposed_communication
 from trainscale.runners.torch_loop import Plugin, Shard, run
+from trainscale.runners.torch_speed import compiled
 
 # DDP warns when a 1-input-channel conv's weight gradient has other strides than its bucket
 # view; it costs one small copy per step, and the message would fill every log.
@@ -26,15 +27,22 @@ warnings.filterwarnings("ignore", message="Grad strides do not match bucket view
 DISTRIBUTED = catalog.names(runner="pytorch", one_process=False)
 
 
-def shard(net: torch.nn.Module, dtype: torch.dtype | None) -> torch.nn.Module:
+def shard(
+    net: torch.nn.Module, dtype: torch.dtype | None, compile: bool = False
+) -> torch.nn.Module:
     """FSDP2: every top-level block with parameters is one shard unit (its parameters are
     all-gathered just before it runs and freed after), the root takes the rest. `precision`
     becomes the policy: parameters and compute in `dtype`, gradients reduced in fp32 so the
-    update matches DDP's; the optimizer keeps fp32 shards."""
+    update matches DDP's; the optimizer keeps fp32 shards. With `compile`, each block's
+    forward is compiled after it is sharded, so FSDP's hooks (all-gather, reduce-scatter) run
+    eagerly around compiled blocks (compiling the sharded root, or a block with its hooks,
+    builds no graph: FSDP keeps TorchDynamo out of its hooks and all they call)."""
     policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32 if dtype else None)
     for block in models.blocks(net):
         if any(True for _ in block.parameters()):
             fully_shard(block, mp_policy=policy)
+        if compile:
+            block.forward = torch.compile(block.forward)
     fully_shard(net, mp_policy=policy)
     return net
 
@@ -56,7 +64,7 @@ class OneProcess(Plugin):
                 f"found {torch.cuda.device_count()}"
             )
         self.eval_model = net.to(self.loop.device)
-        self.model = net
+        self.model = compiled(net, spec)  # torch-dp takes no compile (speed_options)
         if spec.strategy == "torch-dp":
             ids = list(range(spec.workers)) if cuda else None
             self.model = torch.nn.DataParallel(net, device_ids=ids)
@@ -65,17 +73,20 @@ class OneProcess(Plugin):
 
 
 class DataParallel(Plugin):
-    """`torch-ddp`: DDP's bucketed all-reduce; `torch-fsdp`: FSDP2 shards (`shard`)."""
+    """`torch-ddp`: DDP's bucketed all-reduce; `torch-fsdp`: FSDP2 shards (`shard`). With
+    `compile`, DDP wraps the compiled model (its backward is one compiled graph, so DDP's
+    bucket all-reduces start when it ends); FSDP2 compiles each sharded block's forward."""
 
     def wrap(self, net: torch.nn.Module) -> None:
         lp = self.loop
         self.fsdp = self.spec.strategy == "torch-fsdp"
         self.eval_model = self.net = net.to(lp.device)
         if self.fsdp:
-            self.model = shard(net, self.dtype)
+            self.model = shard(net, self.dtype, self.spec.compile)
             self.dtype = None  # FSDP casts parameters and inputs itself: no autocast
         else:
-            self.model = DDP(net, device_ids=[lp.device.index] if lp.cuda else None)
+            step_net = compiled(net, self.spec)  # torch.compile(DDP(net)) here traces nothing
+            self.model = DDP(step_net, device_ids=[lp.device.index] if lp.cuda else None)
         self.opt = lp.make_optimizer(self.model.parameters())
         self.scaler = torch.amp.GradScaler(lp.device.type, enabled=self.spec.precision == "fp16")
 

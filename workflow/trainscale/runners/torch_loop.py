@@ -57,6 +57,7 @@ from trainscale.runners.torch_parts import (
     sync,
     to_tensors,
 )
+from trainscale.runners.torch_speed import compiled_graphs, laid_out, memory_format, weight_layout
 
 
 class Shard(NamedTuple):
@@ -228,6 +229,7 @@ class Loop:
             shape = imagesets.spec_info(spec.to_dict()).shape  # image_size resizes per batch
             self.info = dataclasses.replace(arrays.info, shape=shape)
             self.train_x, self.train_y, self.test_x, self.test_y = to_tensors(arrays, self.device)
+            self.train_x, self.test_x = laid_out(self.train_x, spec), laid_out(self.test_x, spec)
             self.n = len(self.train_y)
             self.train_samples = self.n * spec.scale
             full = steps_per_epoch(self.train_samples, replicas, self.batch, spec.steps_per_epoch)
@@ -247,6 +249,7 @@ class Loop:
         net = self.build_model()
         self.params = models.param_count(net)
         p.wrap(net)
+        self.layout = weight_layout(net)  # as wrapping left it (ZeRO flattens, FSDP shards)
         del net  # a pipeline stage keeps only its blocks
         self.memory = phase_peaks(self.device)
         uuid = torch.cuda.get_device_properties(self.device).uuid if self.cuda else None
@@ -256,8 +259,10 @@ class Loop:
         self.cpu = None if self.cuda else CpuUsage(spec.threads_per_worker, self.rk.local_rank == 0)
 
     def build_model(self) -> torch.nn.Module:
-        """The run's model as `models.build` makes it from the current seed, on this device."""
-        return models.build(self.spec.model, self.info.shape, self.info.num_classes)
+        """The run's model as `models.build` makes it from the current seed, in the run's
+        memory format (trainscale.runners.torch_speed)."""
+        net = models.build(self.spec.model, self.info.shape, self.info.num_classes)
+        return net.to(memory_format=memory_format(self.spec))
 
     def make_optimizer(self, params) -> torch.optim.Optimizer:
         return make_optimizer(self.spec, params)
@@ -270,10 +275,11 @@ class Loop:
             order, b = shard.order, shard.batch
             for step in range(shard.steps):
                 idx = order[step * b : (step + 1) * b]
-                yield imagedata.resize_batch(self.train_x[idx], size), self.train_y[idx]
+                x = imagedata.resize_batch(self.train_x[idx], size)
+                yield laid_out(x, self.spec), self.train_y[idx]  # a no-op unless resized
             return
         for x, y in itertools.islice(self.loader.epoch(epoch), shard.steps):
-            yield x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
+            yield laid_out(x.to(dev, non_blocking=True), self.spec), y.to(dev, non_blocking=True)
 
     def test_batches(self, batch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         """This rank's test batches as (x, y, counted) for torch_parts.evaluate: equally many
@@ -383,6 +389,7 @@ class Loop:
     def report(self, out: str) -> None:
         """The gathers, the plug-in's extra measurements and blocks, and rank 0's record."""
         p, cuda = self.plugin, self.cuda
+        graphs = {"compiled_graphs": compiled_graphs()}  # before the no-sync steps compile more
         per_rank, utilization, energy, hosts = self.gather()
         if p.world_size > 1:  # after the timed epochs and the peaks; in none of their figures
             comm = p.exposed(self.last_shard)
@@ -404,7 +411,7 @@ class Loop:
             **p.extra_memory,
         }
         result = self.rec.record(
-            model={"params": self.params},
+            model={"params": self.params, "memory_format": self.layout, **graphs},
             data=self.samples(),
             test=dict(self.test),
             memory=memory,

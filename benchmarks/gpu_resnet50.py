@@ -104,8 +104,14 @@ def main() -> int:
     p.add_argument("--min-batch", type=int, default=128)
     p.add_argument("--max-batch", type=int, default=1024)
     p.add_argument("--timeout-minutes", type=float, default=6.0)
+    p.add_argument(
+        "--cases", default=",".join(CASES), help="comma-separated, of: " + ", ".join(CASES)
+    )
     p.add_argument("--out", type=Path, default=ROOT / "results" / "gpu-resnet50")
     a = p.parse_args()
+    names = [c.strip() for c in a.cases.split(",")]
+    if unknown := set(names) - set(CASES):
+        p.error(f"--cases: unknown {sorted(unknown)}; the cases are {', '.join(CASES)}")
     import torch
 
     if not torch.cuda.is_available():
@@ -124,14 +130,13 @@ def main() -> int:
         return 1
     print(f"largest batch that trained: {best}", flush=True)
 
-    seen: dict[str, list[float]] = {c: [] for c in CASES}
-    names = list(CASES)
+    seen: dict[str, list[float]] = {c: [] for c in names}
     for r in range(a.rounds):
         for case in names[r % len(names) :] + names[: r % len(names)]:
             rec = train(best, case, f"r{r}", a)
             if rec["status"] == "ok":
                 seen[case].append(rec["throughput"])
-    base = statistics.median(seen["eager"]) if seen["eager"] else None
+    base = statistics.median(seen["eager"]) if seen.get("eager") else None
     print(f"\nbatch {best}, {a.rounds} round(s); images/s min / median / max, ratio of medians")
     for case, xs in seen.items():
         if not xs:

@@ -88,7 +88,7 @@ def train(batch: int, case: str, tag: str, a: argparse.Namespace) -> dict:
         f"{case:<22} batch {batch:>5}  {rec['status']:<6} "
         + (f"{rec['throughput']:9.1f} images/s  " if rec.get("throughput") else " " * 21)
         + (f"epoch1 {e1:6.1f} s  " if e1 else "")
-        + f"peak {(rec.get('memory') or {}).get('peak_device_bytes', 0) / 2**30:5.1f} GiB  "
+        + f"peak {((rec.get('memory') or {}).get('peak_device_bytes') or 0) / 2**30:5.1f} GiB  "
         + f"wall {time.perf_counter() - t0:5.0f} s"
         + ("" if rec["status"] == "ok" else f"  ({(rec.get('error') or '')[:120]!r})"),
         flush=True,

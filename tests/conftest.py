@@ -67,6 +67,40 @@ def launch(spec, out: Path, timeout: float = 300, **env: str) -> subprocess.Comp
     return subprocess.CompletedProcess(p.args, p.returncode, stdout, stderr)
 
 
+def launch_losing_a_worker(spec, tmp_path: Path, when: str) -> tuple[Path, str]:
+    """Run an elastic Horovod spec of 2 workers through the real supervisor with a hosts file
+    of 2 slots (TRAINSCALE_HOROVOD_HOSTS, read by its discovery script), and cut the file to
+    1 slot as soon as the output shows `when`. Returns (metrics path, the whole output) once
+    the run exited 0; a run past 300 s or failing fails the test with its last lines."""
+    import time
+
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost:2\n")
+    out = tmp_path / "metrics.json"
+    proc = subprocess.Popen(
+        [PYTHON, "-m", "trainscale.launch", "--spec", spec.to_json(), "--out", str(out)],
+        cwd=ROOT,
+        env=run_env(TRAINSCALE_HOROVOD_HOSTS=str(hosts)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    lines = []
+    deadline = time.monotonic() + 300
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if when in line:
+                hosts.write_text("localhost:1\n")  # take one worker away
+            assert time.monotonic() < deadline, "".join(lines[-50:])
+        proc.wait(timeout=60)
+    finally:
+        proc.kill()
+    log = "".join(lines)
+    assert proc.returncode == 0, log[-3000:]
+    return out, log
+
+
 def snakemake(workdir: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
     """Run the workflow as a user would, in `workdir` (so the repo's results/ stay untouched)."""
     return subprocess.run(

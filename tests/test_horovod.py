@@ -4,7 +4,6 @@ and real 2-worker CPU runs (horovodrun over gloo) through Snakemake beside torch
 from __future__ import annotations
 
 import subprocess
-import time
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +14,7 @@ from trainscale import data, horovod_hosts, metrics, models
 from trainscale.matrix import build_runs
 
 import tap
-from conftest import PYTHON, ROOT, SNAKEMAKE, run_env, validated
+from conftest import PYTHON, ROOT, SNAKEMAKE, launch_losing_a_worker, run_env, validated
 
 #: |test accuracy(horovod-*) - test accuracy(torch-ddp)| on digits. Same tolerance and reasons
 #: as tests/test_tf.py (run-to-run noise of one accuracy on 360 test images is ~0.008);
@@ -156,30 +155,8 @@ def test_elastic_run_finishes_with_fewer_workers_when_one_is_removed(tmp_path):
     # about once a second) sees the change before the last epoch even on a loaded machine
     m |= {"workers": [2], "batch_size": [64], "scale": [4]}
     spec = build_runs(validated({"study": "t", "epochs": 6, "matrix": m}))[0][0]
-    hosts = tmp_path / "hosts"
-    hosts.write_text("localhost:2\n")
-    out = tmp_path / "metrics.json"
-    proc = subprocess.Popen(
-        [PYTHON, "-m", "trainscale.launch", "--spec", spec.to_json(), "--out", str(out)],
-        cwd=ROOT,
-        env=run_env(TRAINSCALE_HOROVOD_HOSTS=str(hosts)),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    lines = []
-    deadline = time.monotonic() + 300
-    try:
-        for line in proc.stdout:
-            lines.append(line)
-            if "]<stdout>:epoch 1/6" in line:  # horovodrun prefixes each worker's lines
-                hosts.write_text("localhost:1\n")  # take one worker away
-            assert time.monotonic() < deadline, "".join(lines[-50:])
-        proc.wait(timeout=60)
-    finally:
-        proc.kill()
-    log = "".join(lines)
-    assert proc.returncode == 0, log[-3000:]
+    # horovodrun prefixes each worker's lines
+    out, log = launch_losing_a_worker(spec, tmp_path, when="]<stdout>:epoch 1/6")
     rec = metrics.read(out)
     assert rec["status"] == "ok", rec["error"]
     assert len(rec["epochs"]) == 6 and rec["test"]["accuracy"] > 0.8, log[-3000:]

@@ -4,15 +4,12 @@ that loses a worker after epoch 1 and finishes on the other."""
 
 from __future__ import annotations
 
-import subprocess
-import time
-
 import pytest
 
 from trainscale import metrics
 from trainscale.matrix import build_runs
 
-from conftest import PYTHON, ROOT, launch, run_env, validated
+from conftest import launch, launch_losing_a_worker, validated
 
 STRATEGY = "horovod-keras-elastic"
 
@@ -74,31 +71,9 @@ def test_elastic_keras_run_finishes_with_fewer_workers_when_one_is_removed(tmp_p
     loss is the one of the run that kept both workers (up to float32 rounding)."""
     epochs = EPOCHS
     spec = elastic_spec(2, epochs)
-    hosts = tmp_path / "hosts"
-    hosts.write_text("localhost:2\n")
-    out = tmp_path / "metrics.json"
-    proc = subprocess.Popen(
-        [PYTHON, "-m", "trainscale.launch", "--spec", spec.to_json(), "--out", str(out)],
-        cwd=ROOT,
-        env=run_env(TRAINSCALE_HOROVOD_HOSTS=str(hosts)),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    lines = []
-    deadline = time.monotonic() + 300
-    try:
-        for line in proc.stdout:
-            lines.append(line)
-            # horovodrun prefixes each worker's lines; rank 0 prints this as fit starts
-            if "]<stdout>:horovod elastic: 2 workers from epoch 1" in line:
-                hosts.write_text("localhost:1\n")  # take one worker away
-            assert time.monotonic() < deadline, "".join(lines[-50:])
-        proc.wait(timeout=60)
-    finally:
-        proc.kill()
-    log = "".join(lines)
-    assert proc.returncode == 0, log[-3000:]
+    # horovodrun prefixes each worker's lines; rank 0 prints this as fit starts
+    when = "]<stdout>:horovod elastic: 2 workers from epoch 1"
+    out, log = launch_losing_a_worker(spec, tmp_path, when)
     rec = metrics.read(out)  # validated against the metrics schema
     assert rec["status"] == "ok", rec["error"]
     assert len(rec["epochs"]) == epochs, log[-3000:]

@@ -4,12 +4,12 @@ same metric keys, and the CPU figures of `device` (trainscale/device_usage.py) a
 import time
 
 import pytest
+from test_runners import make
 
 from trainscale import metrics
 from trainscale.device_usage import CpuUsage, RaplPackages, cpu_busy_percent
-from trainscale.matrix import build_runs
 
-from conftest import launch, validated
+from conftest import launch
 
 #: every PyTorch-family strategy, with the workers it runs here (torch-dp: one CPU device)
 FAMILY = {
@@ -57,16 +57,7 @@ def test_every_runner_of_the_family_writes_the_same_keys(tmp_path):
     the measured utilisation, the energy key (null without a sensor) and each epoch's p95."""
     recs = {}
     for strategy, workers in FAMILY.items():
-        m = {
-            "strategy": [strategy],
-            "model": ["seed-small"],
-            "dataset": ["digits"],
-            "workers": [workers],
-            "batch_size": [64],
-            "exclude": [],
-        }
-        cfg = {"study": "t", "matrix": m, "steps_per_epoch": 3}
-        spec = build_runs(validated(cfg))[0][0]
+        spec = make(strategy, workers, steps_per_epoch=3)
         out = tmp_path / strategy / "metrics.json"
         p = launch(spec, out, timeout=300)
         assert p.returncode == 0, (strategy, p.stdout[-3000:] + p.stderr[-3000:])

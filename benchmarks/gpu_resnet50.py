@@ -24,10 +24,8 @@ It needs a CUDA GPU (it says so and exits 2 without one).
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -35,8 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "workflow"))
 
-from trainscale import matrix, metrics  # noqa: E402
-from trainscale.gpu_paths import BASE_STUDY, child_env  # noqa: E402
+from trainscale import gpu_paths  # noqa: E402
 
 CASES = {  # name -> the study keys it sets
     "eager": {},
@@ -46,43 +43,25 @@ CASES = {  # name -> the study keys it sets
 }
 
 
-def study(batch: int, keys: dict, a: argparse.Namespace) -> dict:
-    from snakemake.utils import validate
-
-    cfg = copy.deepcopy(BASE_STUDY)
-    cfg.update(study="gpu-resnet50", epochs=a.epochs, timeout_minutes=a.timeout_minutes, **keys)
-    cfg["matrix"].update(
-        model=["resnet50"],
-        dataset=["synthetic-imagenet"],
-        scale=[a.scale],
-        batch_size=[batch],
-        precision=["bf16"],
-    )
-    validate(cfg, str(matrix.CONFIG_SCHEMA))
-    return cfg
-
-
 def train(batch: int, case: str, tag: str, a: argparse.Namespace) -> dict:
-    runs, dropped = matrix.build_runs(study(batch, CASES[case], a), "cuda")
-    if len(runs) != 1:
-        sys.exit(f"the matrix gave no single run: {[d.reason for d in dropped]}")
-    where = a.out / f"{case}-b{batch}-{tag}"
-    where.mkdir(parents=True, exist_ok=True)
-    out = where / "metrics.json"
-    out.unlink(missing_ok=True)
-    cmd = [
-        sys.executable,
-        "-m",
-        "trainscale.launch",
-        "--spec",
-        runs[0].to_json(),
-        "--out",
-        str(out),
-    ]
+    """One run of `case` at `batch` (gpu_paths.train: the launcher, as the train rule starts
+    it); its record, or a stand-in saying why there is none."""
+    ctx = gpu_paths.Context(out=a.out, timeout_minutes=a.timeout_minutes)
+    keys = {"study": "gpu-resnet50", "epochs": a.epochs, "timeout_minutes": a.timeout_minutes}
     t0 = time.perf_counter()
-    p = subprocess.run(cmd, env=child_env(), capture_output=True, text=True)
-    (where / "run.log").write_text(p.stdout + p.stderr)
-    rec = metrics.read(out) if out.exists() else {"status": "no record", "error": p.stderr[-300:]}
+    try:
+        rec = gpu_paths.train(
+            ctx,
+            f"{case}-b{batch}-{tag}",
+            keys=keys | CASES[case],
+            model="resnet50",
+            dataset="synthetic-imagenet",
+            scale=a.scale,
+            batch_size=batch,
+            precision="bf16",
+        ).record
+    except gpu_paths.CheckFailed as e:  # no record written
+        rec = {"status": "no record", "error": str(e)}
     e1 = rec.get("epochs", [{}])[0].get("seconds") if rec.get("epochs") else None
     print(
         f"{case:<22} batch {batch:>5}  {rec['status']:<6} "

@@ -194,17 +194,17 @@ def worker(args: argparse.Namespace) -> None:
 
     from trainscale import metrics
     from trainscale.runners.common import detect_rank
-    from trainscale.runners.torch_parts import leave
+    from trainscale.runners.torch_parts import leave, rank_device
 
     rk = detect_rank()
     torch.set_num_threads(args.threads)
     nccl = args.backend == "nccl"
     cuda = nccl or args.device == "cuda"
     dist.init_process_group(backend="gloo")
-    # nccl needs a GPU of each rank's own; gloo's CUDA tensors may share one (as two ranks of
-    # `make gpu-check` do on a one-GPU machine)
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    has_gpu = gpus > rk.local_rank if nccl else gpus > 0
+    # the GPU a training rank of this shape takes; nccl needs one of each rank's own, gloo's
+    # CUDA tensors may share one (as two ranks of `make gpu-check` do on a one-GPU machine)
+    gpu, shared = rank_device(rk.local_rank, rk.local_world_size)
+    has_gpu = gpu.type == "cuda" and not (nccl and shared)
     seen: list = [None] * rk.world_size
     dist.all_gather_object(seen, (metrics.hostname(), has_gpu))
     hosts = [h for h, _ in seen]
@@ -219,7 +219,7 @@ def worker(args: argparse.Namespace) -> None:
             write(Path(args.out), failure(args, os.environ.get("SLURM_JOB_ID"), error, hosts))
             print(f"trainscale.collectives: {error}", flush=True)
         leave()
-    device = torch.device(f"cuda:{rk.local_rank % gpus}" if cuda else "cpu")
+    device = gpu if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
     group = dist.new_group(backend="nccl") if nccl else None

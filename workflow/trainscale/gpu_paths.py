@@ -81,11 +81,13 @@ def one_line(text: str, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def study(**matrix_values) -> dict:
-    """BASE_STUDY with matrix keys replaced, validated and filled in as the Snakefile does."""
+def study(keys: dict | None = None, **matrix_values) -> dict:
+    """BASE_STUDY with study-level `keys` set and matrix keys replaced, validated and filled
+    in as the Snakefile does."""
     from snakemake.utils import validate
 
     cfg = copy.deepcopy(BASE_STUDY)
+    cfg.update(keys or {})
     cfg["matrix"].update({k: [v] for k, v in matrix_values.items()})
     validate(cfg, str(matrix.CONFIG_SCHEMA))
     return cfg
@@ -98,9 +100,16 @@ def child_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def train(ctx: Context, name: str, env: dict[str, str] | None = None, **values) -> Run:
-    """One run through `python -m trainscale.launch`, as the `train` rule starts it."""
-    runs, dropped = matrix.build_runs(study(**values), "cuda")
+def train(
+    ctx: Context,
+    name: str,
+    env: dict[str, str] | None = None,
+    keys: dict | None = None,
+    **values,
+) -> Run:
+    """One run through `python -m trainscale.launch`, as the `train` rule starts it, of the
+    study `study(keys, **values)`; its log and metrics under ctx.out/name/."""
+    runs, dropped = matrix.build_runs(study(keys, **values), "cuda")
     if len(runs) != 1:
         why = "; ".join(d.reason for d in dropped) or f"{len(runs)} runs"
         raise CheckFailed(f"the matrix gave no single run ({why})")

@@ -21,11 +21,13 @@ dataset, scale, batch size, batch mode, precision), for N workers on `nodes` nod
   network of another cluster's scaling card (`predict.card`), else the intra-node figures
   (optimistic; said in the row's assumptions).
 - exposed time of a measured run: e = max(0, t_step − compute), t_step = steady epoch seconds
-  / steps per epoch (TF runs, which have no compute measurement: t_step − t_compute(b)).
+  / steps per epoch (the rank's shard over its batch, at most config steps_per_epoch); TF
+  runs, which have no compute measurement: t_step − t_compute(b).
 - t_fixed, overlap: least squares of e = t_fixed + max(0, t_comm − overlap) over the measured
-  multi-worker runs (overlap on a grid from 0 to the largest t_comm, t_fixed ≥ 0 in closed
-  form). With one multi-worker world size the two cannot be told apart: the difference
-  e − t_comm goes to t_fixed when positive, else to overlap; with none both are 0.
+  multi-worker runs (overlap between 0 and the largest t_comm, t_fixed ≥ 0; solved exactly:
+  the sum of squares is piecewise quadratic in the overlap). With one multi-worker world size
+  the two cannot be told apart: the difference e − t_comm goes to t_fixed when positive, else
+  to overlap; with none both are 0.
 - throughput_pred = global batch / t_step; efficiency_pred = throughput / (N · X1), X1 the mean
   measured throughput at N = 1 (the model's own when N = 1 was not measured).
 - band: 2.5 and 97.5 percentiles of 200 bootstrap refits, each resampling the runs of every
@@ -51,8 +53,8 @@ import numpy as np
 import pandas as pd
 
 from trainscale import aggregate, catalog
-from trainscale.predict_grid import grid_search
 from trainscale.predict_network import Network, network
+from trainscale.predict_overlap import fit_overlap
 
 #: Gradient traffic per optimizer step, in all-reduces of the gradient (v).
 VOLUME = catalog.comm_volumes()
@@ -84,7 +86,6 @@ CHECK_COLUMNS = [
     "note",
 ]
 BOOTSTRAP = 200
-GRID = 2000
 
 
 # --------------------------------------------------------------------------------------------
@@ -106,7 +107,13 @@ def observations(runs: pd.DataFrame) -> pd.DataFrame:
     d["nodes"] = r["spec.nodes"].astype(int)
     d["workers"] = r["spec.workers"].astype(int)
     d["b"] = r["spec.per_worker_batch_size"].astype(float)
+    # optimizer steps of an epoch as the runners count them (runners.common.steps_per_epoch:
+    # the rank's shard over its batch, at most config steps_per_epoch)
     steps = (r["data.train_samples"].astype(int) // d["world_size"]) // d["b"].astype(int)
+    if "spec.steps_per_epoch" in r:
+        cap = pd.to_numeric(r["spec.steps_per_epoch"], errors="coerce")
+        steps = steps.where(cap.isna(), np.minimum(steps, cap))
+    steps = steps.where(steps >= 1)  # no step time without a step (no runner records one)
     d["t_step"] = r["steady_epoch_seconds"].astype(float) / steps
     col = "communication.compute_seconds_per_step"
     d["compute"] = pd.to_numeric(r[col], errors="coerce") if col in r else np.nan
@@ -115,7 +122,7 @@ def observations(runs: pd.DataFrame) -> pd.DataFrame:
         aggregate.gradient_bytes(s, p, float(n))
         for s, p, n in zip(r["spec.strategy"], r["spec.precision"], r["model.params"], strict=True)
     ]
-    return d.reset_index(drop=True)
+    return d[d["t_step"].notna()].reset_index(drop=True)
 
 
 @dataclass(frozen=True)
@@ -144,15 +151,12 @@ def t_comm(strategy: str, n: int, nodes: int, size: float, net: Network, u: floa
 def comm_table(
     strategy: str, shapes: list[tuple[int, int]], size: float, net: Network, us: np.ndarray
 ) -> np.ndarray:
-    """t_comm of each (N, nodes) shape (columns) at each benchmark reading u (rows). A link
-    without a measured curve does not depend on u: its column is computed once."""
-    out = np.empty((len(us), len(shapes)))
+    """t_comm of each (N, nodes) shape (columns) at each benchmark reading u (rows)."""
+    out = np.zeros((len(us), len(shapes)))
     for j, (n, k) in enumerate(shapes):
         link = net.link(k)
-        if link is None or link.sizes is None:
-            out[:, j] = t_comm(strategy, n, k, size, net)
-        else:
-            out[:, j] = [t_comm(strategy, n, k, size, net, u) for u in us]
+        if link is not None:
+            out[:, j] = VOLUME[strategy] * link.ring_seconds_at(n, size, us)
     return out
 
 
@@ -227,12 +231,12 @@ def fits(
         fixed, overlap = np.maximum(d, 0.0), np.maximum(-d, 0.0)
         return c0, c1, fixed, overlap, (note, how + ("overlap = 0" if d[0] >= 0 else "t_fixed = 0"))
     # The hidden time takes one value per (N, nodes) shape, so the sums over runs reduce to
-    # sums over shapes of each shape's count, Σe and Σe² (grid × shapes, not grid × runs).
+    # sums over shapes of each shape's count, Σe and Σe² (not over runs).
     members = [inverse.ravel() == j for j in range(len(shapes))]
     count = np.array([m.sum() for m in members], dtype=float)
     sum_e = np.stack([e[:, m].sum(axis=1) for m in members], axis=1)  # (resamples, shapes)
     sum_e2 = np.stack([(e[:, m] ** 2).sum(axis=1) for m in members], axis=1)
-    t_fixed, overlap = grid_search(tcs, count, sum_e, sum_e2, GRID)
+    t_fixed, overlap = fit_overlap(tcs, count, sum_e, sum_e2)
     how = f"t_fixed and overlap fitted over {len(shapes)} multi-worker world sizes"
     return c0, c1, t_fixed, overlap, (note, how)
 
@@ -266,8 +270,8 @@ def band(
     obs: pd.DataFrame, net: Network, targets: list[tuple[int, int, float]], seed: int = 0
 ) -> tuple[Fit, np.ndarray, np.ndarray, np.ndarray]:
     """(point fit, step seconds, lo, hi) at targets [(N, nodes, b)]: bootstrap percentiles of
-    a run's step time, widened to contain the point prediction. The resamples are drawn one by
-    one (the random stream of the study's seed) and fitted together, DRAWS_AT_ONCE at a time."""
+    a run's step time, widened to contain the point prediction. Every resample is drawn from
+    the random stream of the study's seed and all are fitted in one array operation."""
     a = _arrays(obs)
     strategy, size = a["strategy"], a["S"]
     point = fit(a, net)
@@ -275,28 +279,19 @@ def band(
     rng = np.random.default_rng(seed)
     groups = _groups(a)
     scatter = _scatter(a, groups)
-    us, picks, noise = np.empty(BOOTSTRAP), [], np.empty((BOOTSTRAP, len(targets)))
-    # scatter[integers(...)] is what rng.choice(scatter, k) draws, without its checks' cost
-    for i in range(BOOTSTRAP):
-        us[i] = rng.uniform()
-        picks.append(np.concatenate([g[rng.integers(0, len(g), len(g))] for g in groups]))
-        noise[i] = 1 + scatter[rng.integers(0, len(scatter), len(targets))]
-    picks = np.array(picks)
-    draws = np.empty((BOOTSTRAP, len(targets)))
-    for lo in range(0, BOOTSTRAP, DRAWS_AT_ONCE):
-        at = slice(lo, lo + DRAWS_AT_ONCE)
-        c0, c1, t_fixed, overlap, _ = fits(a, picks[at], us[at], net)
-        comm = comm_table(strategy, [(n, k) for n, k, _ in targets], size, net, us[at])
-        b = np.array([t[2] for t in targets])
-        step = c0[:, None] + c1[:, None] * b + t_fixed[:, None]
-        draws[at] = (step + np.maximum(0.0, comm - overlap[:, None])) * noise[at]
+    us = rng.uniform(size=BOOTSTRAP)
+    picks = np.concatenate([g[rng.integers(0, len(g), (BOOTSTRAP, len(g)))] for g in groups], 1)
+    noise = 1 + scatter[rng.integers(0, len(scatter), (BOOTSTRAP, len(targets)))]
+    c0, c1, t_fixed, overlap, _ = fits(a, picks, us, net)
+    comm = comm_table(strategy, [(n, k) for n, k, _ in targets], size, net, us)
+    b = np.array([t[2] for t in targets])
+    step = c0[:, None] + c1[:, None] * b + t_fixed[:, None]
+    draws = (step + np.maximum(0.0, comm - overlap[:, None])) * noise
     lo = np.minimum(np.percentile(draws, 2.5, axis=0), pred)
     hi = np.maximum(np.percentile(draws, 97.5, axis=0), pred)
     return point, pred, lo, hi
 
 
-#: Bootstrap resamples fitted in one array operation (memory: resamples × GRID × shapes).
-DRAWS_AT_ONCE = 50
 _COLUMNS = ("world_size", "nodes", "b", "t_step", "compute")
 
 

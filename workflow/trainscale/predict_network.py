@@ -33,18 +33,25 @@ class Link:
     def ring_seconds(self, n: int, size: float, u: float = 0.0) -> float:
         """2(n − 1)·α + 2(n − 1)/n · size / B; u in [0, 1] reads the benchmark between its
         median (0) and 95th-percentile (1) time."""
+        return float(self.ring_seconds_at(n, size, np.array([u]))[0])
+
+    def ring_seconds_at(self, n: int, size: float, us: np.ndarray) -> np.ndarray:
+        """ring_seconds at each benchmark reading of `us` at once (the bootstrap reads the
+        benchmark once per resample)."""
         if n <= 1:
-            return 0.0
+            return np.zeros(len(us))
         if self.sizes is None:
-            return 2 * (n - 1) * self.latency + collectives.bus_factor(n) * size / self.bandwidth
+            t = 2 * (n - 1) * self.latency + collectives.bus_factor(n) * size / self.bandwidth
+            return np.full(len(us), t)
         x = np.log2(self.sizes)
-        t = self.t50 + u * (self.t95 - self.t50)
         steps = 2 * (self.n_measured - 1)
-        alpha = float(t[0]) / steps
-        t_s = float(np.interp(np.log2(size), x, t))
+        # the time at `size` and α are linear in u (np.interp is linear in the times)
+        t50, t95 = (float(np.interp(np.log2(size), x, t)) for t in (self.t50, self.t95))
         if size > self.sizes[-1]:  # past the largest size measured: bandwidth-bound, linear
-            t_s = float(t[-1]) * size / float(self.sizes[-1])
-        bw_time = max(t_s - steps * alpha, t_s * 1e-3)  # bandwidth part at n_measured
+            t50, t95 = (float(t[-1]) * size / float(self.sizes[-1]) for t in (self.t50, self.t95))
+        t_s = t50 + us * (t95 - t50)
+        alpha = (float(self.t50[0]) + us * float(self.t95[0] - self.t50[0])) / steps
+        bw_time = np.maximum(t_s - steps * alpha, t_s * 1e-3)  # bandwidth part at n_measured
         per_byte = bw_time / (collectives.bus_factor(self.n_measured) * size)
         return 2 * (n - 1) * alpha + collectives.bus_factor(n) * size * per_byte
 

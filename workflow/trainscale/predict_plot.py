@@ -15,9 +15,29 @@ NAME = "predicted_scaling"
 
 def _label(key: dict, strategies: int) -> str:
     parts = [f"{key['model']}/{key['dataset']}", f"batch {key['batch_size']} {key['batch_mode']}"]
+    if str(key["scale"]) not in ("1", "1.0"):
+        parts.append(f"scale {key['scale']}")
     if key["precision"] != "fp32":
         parts.append(key["precision"])
     return ", ".join(parts)
+
+
+#: Families drawn per panel at most (the fastest, by their best measured throughput): more
+#: lines than this are unreadable, and each legend entry costs drawing time at every report.
+MAX_LINES = 8
+#: Inches of one panel, and around the panels (fixed: a layout engine would cost more than the
+#: drawing).
+PANEL_W, PANEL_H, LEFT, RIGHT, TOP, BOTTOM, WSPACE, HSPACE = 4.6, 3.2, 0.8, 0.2, 0.4, 0.5, 0.8, 0.8
+
+
+def fastest_families(sub: pd.DataFrame) -> list[tuple]:
+    """The family keys of one strategy's rows, fastest first (best measured throughput; those
+    never measured last), at most MAX_LINES."""
+    measured = sub[sub["basis"] == "measured"]
+    best = measured.groupby(FAMILY, sort=False, dropna=False)["throughput_pred"].max()
+    keys = list(sub.groupby(FAMILY, sort=True, dropna=False).groups)
+    keys.sort(key=lambda k: -best.get(k, -1.0))
+    return keys[:MAX_LINES]
 
 
 def draw(pred: pd.DataFrame, out_dir: str | Path, svg: bool = False) -> list[Path]:
@@ -31,8 +51,18 @@ def draw(pred: pd.DataFrame, out_dir: str | Path, svg: bool = False) -> list[Pat
     strategies = sorted(pred["strategy"].unique()) if len(pred) else []
     cols = max(1, min(3, len(strategies)))
     rows = max(1, -(-len(strategies) // cols))
-    fig = Figure(figsize=(5 * cols, 3.8 * rows))
+    width = LEFT + cols * PANEL_W + (cols - 1) * WSPACE + RIGHT
+    height = TOP + rows * PANEL_H + (rows - 1) * HSPACE + BOTTOM
+    fig = Figure(figsize=(width, height))
     axes = fig.subplots(rows, cols, squeeze=False)
+    fig.subplots_adjust(
+        left=LEFT / width,
+        right=1 - RIGHT / width,
+        top=1 - TOP / height,
+        bottom=BOTTOM / height,
+        wspace=WSPACE / PANEL_W,
+        hspace=HSPACE / PANEL_H,
+    )
     for ax in axes.flat[len(strategies) :]:
         ax.set_visible(False)
     if not strategies:
@@ -41,15 +71,16 @@ def draw(pred: pd.DataFrame, out_dir: str | Path, svg: bool = False) -> list[Pat
         axes[0, 0].set_axis_off()
     for ax, strategy in zip(axes.flat, strategies, strict=False):
         sub = pred[pred["strategy"] == strategy]
-        for i, (key, fam) in enumerate(sub.groupby(FAMILY, sort=True, dropna=False)):
-            fam = fam.sort_values("world_size")
+        families = dict(list(sub.groupby(FAMILY, sort=True, dropna=False)))
+        shown = fastest_families(sub)
+        for i, key in enumerate(shown):
+            fam = families[key].sort_values("world_size")
             color = f"C{i % 10}"
             label = _label(dict(zip(FAMILY, key, strict=True)), len(strategies))
             m = fam[fam["basis"] == "measured"]
-            ax.plot(m["world_size"], m["throughput_pred"], "-o", color=color, label=label)
             y = m["throughput_pred"]
             err = [y - m["throughput_lo"], m["throughput_hi"] - y]
-            ax.errorbar(m["world_size"], y, yerr=err, fmt="none", color=color, capsize=3)
+            ax.errorbar(m["world_size"], y, yerr=err, fmt="-o", color=color, capsize=3, label=label)
             p = fam[fam["basis"] == "predicted"]
             if len(p):
                 # dashed from the largest measured point on, so the two read as one curve
@@ -61,15 +92,15 @@ def draw(pred: pd.DataFrame, out_dir: str | Path, svg: bool = False) -> list[Pat
                 )
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
-        ax.set_title(strategy)
+        more = len(families) - len(shown)
+        ax.set_title(strategy + (f": the {len(shown)} fastest of {len(families)}" if more else ""))
         ax.set_xlabel("workers N")
         ax.set_ylabel("samples/s (all workers)")
-        ax.grid(True, which="both", alpha=0.3)
+        ax.grid(True, which="major", alpha=0.3)
         ax.legend(fontsize=7, title="solid measured, dashed predicted", title_fontsize=7)
-    fig.tight_layout()
     paths = [out_dir / f"{NAME}.png"] + ([out_dir / f"{NAME}.svg"] if svg else [])
     for p in paths:
-        fig.savefig(p, dpi=110)
+        fig.savefig(p, dpi=96, metadata={"Software": None}, pil_kwargs={"compress_level": 1})
     return paths
 
 

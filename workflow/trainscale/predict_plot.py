@@ -98,10 +98,12 @@ def draw(pred: pd.DataFrame, out_dir: str | Path, svg: bool = False) -> list[Pat
         ax.set_ylabel("samples/s (all workers)")
         ax.grid(True, which="major", alpha=0.3)
         ax.legend(fontsize=7, title="solid measured, dashed predicted", title_fontsize=7)
-    paths = [out_dir / f"{NAME}.png"] + ([out_dir / f"{NAME}.svg"] if svg else [])
-    for p in paths:
-        fig.savefig(p, dpi=96, metadata={"Software": None}, pil_kwargs={"compress_level": 1})
-    return paths
+    png = out_dir / f"{NAME}.png"
+    fig.savefig(png, dpi=96, metadata={"Software": None}, pil_kwargs={"compress_level": 1})
+    if not svg:
+        return [png]
+    fig.savefig(out_dir / f"{NAME}.svg", metadata={"Date": None})
+    return [png, out_dir / f"{NAME}.svg"]
 
 
 def knees(pred: pd.DataFrame, check: pd.DataFrame) -> list[dict]:

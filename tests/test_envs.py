@@ -25,6 +25,8 @@ def test_conda_env_pins_match_the_venv(env):
     pip = next(d["pip"] for d in deps if isinstance(d, dict) and "pip" in d)
     conda_pins = pins(pip)
     assert conda_pins, f"{env.name} pins nothing"
+    names = [str(d).split("==")[0].lower() for d in pip if "==" in str(d)]
+    assert len(names) == len(set(names)), f"{env.name} pins a package twice: {sorted(names)}"
     for name, version in conda_pins.items():
         assert name in VENV, f"{env.name} pins {name} which requirements.txt does not"
         assert VENV[name] == version, f"{env.name}: {name}=={version}, venv has {VENV[name]}"

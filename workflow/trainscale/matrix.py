@@ -285,6 +285,26 @@ def config_problems(config: dict, schema: dict) -> list[str]:
     return lines + imagecheck.problems(config)
 
 
+def fill_defaults(config: dict, schema: dict) -> None:
+    """Fill in the schema's defaults, in place, exactly as snakemake.utils.validate does (its
+    default-setting `properties` on the same Draft 2020-12 validator), from the schema already
+    read for `config_problems`: Snakemake's own validate reads the schema file again with the
+    pure-Python YAML reader and builds a reference registry for it, a tenth of a second of
+    every Snakemake start. Call after `config_problems` found none."""
+    import jsonschema
+
+    base = jsonschema.Draft202012Validator
+    check_properties = base.VALIDATORS["properties"]
+
+    def set_defaults(validator, properties, instance, subschema):
+        for name, prop in properties.items():
+            if "default" in prop:
+                instance.setdefault(name, prop["default"])
+        yield from check_properties(validator, properties, instance, subschema)
+
+    jsonschema.validators.extend(base, {"properties": set_defaults})(schema).validate(config)
+
+
 def gpu_count() -> int:
     """NVIDIA GPUs on this host, from the driver's /proc entries (no CUDA import)."""
     gpus = Path("/proc/driver/nvidia/gpus")
@@ -353,12 +373,11 @@ def check_file(path: str | Path, base: Path | None = None) -> list[str]:
             return [unnamed]
         inherited = overlay.inherited(base_config, config)
         config = overlay.overlay(base_config, config)
-    problems = config_problems(config, yaml.safe_load(CONFIG_SCHEMA.read_text()))
+    schema = yaml.safe_load(CONFIG_SCHEMA.read_text())
+    problems = config_problems(config, schema)
     if problems:
         return [f"{path}: {p}" for p in problems]
-    from snakemake.utils import validate
-
-    validate(config, str(CONFIG_SCHEMA))  # fills in the defaults, as the workflow does
+    fill_defaults(config, schema)  # as the workflow does
     try:
         runs, dropped = build_runs(config, detect_accelerator(config["accelerator"]))
     except ConfigError as e:

@@ -168,42 +168,46 @@ def build_runs(config: dict, accelerator: str = "cpu") -> tuple[list[RunSpec], l
                 f"{values['strategy']} with batch_size {values['batch_size']} on {world} "
                 "workers; choose a grad_accum that divides it or exclude the cell"
             )
+        # every field but the repeat's own, once per cell (a large study has thousands of runs)
+        cell = dict(
+            study=config["study"],
+            **values,
+            epochs=config["epochs"],
+            optimizer=opt["name"],
+            lr=lr,
+            base_lr=opt["lr"],
+            lr_scaling=config["lr_scaling"],
+            betas=tuple(opt["betas"]),
+            eps=opt["eps"],
+            weight_decay=opt["weight_decay"],
+            momentum=opt["momentum"],
+            global_batch_size=gbs,
+            per_worker_batch_size=pwbs,
+            world_size=world,
+            threads_per_worker=config["threads_per_worker"],
+            timeout_minutes=config["timeout_minutes"],
+            target_accuracy=config.get("target_accuracy"),
+            data_dir=config["data_dir"],
+            grad_accum=grad_accum,
+            deepspeed_config=ds_fragment if is_ds else None,
+            horovod_timeline=config.get("horovod_timeline", False) and framework == "horovod",
+            pipeline_schedule=schedule if pipe else None,
+            microbatches=mb if pipe else 1,
+            steps_per_epoch=limit,
+            samples=samples,
+            ps_tasks=config.get("ps_tasks", 1) if values["strategy"] == "tf-ps" else 0,
+            memory_format=layout,
+            compile=compile_,
+            **imagesets.run_fields(values["dataset"], config),
+        )
+        faults = config.get("faults", [])
         for repeat in range(config["repeats"]):
             runs.append(
                 RunSpec(
-                    study=config["study"],
-                    **values,
+                    **cell,
                     repeat=repeat,
                     seed=config["seed"] + repeat,
-                    epochs=config["epochs"],
-                    optimizer=opt["name"],
-                    lr=lr,
-                    base_lr=opt["lr"],
-                    lr_scaling=config["lr_scaling"],
-                    betas=tuple(opt["betas"]),
-                    eps=opt["eps"],
-                    weight_decay=opt["weight_decay"],
-                    momentum=opt["momentum"],
-                    global_batch_size=gbs,
-                    per_worker_batch_size=pwbs,
-                    world_size=world,
-                    threads_per_worker=config["threads_per_worker"],
-                    timeout_minutes=config["timeout_minutes"],
-                    target_accuracy=config.get("target_accuracy"),
-                    data_dir=config["data_dir"],
-                    grad_accum=grad_accum,
-                    deepspeed_config=ds_fragment if is_ds else None,
-                    fault=fault_for(values, repeat, config.get("faults", [])),
-                    horovod_timeline=config.get("horovod_timeline", False)
-                    and framework == "horovod",
-                    pipeline_schedule=schedule if pipe else None,
-                    microbatches=mb if pipe else 1,
-                    steps_per_epoch=limit,
-                    samples=samples,
-                    ps_tasks=config.get("ps_tasks", 1) if values["strategy"] == "tf-ps" else 0,
-                    memory_format=layout,
-                    compile=compile_,
-                    **imagesets.run_fields(values["dataset"], config),
+                    fault=fault_for(values, repeat, faults),
                 )
             )
     if not runs:

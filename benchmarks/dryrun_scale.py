@@ -15,6 +15,22 @@ Snakemake start costs milliseconds, not ~9 s, where a configured controller is d
 (docs/slurm.md).
 
     .venv/bin/python benchmarks/dryrun_scale.py [--rounds 3] [--repeats 5] [--keep DIR]
+
+Measured on the 2-core development machine, shared (load average 2-4 throughout, so every
+figure is slower than on a quiet machine and varies by 10-20% from run to run). Before
+(9d106bd): 15.67 s against 9.70 s on a quiet machine, a ratio of 1.62; alternated with the
+trivial Snakefile and with the change below, CPU time min 21.0 s / median 22.4 s against
+13.1 / 13.7 s (1.61 / 1.64). After: CPU time min 19.1 s / median 20.8 s (1.46 / 1.52), and
+this script printed a ratio of 1.50 (CPU 1.53). Counted Python function calls (cProfile, the
+same whatever the load): 47.6 M before, 40.9 M after, 27.4 M for the trivial Snakefile (a
+ratio of 1.74, now 1.49). What was cut: the scaling card's second input list of every run
+(now runs.csv plus the paths as params), the config's second validation (Snakemake's
+validate re-reading the schema with the pure-Python YAML reader), the launcher's modules
+imported at start, run paths built six times per run, two of the five fields of each train
+job's command (formatted three times per job in a dry-run). What is left is Snakemake's
+per-job handling of what a train job has and the floor's job lacks: five functions (input,
+conda env, threads, cpus_per_task, the spec), a log, three params, five resources, paths of
+ten segments, and the DeepSpeed ops edge of 3 in 8 runs.
 """
 
 from __future__ import annotations

@@ -199,6 +199,26 @@ def test_shipped_configs_build(root, tmp_path, monkeypatch):
         assert runs, path
 
 
+def test_fill_defaults_fills_what_snakemake_validate_fills():
+    """The workflow fills the schema's defaults with matrix.fill_defaults (no second read of
+    the schema): the config it gives every shipped study, laid over config.yaml as Snakemake
+    lays it, must be the one snakemake.utils.validate gives."""
+    from trainscale import overlay
+
+    schema = load_yaml(ROOT / "workflow" / "schemas" / "config.schema.yaml")
+    base = load_yaml(ROOT / "config.yaml")
+    studies = [{}, *(load_yaml(p) for p in sorted((ROOT / ".test").glob("*.yaml")))]
+    bare = {
+        "study": "bare",
+        "matrix": {"strategy": ["torch"], "model": ["seed-small"], "dataset": ["digits"]},
+    }
+    for config in [*(overlay.overlay(base, s) for s in studies), bare]:
+        expected = validated(config)  # a filled copy
+        matrix.fill_defaults(config, schema)
+        assert config == expected, config["study"]
+    assert bare["repeats"] == 1 and bare["matrix"]["batch_size"] == [128]  # filled in
+
+
 def test_thousand_cell_matrix_builds_quickly():
     cfg = base_config(
         strategy=["torch", "torch-dp", "torch-ddp"],

@@ -8,24 +8,30 @@ from pathlib import Path
 # activated in front of it (see trainscale.launch.job_environment).
 sys.path.insert(0, str(Path(workflow.basedir) / "workflow"))
 
-from trainscale.launch import (
-    SLURM_RESOURCE_KEYS,
-    job_environment,
-    slurm_request,
-    slurm_resources,
-)
+# (from trainscale.slurm and launch_commands, not trainscale.launch: that one imports the
+# launcher's attempts and metrics modules, a tenth of a second of every Snakemake start)
+from trainscale.launch_commands import job_environment
+from trainscale.slurm import SLURM_RESOURCE_KEYS, slurm_request, slurm_resources
 
 os.environ.update(job_environment(Path(workflow.basedir) / "workflow", sys.executable))
 
 import yaml
 from snakemake.common import overwrite_function_params
-from snakemake.utils import validate
 
 from trainscale import data as ts_data
 from trainscale import endnote as ts_endnote
 from trainscale import imagesets as ts_imagesets
 from trainscale import matrix as ts_matrix
 from trainscale import overlay as ts_overlay
+
+
+def load_yaml(path):
+    """A YAML file of the workflow's own (the config schema, reports/figures.yaml), read with
+    libyaml where PyYAML has it: the pure-Python reader took a tenth of a second of every
+    Snakemake start for the schema alone."""
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    return yaml.load(Path(path).read_text(), Loader=loader)
+
 
 # --configfile FILE was laid over config.yaml by Snakemake (nested keys merged); a study file
 # must name its own study, and its `matrix` replaces config.yaml's as a whole
@@ -40,16 +46,20 @@ if _unnamed:
 ts_overlay.replace_whole_keys(config, workflow.config_settings.overwrite_config)
 
 # The config, checked before any job: every problem listed at once with its key and a fix,
-# then snakemake's own validation (which also fills in the schema's defaults).
+# then the schema's defaults filled in as snakemake.utils.validate fills them
+# (ts_matrix.fill_defaults says why not validate itself); skipped, as validate is, where the
+# workflow is used as a module with skip_validation.
 CONFIG_SCHEMA = ts_matrix.CONFIG_SCHEMA
-_problems = ts_matrix.config_problems(config, yaml.safe_load(CONFIG_SCHEMA.read_text()))
+_schema = load_yaml(CONFIG_SCHEMA)
+_problems = ts_matrix.config_problems(config, _schema)
 if _problems:
     raise ValueError(
         "config: the study's config has problems; fix these keys (documented in "
         f"{CONFIG_SCHEMA.relative_to(workflow.basedir)}):\n  - "
         + "\n  - ".join(_problems)
     )
-validate(config, str(CONFIG_SCHEMA))
+if not workflow.modifier.skip_validation:
+    ts_matrix.fill_defaults(config, _schema)
 
 STUDY = config["study"]
 RESULTS = f"results/{STUDY}"
@@ -60,6 +70,8 @@ try:
     RUNS, DROPPED = ts_matrix.build_runs(config, ACCELERATOR)
 except ts_matrix.ConfigError as e:
     raise ValueError(f"config: {e}") from None
+#: Every run by its path; the paths are made here once (RunSpec.path builds one each time) and
+#: everything below that needs them iterates this.
 RUN_BY_PATH = {r.path: r for r in RUNS}
 print(
     f"trainscale: study {STUDY!r}: {ts_matrix.summary(RUNS, DROPPED)}", file=sys.stderr
@@ -163,7 +175,9 @@ def job_resources(request, every_request=None):
 
 
 #: Every run's SLURM request (trainscale.launch.slurm_resources), made once per run.
-RUN_REQUESTS = {r.path: slurm_resources(r, ACCELERATOR) for r in RUNS}
+RUN_REQUESTS = {
+    path: slurm_resources(r, ACCELERATOR) for path, r in RUN_BY_PATH.items()
+}
 
 
 def run_request(wildcards):
@@ -193,9 +207,9 @@ def check_targets():
     """One device probe per distinct SLURM allocation among the study's runs (the first run
     of each shape stands for it)."""
     shapes = {}
-    for r in RUNS:
-        shapes.setdefault(tuple(sorted(RUN_REQUESTS[r.path].items())), r)
-    return [f"{RESULTS}/check/{r.path}.txt" for r in shapes.values()]
+    for path, request in RUN_REQUESTS.items():
+        shapes.setdefault(tuple(sorted(request.items())), path)
+    return [f"{RESULTS}/check/{path}.txt" for path in shapes.values()]
 
 
 @per_job
@@ -222,7 +236,7 @@ def inputs_by_run():
     directory and framework (a large study has thousands of runs and a handful of those), so
     that the per-job input function is a dict lookup."""
     by_key, by_run = {}, {}
-    for r in RUNS:
+    for path, r in RUN_BY_PATH.items():
         key = (
             r.dataset,
             r.data_dir,
@@ -233,7 +247,7 @@ def inputs_by_run():
         )
         if key not in by_key:
             by_key[key] = files_needed(r)
-        by_run[r.path] = by_key[key]
+        by_run[path] = by_key[key]
     return by_run
 
 
@@ -247,7 +261,7 @@ def run_inputs(wildcards):
 
 
 def all_metrics():
-    return [f"{RESULTS}/runs/{r.path}/metrics.json" for r in RUNS]
+    return [f"{RESULTS}/runs/{path}/metrics.json" for path in RUN_BY_PATH]
 
 
 def print_results_location():
@@ -297,9 +311,7 @@ def collective_files():
 
 
 # --- figures (rule `figures` in report.smk); the kinds are listed once, in reports/figures.yaml
-FIGURES = yaml.safe_load(
-    (Path(workflow.basedir) / "reports" / "figures.yaml").read_text()
-)
+FIGURES = load_yaml(Path(workflow.basedir) / "reports" / "figures.yaml")
 
 
 #: Labels of every figure in `snakemake --report`, next to its title: for which runs it is.

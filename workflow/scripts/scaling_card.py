@@ -1,5 +1,6 @@
-"""Snakemake script: results/<study>/scaling-card.json from the study's metrics files and its
-all-reduce benchmark (trainscale.card), validated against its schema."""
+"""Snakemake script: results/<study>/scaling-card.json from the study's metrics files
+(params.metrics: the rule's input is runs.csv, written from the same files) and its all-reduce
+benchmark (trainscale.card), validated against its schema."""
 
 import sys
 from pathlib import Path
@@ -9,7 +10,7 @@ from trainscale import card
 with open(snakemake.log[0], "w") as log:
     sys.stderr = log
     built = card.from_files(
-        list(snakemake.input.metrics),
+        list(snakemake.params.metrics),
         list(snakemake.input.collectives),
         str(Path(snakemake.output.card).parent),  # results/<study>
         snakemake.config["study"],

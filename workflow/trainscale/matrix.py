@@ -168,42 +168,46 @@ def build_runs(config: dict, accelerator: str = "cpu") -> tuple[list[RunSpec], l
                 f"{values['strategy']} with batch_size {values['batch_size']} on {world} "
                 "workers; choose a grad_accum that divides it or exclude the cell"
             )
+        # every field but the repeat's own, once per cell (a large study has thousands of runs)
+        cell = dict(
+            study=config["study"],
+            **values,
+            epochs=config["epochs"],
+            optimizer=opt["name"],
+            lr=lr,
+            base_lr=opt["lr"],
+            lr_scaling=config["lr_scaling"],
+            betas=tuple(opt["betas"]),
+            eps=opt["eps"],
+            weight_decay=opt["weight_decay"],
+            momentum=opt["momentum"],
+            global_batch_size=gbs,
+            per_worker_batch_size=pwbs,
+            world_size=world,
+            threads_per_worker=config["threads_per_worker"],
+            timeout_minutes=config["timeout_minutes"],
+            target_accuracy=config.get("target_accuracy"),
+            data_dir=config["data_dir"],
+            grad_accum=grad_accum,
+            deepspeed_config=ds_fragment if is_ds else None,
+            horovod_timeline=config.get("horovod_timeline", False) and framework == "horovod",
+            pipeline_schedule=schedule if pipe else None,
+            microbatches=mb if pipe else 1,
+            steps_per_epoch=limit,
+            samples=samples,
+            ps_tasks=config.get("ps_tasks", 1) if values["strategy"] == "tf-ps" else 0,
+            memory_format=layout,
+            compile=compile_,
+            **imagesets.run_fields(values["dataset"], config),
+        )
+        faults = config.get("faults", [])
         for repeat in range(config["repeats"]):
             runs.append(
                 RunSpec(
-                    study=config["study"],
-                    **values,
+                    **cell,
                     repeat=repeat,
                     seed=config["seed"] + repeat,
-                    epochs=config["epochs"],
-                    optimizer=opt["name"],
-                    lr=lr,
-                    base_lr=opt["lr"],
-                    lr_scaling=config["lr_scaling"],
-                    betas=tuple(opt["betas"]),
-                    eps=opt["eps"],
-                    weight_decay=opt["weight_decay"],
-                    momentum=opt["momentum"],
-                    global_batch_size=gbs,
-                    per_worker_batch_size=pwbs,
-                    world_size=world,
-                    threads_per_worker=config["threads_per_worker"],
-                    timeout_minutes=config["timeout_minutes"],
-                    target_accuracy=config.get("target_accuracy"),
-                    data_dir=config["data_dir"],
-                    grad_accum=grad_accum,
-                    deepspeed_config=ds_fragment if is_ds else None,
-                    fault=fault_for(values, repeat, config.get("faults", [])),
-                    horovod_timeline=config.get("horovod_timeline", False)
-                    and framework == "horovod",
-                    pipeline_schedule=schedule if pipe else None,
-                    microbatches=mb if pipe else 1,
-                    steps_per_epoch=limit,
-                    samples=samples,
-                    ps_tasks=config.get("ps_tasks", 1) if values["strategy"] == "tf-ps" else 0,
-                    memory_format=layout,
-                    compile=compile_,
-                    **imagesets.run_fields(values["dataset"], config),
+                    fault=fault_for(values, repeat, faults),
                 )
             )
     if not runs:
@@ -285,6 +289,26 @@ def config_problems(config: dict, schema: dict) -> list[str]:
     return lines + imagecheck.problems(config)
 
 
+def fill_defaults(config: dict, schema: dict) -> None:
+    """Fill in the schema's defaults, in place, exactly as snakemake.utils.validate does (its
+    default-setting `properties` on the same Draft 2020-12 validator), from the schema already
+    read for `config_problems`: Snakemake's own validate reads the schema file again with the
+    pure-Python YAML reader and builds a reference registry for it, a tenth of a second of
+    every Snakemake start. Call after `config_problems` found none."""
+    import jsonschema
+
+    base = jsonschema.Draft202012Validator
+    check_properties = base.VALIDATORS["properties"]
+
+    def set_defaults(validator, properties, instance, subschema):
+        for name, prop in properties.items():
+            if "default" in prop:
+                instance.setdefault(name, prop["default"])
+        yield from check_properties(validator, properties, instance, subschema)
+
+    jsonschema.validators.extend(base, {"properties": set_defaults})(schema).validate(config)
+
+
 def gpu_count() -> int:
     """NVIDIA GPUs on this host, from the driver's /proc entries (no CUDA import)."""
     gpus = Path("/proc/driver/nvidia/gpus")
@@ -353,12 +377,11 @@ def check_file(path: str | Path, base: Path | None = None) -> list[str]:
             return [unnamed]
         inherited = overlay.inherited(base_config, config)
         config = overlay.overlay(base_config, config)
-    problems = config_problems(config, yaml.safe_load(CONFIG_SCHEMA.read_text()))
+    schema = yaml.safe_load(CONFIG_SCHEMA.read_text())
+    problems = config_problems(config, schema)
     if problems:
         return [f"{path}: {p}" for p in problems]
-    from snakemake.utils import validate
-
-    validate(config, str(CONFIG_SCHEMA))  # fills in the defaults, as the workflow does
+    fill_defaults(config, schema)  # as the workflow does
     try:
         runs, dropped = build_runs(config, detect_accelerator(config["accelerator"]))
     except ConfigError as e:

@@ -1,3 +1,4 @@
+import gc
 import inspect
 import os
 import sys
@@ -357,3 +358,9 @@ def prediction_files():
         f"{RESULTS}/prediction_check.csv",
         f"{RESULTS}/figures/predicted_scaling.png",
     ]
+
+
+# --- last: what parsing built (a large study's run specs and paths) lives as long as the run;
+# freezing it keeps the garbage collector's full scans, frequent while Snakemake builds the
+# DAG of thousands of jobs, from walking it again and again (~5-10% of a large dry-run)
+gc.freeze()

@@ -50,13 +50,31 @@ def own_keys(strategy: str) -> set[str]:
     return PLUGIN_KEYS.get(strategy, PLUGIN_KEYS.get(family, set()))
 
 
-@pytest.mark.slow
-def test_every_runner_of_the_family_writes_the_same_keys(tmp_path):
-    """A short run of each PyTorch-family strategy (3 steps per epoch): the same keys, the
-    plug-in's own blocks aside, and in each the figures the loop owns: every rank's peak RSS,
-    the measured utilisation, the energy key (null without a sensor) and each epoch's p95."""
+def studied(*studies: dict) -> dict[str, dict]:
+    """The family's records that the shared studies (conftest) already hold, each of the
+    strategy at the workers FAMILY gives it (the fp32 ones of the ZeRO study)."""
     recs = {}
+    for study in studies:
+        for rec, _ in study["recs"]:
+            spec = rec["spec"]
+            if FAMILY.get(spec["strategy"]) == spec["workers"] and spec["precision"] == "fp32":
+                recs[spec["strategy"]] = rec
+    return recs
+
+
+@pytest.mark.slow
+def test_every_runner_of_the_family_writes_the_same_keys(
+    tmp_path, deepspeed_study, horovod_study, parallel_study
+):
+    """A run of each PyTorch-family strategy: the same keys, the plug-in's own blocks aside,
+    and in each the figures the loop owns: every rank's peak RSS, the measured utilisation, the
+    energy key (null without a sensor) and each epoch's p95. All but torch and torch-dp come
+    from the shared studies' runs (conftest); those two are short runs (3 steps per epoch)."""
+    recs = studied(deepspeed_study, horovod_study, parallel_study)
+    assert sorted(recs) == sorted(set(FAMILY) - {"torch", "torch-dp"})
     for strategy, workers in FAMILY.items():
+        if strategy in recs:
+            continue
         spec = make(strategy, workers, steps_per_epoch=3)
         out = tmp_path / strategy / "metrics.json"
         p = launch(spec, out, timeout=300)

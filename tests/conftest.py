@@ -121,9 +121,10 @@ def load_yaml(path: Path) -> dict:
 
 
 # Studies that tests in several files read: each runs once per session (a Snakemake study costs
-# a minute or more on 2 cores). Their targets stop at runs.csv (every record read and checked by
-# the runs_table rule): the tests read the records, not the figures or the report, which the
-# studies of tests/test_workflow.py, test_seeds.py, test_faults.py and test_slurm.py build.
+# a minute or more on 2 cores). But for torch_study (the whole default target, checked by
+# tests/test_workflow.py), their targets stop at the files their tests read: the figures and the
+# report are built in torch_study and in the studies of test_seeds.py, test_faults.py and
+# test_slurm.py (and the runs_table rule reads and checks every record on the way).
 
 
 def study_records(results: Path) -> list[tuple[dict, Path]]:
@@ -137,14 +138,21 @@ def study_records(results: Path) -> list[tuple[dict, Path]]:
 def torch_study(tmp_path_factory) -> dict:
     """`.test/config.yaml` through Snakemake, its whole default target (runs, tables,
     predictions, figures, report): torch on 1 worker, torch-ddp on 1 and 2; with Snakemake's
-    output and the record paths (tests/test_workflow.py, tests/test_aggregate.py)."""
+    output, the record paths and the records (tests/test_workflow.py, test_aggregate.py,
+    test_torch_loop.py)."""
     work = tmp_path_factory.mktemp("torch-study")
     cfg = ROOT / ".test" / "config.yaml"
     p = snakemake(work, "--cores", "2", "--configfile", str(cfg))
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     results = work / "results" / load_yaml(cfg)["study"]
     files = sorted(results.glob("runs/**/metrics.json"))
-    return {"workdir": work, "results": results, "files": files, "output": p.stdout + p.stderr}
+    return {
+        "workdir": work,
+        "results": results,
+        "files": files,
+        "recs": study_records(results),
+        "output": p.stdout + p.stderr,
+    }
 
 
 @pytest.fixture(scope="session")

@@ -120,6 +120,126 @@ def load_yaml(path: Path) -> dict:
     return yaml.safe_load(path.read_text())
 
 
+# Studies that tests in several files read: each runs once per session (a Snakemake study costs
+# a minute or more on 2 cores). But for torch_study (the whole default target, checked by
+# tests/test_workflow.py), their targets stop at the files their tests read: the figures and the
+# report are built in torch_study and in the studies of test_seeds.py, test_faults.py and
+# test_slurm.py (and the runs_table rule reads and checks every record on the way).
+
+
+def study_records(results: Path) -> list[tuple[dict, Path]]:
+    """Every metrics record under `results`/runs, validated (metrics.read), with its path."""
+    from trainscale import metrics
+
+    return [(metrics.read(f), f) for f in sorted(results.glob("runs/**/metrics.json"))]
+
+
+@pytest.fixture(scope="session")
+def torch_study(tmp_path_factory) -> dict:
+    """`.test/config.yaml` through Snakemake, its whole default target (runs, tables,
+    predictions, figures, report): torch on 1 worker, torch-ddp on 1 and 2; with Snakemake's
+    output, the record paths and the records (tests/test_workflow.py, test_aggregate.py,
+    test_torch_loop.py)."""
+    work = tmp_path_factory.mktemp("torch-study")
+    cfg = ROOT / ".test" / "config.yaml"
+    p = snakemake(work, "--cores", "2", "--configfile", str(cfg))
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    results = work / "results" / load_yaml(cfg)["study"]
+    files = sorted(results.glob("runs/**/metrics.json"))
+    return {
+        "workdir": work,
+        "results": results,
+        "files": files,
+        "recs": study_records(results),
+        "output": p.stdout + p.stderr,
+    }
+
+
+@pytest.fixture(scope="session")
+def deepspeed_study(tmp_path_factory) -> dict:
+    """`.test/deepspeed.yaml` through Snakemake up to runs.csv: ZeRO 0-3 × fp32, bf16.
+
+    The op the DeepSpeed tests' runs compiled in this checkout's .cache (47 s on 2 cores) is
+    reused, as a user's second study would: the deepspeed_ops rule still runs and loads it."""
+    import shutil
+
+    work = tmp_path_factory.mktemp("deepspeed-study")
+    built = ROOT / ".cache" / "torch_extensions"
+    if built.is_dir():
+        shutil.copytree(
+            built,
+            work / ".cache" / "torch_extensions",
+            ignore=shutil.ignore_patterns("deepspeed-ops.done", "*.lock"),
+        )
+    cfg = ROOT / ".test" / "deepspeed.yaml"
+    study = load_yaml(cfg)["study"]
+    p = snakemake(work, f"results/{study}/runs.csv", "--cores", "2", "--configfile", str(cfg))
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    results = work / "results" / study
+    return {"workdir": work, "results": results, "recs": study_records(results)}
+
+
+@pytest.fixture(scope="session")
+def parallel_study(tmp_path_factory) -> dict:
+    """`.test/parallel.yaml` through Snakemake: torch-fsdp and torch-pipeline beside torch-ddp
+    on 2 CPU workers, up to communication.csv and the bus-bandwidth figure (the all-reduce
+    benchmark for 2 workers and the communication model)."""
+    work = tmp_path_factory.mktemp("parallel-study")
+    cfg = ROOT / ".test" / "parallel.yaml"
+    study = load_yaml(cfg)["study"]
+    targets = [f"results/{study}/{f}" for f in ("communication.csv", "figures/busbw.png")]
+    p = snakemake(work, *targets, "--cores", "2", "--configfile", str(cfg))
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    results = work / "results" / study
+    return {"workdir": work, "results": results, "recs": study_records(results)}
+
+
+@pytest.fixture(scope="session")
+def tf_study(tmp_path_factory) -> dict[str, dict]:
+    """`.test/tf.yaml` through Snakemake, for real, up to the tables tests/test_tf.py reads
+    (runs.csv, summary.txt): metrics records by strategy, and "_dir" (results, workdir and
+    Snakemake's output)."""
+    from trainscale import metrics
+
+    workdir = tmp_path_factory.mktemp("tf-study")
+    cfg = ROOT / ".test" / "tf.yaml"
+    study = load_yaml(cfg)["study"]
+    targets = [f"results/{study}/{f}" for f in ("runs.csv", "summary.txt")]
+    p = snakemake(workdir, *targets, "--cores", "2", "--configfile", str(cfg))
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    results = workdir / "results" / study
+    recs = {}
+    for f in sorted(results.glob("runs/**/metrics.json")):
+        rec = metrics.read(f)
+        recs[rec["spec"]["strategy"]] = rec
+    recs["_dir"] = {"results": results, "workdir": workdir, "output": p.stdout + p.stderr}
+    return recs
+
+
+@pytest.fixture(scope="session")
+def horovod_study(tmp_path_factory) -> dict:
+    """`.test/horovod.yaml` through Snakemake up to runs.csv, with the test plug-in
+    (tests/tap_plugin): records by strategy, every rank's final weights (PyTorch runners in
+    the tap, horovod-keras in `weights`)."""
+    import tap
+
+    workdir = tmp_path_factory.mktemp("horovod-study")
+    weights = workdir / "weights"
+    weights.mkdir()
+    save = str(weights / "{strategy}-{rank}")  # horovod-keras saves each rank's weights here
+    cfg = ROOT / ".test" / "horovod.yaml"
+    study = load_yaml(cfg)["study"]
+    cmd = [SNAKEMAKE, "-s", str(ROOT / "Snakefile"), f"results/{study}/runs.csv"]
+    cmd += ["--directory", str(workdir), "--cores", "2", "--configfile", str(cfg)]
+    env = run_env(TRAINSCALE_SAVE_WEIGHTS=save, **tap.env(workdir / "tap"))
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    recs = {
+        rec["spec"]["strategy"]: (rec, f) for rec, f in study_records(workdir / "results" / study)
+    }
+    return {"recs": recs, "weights": weights, "workdir": workdir, "tap": workdir / "tap"}
+
+
 # On a node with CUDA every GPU path's test must run: tests/gpu_guard.py, as this suite's hooks.
 from gpu_guard import (  # noqa: E402, F401
     pytest_addoption,

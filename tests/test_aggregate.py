@@ -16,7 +16,7 @@ from trainscale import aggregate, metrics, metrics_tables
 from trainscale.matrix import RunSpec, build_runs
 from trainscale.study import Study
 
-from conftest import base_config, launch
+from conftest import base_config
 
 T975 = {2: 12.706204736174694, 3: 4.302652729749462, 4: 3.182446305284263}  # t(0.975, n − 1)
 
@@ -371,18 +371,14 @@ def test_public_functions_kept_working(tmp_path):
 
 
 @pytest.mark.slow
-def test_tables_from_real_small_runs(tmp_path):
-    """torch on 1 worker and torch-ddp on 1 and 2 workers, for real, 2 epochs of digits."""
-    runs = tmp_path / "runs"
-    paths = []
-    for strategy, workers in (("torch", 1), ("torch-ddp", 1), ("torch-ddp", 2)):
-        (spec,), _ = build_runs(
-            base_config(strategy=[strategy], workers=[workers], batch_size=[64], scale=[1])
-        )
-        out = runs / spec.path / "metrics.json"
-        p = launch(spec, out, timeout=300)
-        assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
-        paths.append(out)
+def test_tables_from_real_small_runs(tmp_path, torch_study):
+    """torch on 1 worker and torch-ddp on 1 and 2 workers, for real, 2 epochs of digits: the
+    runs of `.test/config.yaml` (conftest.torch_study)."""
+    paths = torch_study["files"]
+    got = sorted(
+        (metrics.read(p)["spec"]["strategy"], metrics.read(p)["spec"]["workers"]) for p in paths
+    )
+    assert got == [("torch", 1), ("torch-ddp", 1), ("torch-ddp", 2)]
     study = Study.build(paths)
     assert study.invalid == [] and (study.runs["status"] == "ok").all()
     recs = {aggregate.run_id(p): metrics.read(p) for p in paths}

@@ -2,7 +2,6 @@
 
 import dataclasses
 import json
-import shutil
 
 import numpy as np
 import pytest
@@ -13,7 +12,7 @@ from trainscale.matrix import ConfigError, build_runs
 from trainscale.runners.deepspeed_zero import ds_config, load_fragment, merge
 
 import tap
-from conftest import ROOT, launch, snakemake, validated
+from conftest import launch, validated
 
 
 def make(strategy="deepspeed-zero2", workers=2, batch=64, precision="fp32", **kw):
@@ -176,25 +175,17 @@ def test_zero3_bf16_with_accumulation_and_a_fragment(tmp_path):
 
 
 @pytest.mark.slow
-def test_deepspeed_study_through_snakemake(tmp_path):
-    # The op the earlier tests' runs compiled in this checkout's .cache (47 s on 2 cores) is
-    # reused, as a user's second study would: the deepspeed_ops rule still runs and loads it.
-    built = ROOT / ".cache" / "torch_extensions"
-    if built.is_dir():
-        shutil.copytree(
-            built,
-            tmp_path / ".cache" / "torch_extensions",
-            ignore=shutil.ignore_patterns("deepspeed-ops.done", "*.lock"),
-        )
-    p = snakemake(tmp_path, "--cores", "2", "--configfile", str(ROOT / ".test/deepspeed.yaml"))
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    files = sorted((tmp_path / "results" / "ci-deepspeed").glob("runs/**/metrics.json"))
-    assert len(files) == 8
-    for f in files:
-        rec = metrics.read(f)
+def test_deepspeed_study_through_snakemake(deepspeed_study):
+    """`.test/deepspeed.yaml` (conftest.deepspeed_study, whose records tests/test_torch_loop.py
+    reads too): every stage at fp32 and bf16 with 2 accumulation steps, ok, and the op built
+    by the deepspeed_ops rule."""
+    recs = deepspeed_study["recs"]
+    assert len(recs) == 8
+    for rec, f in recs:
         assert rec["status"] == "ok", (f, rec["error"])
         assert rec["spec"]["grad_accum"] == 2
-    assert (tmp_path / ".cache" / "torch_extensions" / "deepspeed-ops.done").exists()
+    built = deepspeed_study["workdir"] / ".cache" / "torch_extensions"
+    assert (built / "deepspeed-ops.done").exists()
 
 
 def test_a_build_lock_left_by_a_dead_build_is_removed_and_a_fresh_one_kept(tmp_path, monkeypatch):

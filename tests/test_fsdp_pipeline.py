@@ -18,7 +18,7 @@ from trainscale.runners.pipeline import split
 from trainscale.runners.torch_parts import make_optimizer, to_tensors
 
 import tap
-from conftest import ROOT, launch, snakemake, validated
+from conftest import launch, validated
 
 
 def runs_of(strategy, workers=2, batch=64, precision="fp32", model="seed-small", **kw):
@@ -205,18 +205,14 @@ def test_pipeline_micro_batch_losses_match_one_process(tmp_path, schedule):
 
 
 @pytest.mark.slow
-def test_parallel_study_through_snakemake(tmp_path):
-    """.test/parallel.yaml for real: torch-fsdp and torch-pipeline beside torch-ddp on 2 CPU
+def test_parallel_study_through_snakemake(parallel_study):
+    """.test/parallel.yaml for real (conftest.parallel_study, whose records
+    tests/test_torch_loop.py reads too): torch-fsdp and torch-pipeline beside torch-ddp on 2 CPU
     workers, the all-reduce benchmark for 2 workers, and the communication model (the figures
     and report.html are exercised from generated files in test_report.py)."""
-    res = tmp_path / "results" / "ci-parallel"
-    targets = [f"results/ci-parallel/{f}" for f in ("communication.csv", "figures/busbw.png")]
-    cfg = str(ROOT / ".test" / "parallel.yaml")
-    p = snakemake(tmp_path, *targets, "--cores", "2", "--configfile", cfg)
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    res = parallel_study["results"]
     recs = {}
-    for f in sorted(res.glob("runs/**/metrics.json")):
-        rec = metrics.read(f)
+    for rec, f in parallel_study["recs"]:
         assert rec["status"] == "ok", (f, rec["error"])
         recs[(rec["spec"]["strategy"], rec["spec"]["workers"])] = rec
     assert set(recs) == {

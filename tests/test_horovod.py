@@ -14,7 +14,7 @@ from trainscale import data, horovod_hosts, metrics, models
 from trainscale.matrix import build_runs
 
 import tap
-from conftest import PYTHON, ROOT, SNAKEMAKE, launch_losing_a_worker, run_env, validated
+from conftest import PYTHON, ROOT, launch_losing_a_worker, validated
 
 #: |test accuracy(horovod-*) - test accuracy(torch-ddp)| on digits. Same tolerance and reasons
 #: as tests/test_tf.py (run-to-run noise of one accuracy on 360 test images is ~0.008);
@@ -70,25 +70,11 @@ def test_discovery_follows_the_hosts_file(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def study(tmp_path_factory) -> dict:
-    """`.test/horovod.yaml` through Snakemake: records by strategy; every rank's final weights."""
-    workdir = tmp_path_factory.mktemp("horovod-study")
-    weights = workdir / "weights"
-    weights.mkdir()
-    save = str(weights / "{strategy}-{rank}")  # horovod-keras saves each rank's weights here
-    cmd = [SNAKEMAKE, "-s", str(ROOT / "Snakefile")]
-    cmd += ["--directory", str(workdir), "--cores", "2"]
-    cmd += ["--configfile", str(ROOT / ".test" / "horovod.yaml")]
-    # the test plug-in (tests/tap_plugin) saves the Keras weights
-    env = run_env(TRAINSCALE_SAVE_WEIGHTS=save, **tap.env(workdir / "tap"))
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    recs = {}
-    for f in sorted((workdir / "results" / "ci-horovod").glob("runs/**/metrics.json")):
-        rec = metrics.read(f)
-        recs[rec["spec"]["strategy"]] = (rec, f)
-    # the PyTorch runners' final weights, every rank's: the test plug-in's (tests/tap.py)
-    return {"recs": recs, "weights": weights, "workdir": workdir, "tap": workdir / "tap"}
+def study(horovod_study) -> dict:
+    """`.test/horovod.yaml` through Snakemake (conftest.horovod_study, shared with
+    tests/test_torch_loop.py and test_keras_loop.py): records by strategy; every rank's final
+    weights."""
+    return horovod_study
 
 
 @pytest.mark.slow

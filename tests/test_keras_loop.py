@@ -13,7 +13,7 @@ from trainscale.matrix import build_runs
 
 from conftest import launch, validated
 
-#: (strategy, workers, worker processes) of the family, each run tiny: 2 epochs of 4 steps
+#: (strategy, workers, worker processes) of the family
 FAMILY = [
     ("tf", 1, 1),
     ("tf-mirrored", 2, 1),
@@ -21,6 +21,9 @@ FAMILY = [
     ("horovod-keras", 2, 2),
     ("horovod-keras-elastic", 2, 2),
 ]
+#: the TensorFlow strategies' records come from the shared study (conftest.tf_study: 3 epochs);
+#: the Horovod ones from tiny runs of as many epochs, of 4 steps each
+EPOCHS = 3
 #: record blocks a plug-in adds on top of the loop's (KerasStrategy.extra_metrics)
 EXTRA = {"horovod-keras": {"horovod"}, "horovod-keras-elastic": {"horovod"}}
 
@@ -58,13 +61,18 @@ def test_busy_percent_is_the_share_of_the_thread_budget():
 
 
 @pytest.fixture(scope="module")
-def family(tmp_path_factory) -> dict[str, dict]:
+def family(tmp_path_factory, tf_study) -> dict[str, dict]:
+    """A record of each strategy: tf, tf-mirrored and tf-multiworker from the shared TF study,
+    the Horovod strategies from tiny runs."""
     tmp = tmp_path_factory.mktemp("keras-family")
-    recs = {}
+    recs = {s: tf_study[s] for s in ("tf", "tf-mirrored", "tf-multiworker")}
+    assert [len(r["epochs"]) for r in recs.values()] == [EPOCHS] * 3
     for strategy, workers, _ in FAMILY:
+        if strategy in recs:
+            continue
         cfg = {
             "study": "t",
-            "epochs": 2,
+            "epochs": EPOCHS,
             "steps_per_epoch": 4,
             "matrix": {
                 "strategy": [strategy],

@@ -17,7 +17,7 @@ from trainscale import metrics, tfrun
 from trainscale.matrix import build_runs
 
 import tap
-from conftest import PYTHON, ROOT, base_config, launch, load_yaml, run_env, snakemake, validated
+from conftest import PYTHON, ROOT, base_config, launch, load_yaml, run_env, validated
 
 #: Convergence parity: |test accuracy(tf) - test accuracy(torch)| on digits, same data, seed,
 #: epochs and hyper-parameters. Why 0.03: the two frameworks draw different initial weights and
@@ -243,18 +243,10 @@ def test_a_failing_worker_fails_the_run_and_is_recorded(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def study(tmp_path_factory) -> dict[str, dict]:
-    """`.test/tf.yaml` through Snakemake, for real: metrics records by strategy."""
-    workdir = tmp_path_factory.mktemp("tf-study")
-    p = snakemake(workdir, "--cores", "2", "--configfile", str(ROOT / ".test" / "tf.yaml"))
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    results = workdir / "results" / "ci-tf"
-    recs = {}
-    for f in sorted(results.glob("runs/**/metrics.json")):
-        rec = metrics.read(f)
-        recs[rec["spec"]["strategy"]] = rec
-    recs["_dir"] = {"results": results, "workdir": workdir, "output": p.stdout + p.stderr}
-    return recs
+def study(tf_study) -> dict[str, dict]:
+    """`.test/tf.yaml` through Snakemake (conftest.tf_study, whose TensorFlow records
+    tests/test_keras_loop.py reads too): metrics records by strategy."""
+    return tf_study
 
 
 STRATEGIES = ["torch", "torch-ddp", "tf", "tf-mirrored", "tf-multiworker"]

@@ -1,7 +1,10 @@
 """The one PyTorch loop (trainscale/runners/torch_loop.py): every runner of the family writes the
 same metric keys, and the CPU figures of `device` (trainscale/device_usage.py) are measured."""
 
+import itertools
 import time
+from collections.abc import Iterable
+from pathlib import Path
 
 import pytest
 from test_runners import make
@@ -50,13 +53,36 @@ def own_keys(strategy: str) -> set[str]:
     return PLUGIN_KEYS.get(strategy, PLUGIN_KEYS.get(family, set()))
 
 
-@pytest.mark.slow
-def test_every_runner_of_the_family_writes_the_same_keys(tmp_path):
-    """A short run of each PyTorch-family strategy (3 steps per epoch): the same keys, the
-    plug-in's own blocks aside, and in each the figures the loop owns: every rank's peak RSS,
-    the measured utilisation, the energy key (null without a sensor) and each epoch's p95."""
+def studied(*records: Iterable[tuple[dict, Path]]) -> dict[str, dict]:
+    """The family's records among the shared studies' (conftest: (record, path) pairs), each of
+    the strategy at the workers FAMILY gives it (the fp32 ones of the ZeRO study)."""
     recs = {}
+    for rec, _ in itertools.chain(*records):
+        spec = rec["spec"]
+        if FAMILY.get(spec["strategy"]) == spec["workers"] and spec["precision"] == "fp32":
+            recs[spec["strategy"]] = rec
+    return recs
+
+
+@pytest.mark.slow
+def test_every_runner_of_the_family_writes_the_same_keys(
+    tmp_path, torch_study, deepspeed_study, horovod_study, parallel_study
+):
+    """A run of each PyTorch-family strategy: the same keys, the plug-in's own blocks aside,
+    and in each the figures the loop owns: every rank's peak RSS, the measured utilisation, the
+    energy key (null without a sensor) and each epoch's p95. All but torch-dp come from the
+    shared studies' runs (conftest); torch-dp, in none of them, is a short run (3 steps per
+    epoch)."""
+    recs = studied(
+        torch_study["recs"],
+        deepspeed_study["recs"],
+        horovod_study["recs"].values(),
+        parallel_study["recs"],
+    )
+    assert sorted(recs) == sorted(set(FAMILY) - {"torch-dp"})
     for strategy, workers in FAMILY.items():
+        if strategy in recs:
+            continue
         spec = make(strategy, workers, steps_per_epoch=3)
         out = tmp_path / strategy / "metrics.json"
         p = launch(spec, out, timeout=300)

@@ -60,12 +60,12 @@ def test_bad_config_fails_before_any_job_with_a_message(tmp_path, matrix, needle
 
 
 @pytest.mark.slow
-def test_real_study_through_snakemake(tmp_path):
-    """`.test/config.yaml`: torch and torch-ddp on 1 and 2 workers, digits, for real."""
-    p = snakemake(tmp_path, "--cores", "2", "--configfile", str(ROOT / ".test" / "config.yaml"))
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    results = tmp_path / "results" / "ci-torch"
-    files = sorted(results.glob("runs/**/metrics.json"))
+def test_real_study_through_snakemake(torch_study):
+    """`.test/config.yaml`: torch and torch-ddp on 1 and 2 workers, digits, for real (the
+    study is conftest.torch_study, whose records tests/test_aggregate.py reads too)."""
+    work, results = torch_study["workdir"], torch_study["results"]
+    assert results == work / "results" / "ci-torch"
+    files = torch_study["files"]
     assert len(files) == 3  # torch w1, torch-ddp w1, torch-ddp w2
     for f in files:
         rec = metrics.read(f)
@@ -76,7 +76,7 @@ def test_real_study_through_snakemake(tmp_path):
         assert rec["test"]["accuracy"] > 0.88
         assert rec["epochs"][1]["train_loss"] < rec["epochs"][0]["train_loss"]
         log = (
-            tmp_path
+            work
             / "logs"
             / "ci-torch"
             / "runs"
@@ -86,7 +86,7 @@ def test_real_study_through_snakemake(tmp_path):
     rows = list(csv.DictReader((results / "runs.csv").open()))
     assert len(rows) == 3 and {r["status"] for r in rows} == {"ok"}
     assert {r["spec.world_size"] for r in rows} == {"1", "2"}
-    assert "results of study 'ci-torch' are in results/ci-torch/" in p.stdout + p.stderr
+    assert "results of study 'ci-torch' are in results/ci-torch/" in torch_study["output"]
     # exposed communication in the multi-worker run; predictions beside, never in, the tables
     (two,) = [metrics.read(f) for f in files if "workers~2" in str(f)]
     comm = two["communication"]
@@ -106,7 +106,7 @@ def test_real_study_through_snakemake(tmp_path):
     assert "Predicted scaling" in (results / "report.html").read_text()
     # nothing to do the second time: every result is kept
     again = snakemake(
-        tmp_path, "--cores", "2", "-n", "--configfile", str(ROOT / ".test" / "config.yaml")
+        work, "--cores", "2", "-n", "--configfile", str(ROOT / ".test" / "config.yaml")
     )
     assert "Nothing to be done" in again.stdout + again.stderr
 

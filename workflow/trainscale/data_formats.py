@@ -9,6 +9,7 @@ returns ``trainscale.data_catalogue.Arrays``.
 
 import gzip
 import math
+import os
 import zlib
 from pathlib import Path
 
@@ -139,7 +140,21 @@ def cifar10_arrays(root: Path, meta: DatasetInfo) -> Arrays:
 
 def digits_arrays(meta: DatasetInfo) -> Arrays:
     """scikit-learn's bundled 8x8 digits (real data that works offline), split 1437/360 with a
-    fixed, stratified split so every run of every strategy sees the same test set."""
+    fixed, stratified split so every run of every strategy sees the same test set.
+
+    The split is kept in the user's cache (digits_cache): importing scikit-learn to make it
+    costs about 1.5 s, more than a short run's training, and every run of a study would pay it.
+    """
+    cached = digits_cache()
+    if cached is not None and cached.exists():
+        try:
+            with np.load(cached) as z:
+                return Arrays(
+                    meta, z["train_x"], z["train_y"], z["test_x"], z["test_y"], 16.0,
+                    tuple(z["mean"].tolist()), tuple(z["std"].tolist()),
+                )  # fmt: skip
+        except Exception:  # noqa: BLE001 (any damage, e.g. cut short: made again below)
+            pass
     try:
         from sklearn.datasets import load_digits
         from sklearn.model_selection import train_test_split
@@ -156,7 +171,38 @@ def digits_arrays(meta: DatasetInfo) -> Arrays:
     scaled = train_x.astype(np.float64) / 16.0
     mean = tuple(float(v) for v in scaled.mean(axis=(0, 2, 3)))
     std = tuple(float(v) for v in scaled.std(axis=(0, 2, 3)))
+    if cached is not None:
+        _save_atomically(
+            cached, train_x=train_x, train_y=train_y, test_x=test_x, test_y=test_y,
+            mean=np.array(mean), std=np.array(std),
+        )  # fmt: skip
     return Arrays(meta, train_x, train_y, test_x, test_y, 16.0, mean, std)
+
+
+def digits_cache() -> Path | None:
+    """Where the digits split is kept: $XDG_CACHE_HOME (or ~/.cache)/trainscale, one file per
+    scikit-learn version (the split is scikit-learn's); None without scikit-learn."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        sklearn = version("scikit-learn")
+    except PackageNotFoundError:
+        return None
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "trainscale"
+    return base / f"digits-split-sklearn-{sklearn}.npz"
+
+
+def _save_atomically(path: Path, **arrays: np.ndarray) -> None:
+    """np.savez to a temporary file renamed into place, so that runs starting together never
+    read half a file; a cache that cannot be written (read-only home) is skipped."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        with open(tmp, "wb") as f:
+            np.savez(f, **arrays)
+        os.replace(tmp, path)
+    except OSError:
+        pass
 
 
 def synthetic_arrays(meta: DatasetInfo, seed: int, samples: int | None = None) -> Arrays:

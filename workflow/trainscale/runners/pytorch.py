@@ -10,7 +10,6 @@ from __future__ import annotations
 import warnings
 
 import torch
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from trainscale import catalog, models
@@ -37,6 +36,10 @@ def shard(
     forward is compiled after it is sharded, so FSDP's hooks (all-gather, reduce-scatter) run
     eagerly around compiled blocks (compiling the sharded root, or a block with its hooks,
     builds no graph: FSDP keeps TorchDynamo out of its hooks and all they call)."""
+    # imported here: torch.distributed.fsdp loads TorchDynamo and DTensor (~1 s), which only
+    # torch-fsdp uses, and every torch run would pay it at start
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
     policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32 if dtype else None)
     for block in models.blocks(net):
         if any(True for _ in block.parameters()):

@@ -63,5 +63,7 @@ rule deepspeed_ops:
     resources:
         **job_resources(build_request),
     shell:
-        "TORCH_EXTENSIONS_DIR=.cache/torch_extensions"
+        # the absolute path the runs get (trainscale.slurm.detect): torch rebuilds an op whose
+        # build directory is named differently, and the first DeepSpeed run would build it again
+        'TORCH_EXTENSIONS_DIR="$PWD/.cache/torch_extensions"'
         " python -m trainscale.runners.deepspeed_zero --build-ops > {log:q} 2>&1"

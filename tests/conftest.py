@@ -101,13 +101,17 @@ def launch_losing_a_worker(spec, tmp_path: Path, when: str) -> tuple[Path, str]:
     return out, log
 
 
-def snakemake(workdir: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
-    """Run the workflow as a user would, in `workdir` (so the repo's results/ stay untouched)."""
+def snakemake(
+    workdir: Path, *args: str, timeout: float = 900, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """Run the workflow as a user would, in `workdir` (so the repo's results/ stay untouched);
+    `env`: the whole environment (None: this process's)."""
     return subprocess.run(
         [SNAKEMAKE, "-s", str(ROOT / "Snakefile"), "--directory", str(workdir), *args],
         capture_output=True,
         text=True,
         timeout=timeout,
+        env=env,
     )
 
 
@@ -134,6 +138,20 @@ def study_records(results: Path) -> list[tuple[dict, Path]]:
     return [(metrics.read(f), f) for f in sorted(results.glob("runs/**/metrics.json"))]
 
 
+def run_test_study(
+    work: Path, name: str, *files: str, env: dict[str, str] | None = None
+) -> tuple[Path, subprocess.CompletedProcess]:
+    """`.test/<name>.yaml` through Snakemake on 2 cores in `work`, up to `files` (paths under
+    results/<study>/; none: the whole default target): its results dir and Snakemake's run.
+    A study that fails fails every test that reads it, with Snakemake's last output."""
+    cfg = ROOT / ".test" / f"{name}.yaml"
+    study = load_yaml(cfg)["study"]
+    targets = [f"results/{study}/{f}" for f in files]
+    p = snakemake(work, *targets, "--cores", "2", "--configfile", str(cfg), env=env)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    return work / "results" / study, p
+
+
 @pytest.fixture(scope="session")
 def torch_study(tmp_path_factory) -> dict:
     """`.test/config.yaml` through Snakemake, its whole default target (runs, tables,
@@ -141,15 +159,11 @@ def torch_study(tmp_path_factory) -> dict:
     output, the record paths and the records (tests/test_workflow.py, test_aggregate.py,
     test_torch_loop.py)."""
     work = tmp_path_factory.mktemp("torch-study")
-    cfg = ROOT / ".test" / "config.yaml"
-    p = snakemake(work, "--cores", "2", "--configfile", str(cfg))
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    results = work / "results" / load_yaml(cfg)["study"]
-    files = sorted(results.glob("runs/**/metrics.json"))
+    results, p = run_test_study(work, "config")
     return {
         "workdir": work,
         "results": results,
-        "files": files,
+        "files": sorted(results.glob("runs/**/metrics.json")),
         "recs": study_records(results),
         "output": p.stdout + p.stderr,
     }
@@ -171,11 +185,7 @@ def deepspeed_study(tmp_path_factory) -> dict:
             work / ".cache" / "torch_extensions",
             ignore=shutil.ignore_patterns("deepspeed-ops.done", "*.lock"),
         )
-    cfg = ROOT / ".test" / "deepspeed.yaml"
-    study = load_yaml(cfg)["study"]
-    p = snakemake(work, f"results/{study}/runs.csv", "--cores", "2", "--configfile", str(cfg))
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    results = work / "results" / study
+    results, _ = run_test_study(work, "deepspeed", "runs.csv")
     return {"workdir": work, "results": results, "recs": study_records(results)}
 
 
@@ -185,12 +195,7 @@ def parallel_study(tmp_path_factory) -> dict:
     on 2 CPU workers, up to communication.csv and the bus-bandwidth figure (the all-reduce
     benchmark for 2 workers and the communication model)."""
     work = tmp_path_factory.mktemp("parallel-study")
-    cfg = ROOT / ".test" / "parallel.yaml"
-    study = load_yaml(cfg)["study"]
-    targets = [f"results/{study}/{f}" for f in ("communication.csv", "figures/busbw.png")]
-    p = snakemake(work, *targets, "--cores", "2", "--configfile", str(cfg))
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    results = work / "results" / study
+    results, _ = run_test_study(work, "parallel", "communication.csv", "figures/busbw.png")
     return {"workdir": work, "results": results, "recs": study_records(results)}
 
 
@@ -199,19 +204,9 @@ def tf_study(tmp_path_factory) -> dict[str, dict]:
     """`.test/tf.yaml` through Snakemake, for real, up to the tables tests/test_tf.py reads
     (runs.csv, summary.txt): metrics records by strategy, and "_dir" (results, workdir and
     Snakemake's output)."""
-    from trainscale import metrics
-
     workdir = tmp_path_factory.mktemp("tf-study")
-    cfg = ROOT / ".test" / "tf.yaml"
-    study = load_yaml(cfg)["study"]
-    targets = [f"results/{study}/{f}" for f in ("runs.csv", "summary.txt")]
-    p = snakemake(workdir, *targets, "--cores", "2", "--configfile", str(cfg))
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    results = workdir / "results" / study
-    recs = {}
-    for f in sorted(results.glob("runs/**/metrics.json")):
-        rec = metrics.read(f)
-        recs[rec["spec"]["strategy"]] = rec
+    results, p = run_test_study(workdir, "tf", "runs.csv", "summary.txt")
+    recs = {rec["spec"]["strategy"]: rec for rec, _ in study_records(results)}
     recs["_dir"] = {"results": results, "workdir": workdir, "output": p.stdout + p.stderr}
     return recs
 
@@ -227,16 +222,9 @@ def horovod_study(tmp_path_factory) -> dict:
     weights = workdir / "weights"
     weights.mkdir()
     save = str(weights / "{strategy}-{rank}")  # horovod-keras saves each rank's weights here
-    cfg = ROOT / ".test" / "horovod.yaml"
-    study = load_yaml(cfg)["study"]
-    cmd = [SNAKEMAKE, "-s", str(ROOT / "Snakefile"), f"results/{study}/runs.csv"]
-    cmd += ["--directory", str(workdir), "--cores", "2", "--configfile", str(cfg)]
     env = run_env(TRAINSCALE_SAVE_WEIGHTS=save, **tap.env(workdir / "tap"))
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    recs = {
-        rec["spec"]["strategy"]: (rec, f) for rec, f in study_records(workdir / "results" / study)
-    }
+    results, _ = run_test_study(workdir, "horovod", "runs.csv", env=env)
+    recs = {rec["spec"]["strategy"]: (rec, f) for rec, f in study_records(results)}
     return {"recs": recs, "weights": weights, "workdir": workdir, "tap": workdir / "tap"}
 
 

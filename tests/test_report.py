@@ -19,6 +19,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
+from matplotlib.collections import LineCollection, PathCollection
 from test_aggregate import failed_record, ok_record, spec_for, write
 from test_collectives import fake_collectives
 
@@ -179,12 +180,23 @@ def test_every_line_fits_its_facet(built):
         fig = kind.draw(d, kind)
         for ax in fig.axes:
             lo, hi = ax.get_ylim()
-            for line in ax.get_lines():
-                if line.get_transform() != ax.transData:
-                    continue  # reference lines in axes coordinates (axvline)
-                ys = [y for y in line.get_ydata() if y == y]
+            for ys in _data_ys(ax):
+                ys = [y for y in ys if y == y]
                 if ys:
                     assert lo <= min(ys) and max(ys) <= hi, (name, ax.get_title(), ys, hi)
+
+
+def _data_ys(ax):
+    """The y values of every line, line collection and marker collection drawn in data
+    coordinates (reference lines in axes coordinates, e.g. axvline, are left out)."""
+    for line in ax.get_lines():
+        if line.get_transform() == ax.transData:
+            yield list(line.get_ydata())
+    for coll in ax.collections:
+        if isinstance(coll, LineCollection) and coll.get_transform() == ax.transData:
+            yield [y for seg in coll.get_segments() for y in seg[:, 1]]
+        elif isinstance(coll, PathCollection) and coll.get_offset_transform() == ax.transData:
+            yield list(coll.get_offsets()[:, 1])
 
 
 def test_absent_data_gives_a_note_image_not_an_empty_plot(tmp_path):

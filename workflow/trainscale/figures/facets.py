@@ -9,13 +9,18 @@ repeats (Student's t, defined in `trainscale.aggregate`).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 
 import numpy as np
 import pandas as pd
+from matplotlib.collections import LineCollection, PathCollection
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
+from matplotlib.markers import MarkerStyle
+from matplotlib.path import Path
 from matplotlib.ticker import FixedLocator, MaxNLocator, NullLocator
+from matplotlib.transforms import IdentityTransform
 
 from trainscale.figures.registry import Kind
 from trainscale.figures.style import DASHES, MARKERS, header, hue_title, label, labels, palette
@@ -28,6 +33,8 @@ LEFT, TOP, BOTTOM, HSPACE = 0.95, 0.62, 0.55, 0.75
 #: At most this many y intervals per facet: readable on a 2.4-inch facet, and every tick is a
 #: grid line, a tick mark and a label to draw.
 Y_BINS = 5
+#: Marker size of the lines' points, in points (matplotlib's markersize).
+MARKER_SIZE = 4
 
 
 def grid(
@@ -114,7 +121,7 @@ def lines(
     xlabel: str,
     ylabel: str,
     log2x: bool = False,
-    ideal: Callable | None = None,
+    ideal: Callable[[pd.DataFrame], tuple[np.ndarray, np.ndarray] | None] | None = None,
     ref: Callable | None = None,
     legend_extra: Sequence[Line2D] = (),
     ylim: tuple[float | None, float | None] = (0, None),
@@ -174,23 +181,24 @@ def lines(
             ax.text(0.5, 0.5, "no cells", ha="center", va="center", transform=ax.transAxes)
             ax.set_xticks([])
             continue
-        bars = []  # every error bar of the axes, drawn as one collection (fast)
+        # The facet's lines as one LineCollection and its markers as one PathCollection,
+        # instead of a Line2D per line (about a millisecond each to create and draw; a 432-cell
+        # study draws thousands) or a scatter per marker shape (about as costly).
+        segs, seg_colours, seg_dashes, ideal_segs, ideal_colours = [], [], [], [], []
+        px, py, p_paths, p_colours = [], [], [], []  # every marker of the facet
+        bars = []  # every error bar of the axes, drawn as one collection
         for (hv, sv), at in series.items():
             marker, dash = styles[sv]
             xs = xv[at] * dodge[hv]
             ys = yv[at]
-            # a Line2D added directly: ax.plot's argument parsing cost more than the line
-            ax.add_line(
-                Line2D(
-                    xs,
-                    ys,
-                    color=colours[hv],
-                    marker=marker,
-                    linestyle=dash,
-                    markersize=4,
-                    linewidth=1.3,
-                )
-            )
+            for seg in _finite_runs(xs, ys):  # a gap where a value is missing, as Line2D
+                segs.append(seg)
+                seg_colours.append(colours[hv])
+                seg_dashes.append(dash)
+            px.extend(xs)
+            py.extend(ys)
+            p_paths += [_marker_path(marker)] * len(xs)
+            p_colours += [colours[hv]] * len(xs)
             if ev is not None:
                 e = ev[at]
                 keep = np.isfinite(e)
@@ -198,8 +206,35 @@ def lines(
                     (xi, yi - ei, yi + ei, colours[hv])
                     for xi, yi, ei in zip(xs[keep], ys[keep], e[keep], strict=True)
                 ]
-            if ideal is not None:
-                ideal(ax, d.iloc[at], colours[hv])
+            if ideal is not None and (line := ideal(d.iloc[at])) is not None:
+                ideal_segs.append(np.column_stack(line))
+                ideal_colours.append(colours[hv])
+        pts = np.column_stack([px, py])
+        ax.update_datalim(pts[np.isfinite(pts).all(axis=1)])
+        ax.add_collection(
+            LineCollection(segs, colors=seg_colours, linestyles=seg_dashes, linewidths=1.3),
+            autolim=False,
+        )
+        ax.add_collection(
+            PathCollection(
+                p_paths,
+                sizes=[MARKER_SIZE**2],
+                offsets=pts,
+                offset_transform=ax.transData,
+                transform=IdentityTransform(),  # marker paths in points, as scatter's
+                facecolors=p_colours,
+                edgecolors=p_colours,
+                linewidths=1.0,
+                zorder=2.1,  # above the lines
+            ),
+            autolim=False,
+        )
+        if ideal_segs:  # dotted, lighter: linear scaling from each line's baseline
+            ax.add_collection(
+                LineCollection(
+                    ideal_segs, colors=ideal_colours, linestyles=":", linewidths=1.0, alpha=0.7
+                )
+            )
         if bars:  # capless, as seaborn draws error bars
             bx, lo, hi, cs = zip(*bars, strict=True)
             ax.vlines(bx, lo, hi, colors=cs, linewidth=1.0)
@@ -220,13 +255,31 @@ def lines(
     return finish(fig, kind.title, handles)
 
 
-def ideal_linear(ax, s: pd.DataFrame, colour) -> None:
-    """Linear scaling from the series' N = 1 baseline: X(1) · N."""
+@functools.cache
+def _marker_path(marker: str) -> Path:
+    """The path of a marker shape, as scatter draws it (one point wide, centred on 0)."""
+    style = MarkerStyle(marker)
+    return style.get_path().transformed(style.get_transform())
+
+
+def _finite_runs(xs: np.ndarray, ys: np.ndarray) -> list[np.ndarray]:
+    """The (x, y) points of a line in runs of consecutive finite values."""
+    ok = np.isfinite(xs) & np.isfinite(ys)
+    if ok.all():
+        return [np.column_stack([xs, ys])]
+    cuts = np.flatnonzero(np.diff(ok.astype(np.int8))) + 1
+    runs = np.split(np.column_stack([xs, ys]), cuts)
+    return [r for r in runs if np.isfinite(r).all()]
+
+
+def ideal_linear(s: pd.DataFrame) -> tuple[np.ndarray, np.ndarray] | None:
+    """Linear scaling from the series' N = 1 baseline, X(1) · N: its (x, y) points, or None
+    without a baseline."""
     base = s["baseline_throughput"].dropna()
     if base.empty:
-        return
+        return None
     n = np.array(sorted({1.0, *s["world_size"].astype(float)}))
-    ax.plot(n, base.iloc[0] * n, color=colour, linestyle=":", linewidth=1.0, alpha=0.7)
+    return n, base.iloc[0] * n
 
 
 def reference_handle(label_text: str, linestyle: str = ":") -> Line2D:

@@ -173,6 +173,7 @@ def lines(
         key=lambda kv: kv[0][2:],
     ):
         facets.setdefault((r, c), {})[(hv, sv)] = at
+    ticks = {key: _x_ticks(xv, series.values()) for key, series in facets.items()}
     for (ri, r), (ci, c) in ((a, b) for a in enumerate(rows) for b in enumerate(cols)):
         ax = axes[ri, ci]
         series = facets.get((r, c), {})
@@ -244,15 +245,24 @@ def lines(
         ax.autoscale_view()
         xaxis(ax, xv[facet], log2x)
         # axis labels once per row and column: the bottom facet of each column, the first of
-        # each row (every label is text drawn at every report)
+        # each row (every label is text drawn at every report); x tick labels likewise where
+        # the facet below has the same ticks
         below = ri + 1 < len(rows) and (rows[ri + 1], c) in facets
         ax.set_xlabel("" if below else xlabel)
+        if below and ticks[(rows[ri + 1], c)] == ticks[(r, c)]:
+            ax.tick_params(labelbottom=False)
         ax.set_ylabel(ylabel if ci == 0 else "")
     # Only now, with every facet drawn: a row shares its y axis, and a limit set earlier would
     # freeze the row's range before the later facets' data were in it (lines ran off the top).
     for ax in axes.flat:
         ax.set_ylim(*ylim)
     return finish(fig, kind.title, handles)
+
+
+def _x_ticks(xv: np.ndarray, positions) -> tuple[float, ...]:
+    """The x values a facet's ticks stand at (`xaxis`): every finite x of its lines."""
+    x = xv[np.concatenate(list(positions))]
+    return tuple(np.unique(x[np.isfinite(x)]).tolist())
 
 
 @functools.cache

@@ -171,7 +171,7 @@ def torch_study(tmp_path_factory) -> dict:
 
 @pytest.fixture(scope="session")
 def deepspeed_study(tmp_path_factory) -> dict:
-    """`.test/deepspeed.yaml` through Snakemake up to runs.csv: ZeRO 0-3 × fp32, bf16.
+    """`.test/deepspeed.yaml` through Snakemake up to runs.csv: ZeRO 0-3, fp32 and bf16.
 
     The op the DeepSpeed tests' runs compiled in this checkout's .cache (47 s on 2 cores) is
     reused, as a user's second study would: the deepspeed_ops rule still runs and loads it."""

@@ -55,11 +55,12 @@ def own_keys(strategy: str) -> set[str]:
 
 def studied(*records: Iterable[tuple[dict, Path]]) -> dict[str, dict]:
     """The family's records among the shared studies' (conftest: (record, path) pairs), each of
-    the strategy at the workers FAMILY gives it (the fp32 ones of the ZeRO study)."""
+    the strategy at the workers FAMILY gives it (the ZeRO study's at fp32 or bf16: its one run
+    of each stage)."""
     recs = {}
     for rec, _ in itertools.chain(*records):
         spec = rec["spec"]
-        if FAMILY.get(spec["strategy"]) == spec["workers"] and spec["precision"] == "fp32":
+        if FAMILY.get(spec["strategy"]) == spec["workers"]:
             recs[spec["strategy"]] = rec
     return recs
 

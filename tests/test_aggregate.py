@@ -14,7 +14,7 @@ import pytest
 
 from trainscale import aggregate, metrics, metrics_tables
 from trainscale.matrix import RunSpec, build_runs
-from trainscale.study import Study
+from trainscale.study import Study, write_csv
 
 from conftest import base_config
 
@@ -323,6 +323,31 @@ def test_tables_round_trip_through_csv(tmp_path):
     assert back.runs["oversubscribed"].dtype == bool
     assert len(back.epochs) == 9 * 3
     assert back.convergence["train_loss_mean"].notna().all()
+
+
+def test_tables_are_written_as_pandas_writes_them(tmp_path):
+    """study.write's CSV writer gives to_csv's bytes: missing values empty, quoting, floats at
+    full precision, nullable and extension types, and a table's own columns."""
+    df = pd.DataFrame(
+        {
+            "f": [1.0, np.nan, 1e16, 1e-7, np.inf, 0.1],
+            "i": [1, 2, 3, 4, 5, 6],
+            "s": pd.array(["a", None, 'x,"y"', "line\nbreak", "", "é"], dtype="string"),
+            "b": [True, False, True, True, False, False],
+            "nb": pd.array([True, None, False, True, None, False], dtype="boolean"),
+            "ni": pd.array([1, None, 3, 4, 5, None], dtype="Int64"),
+            "o": ["a", None, 1, 2.5, "q", "r"],
+            "f32": np.array([0.1, 0.2, 0.3, 0.4, 0.5, 0.6], dtype=np.float32),
+            "t": pd.to_datetime(["2026-01-01 10:00:00.5"] * 6),
+        }
+    )
+    study = Study.build(scaling_study(tmp_path / "runs"), name="t")
+    tables = [df, df[["f", "i", "s", "nb", "ni", "o"]], df.iloc[0:0], study.runs, study.epochs]
+    for n, table in enumerate([*tables, study.scaling]):
+        table.to_csv(tmp_path / "pandas.csv", index=False)
+        write_csv(table, tmp_path / "ours.csv")
+        want = (tmp_path / "pandas.csv").read_bytes()
+        assert (tmp_path / "ours.csv").read_bytes() == want, n
 
 
 def test_read_gives_back_what_was_written_with_its_types(tmp_path):

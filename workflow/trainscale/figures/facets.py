@@ -98,9 +98,9 @@ def finish(fig: Figure, title: str, handles: Sequence[Line2D] = ()) -> Figure:
     return fig
 
 
-def xaxis(ax, values: Sequence, log2: bool) -> None:
-    """Ticks at exactly the x values measured (log 2 when asked and positive)."""
-    vals = sorted({float(v) for v in values if pd.notna(v)})
+def xaxis(ax, vals: Sequence[float], log2: bool) -> None:
+    """Ticks at exactly the x values measured, `vals` (`_x_ticks`: distinct, in order); log 2
+    when asked and positive."""
     if log2 and len(vals) > 1 and min(vals) > 0:
         ax.set_xscale("log", base=2)
     ax.xaxis.set_major_locator(FixedLocator(vals))
@@ -243,7 +243,7 @@ def lines(
         if ref is not None:
             ref(ax, d.iloc[facet])
         ax.autoscale_view()
-        xaxis(ax, xv[facet], log2x)
+        xaxis(ax, ticks[(r, c)], log2x)
         # axis labels once per row and column: the bottom facet of each column, the first of
         # each row (every label is text drawn at every report); x tick labels likewise where
         # the facet below has the same ticks
@@ -260,7 +260,9 @@ def lines(
 
 
 def _x_ticks(xv: np.ndarray, positions) -> tuple[float, ...]:
-    """The x values a facet's ticks stand at (`xaxis`): every finite x of its lines."""
+    """The x values a facet's ticks stand at: every finite x of its lines, distinct and in
+    order (computed once per facet: `xaxis` places them, and the facet above hides its tick
+    labels where they are the same)."""
     x = xv[np.concatenate(list(positions))]
     return tuple(np.unique(x[np.isfinite(x)]).tolist())
 

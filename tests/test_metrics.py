@@ -168,3 +168,29 @@ def test_driver_version_comes_from_nvml_where_there_is_a_driver():
     version = metrics.driver_version()
     assert (version is not None) is has_driver
     assert version is None or version[0].isdigit()
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"a": [1, 2.5, "x", null, true], "b": {"c": -0.0}}',
+        '{"loss": NaN, "peak": Infinity, "low": -Infinity}',  # json.dump writes these
+        '\ufeff{"bom": 1}',
+        '{"dup": 1, "dup": 2}',
+    ],
+)
+def test_parse_reads_what_json_reads(text):
+    """metrics.parse (orjson, json where orjson refuses) gives what json.loads gives."""
+    data = text.encode()
+    want, got = json.loads(data), metrics.parse(data)
+    assert json.dumps(got, sort_keys=True) == json.dumps(want, sort_keys=True)
+    assert [type(v) for v in got.values()] == [type(v) for v in want.values()]
+
+
+@pytest.mark.parametrize("data", [b"{not json", b'{"a": ', b"\xff{}", b""])
+def test_parse_refuses_what_json_refuses_with_its_message(data):
+    with pytest.raises(ValueError) as want:
+        json.loads(data)
+    with pytest.raises(ValueError) as got:
+        metrics.parse(data)
+    assert str(got.value) == str(want.value)

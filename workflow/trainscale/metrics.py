@@ -57,6 +57,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import orjson
 import yaml
 
 import trainscale
@@ -123,11 +124,23 @@ def validate(record: dict) -> None:
         raise MetricsError("; ".join(msgs))
 
 
+def parse(data: bytes) -> Any:
+    """JSON text as Python values: orjson, about three times as fast as json on a metrics
+    file (a report reads 100,000 of them); json where orjson refuses what json reads and
+    `write` may have written (NaN and Infinity, a byte-order mark), so a file neither reads
+    gets json's error message. (orjson reads an integer beyond 64 bits as a float: no count
+    in a metrics file comes near.)"""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return json.loads(data)
+
+
 def read(path: str | Path) -> dict:
     """Load and validate one metrics file."""
     try:
         with open(path, "rb") as f:
-            record = json.loads(f.read())
+            record = parse(f.read())
     except (OSError, ValueError) as e:  # ValueError: not JSON, or not UTF-8
         raise MetricsError(f"{path}: not readable JSON ({e})") from e
     try:

@@ -14,6 +14,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 import pandas as pd
+from matplotlib import rcParams
+from matplotlib.axes import Axes
 from matplotlib.collections import LineCollection, PathCollection
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
@@ -33,6 +35,8 @@ LEFT, TOP, BOTTOM, HSPACE = 0.95, 0.62, 0.55, 0.75
 #: At most this many y intervals per facet: readable on a 2.4-inch facet, and every tick is a
 #: grid line, a tick mark and a label to draw.
 Y_BINS = 5
+#: Legend rows: text size (points) and the distance between rows (inches).
+LEGEND_FONT, LEGEND_ROW = 8, 0.17
 #: Marker size of the lines' points, in points (matplotlib's markersize).
 MARKER_SIZE = 4
 
@@ -87,15 +91,61 @@ def finish(fig: Figure, title: str, handles: Sequence[Line2D] = ()) -> Figure:
     """The legend to the right of the facets, and the title above them."""
     width, height, right, _ = fig.ts_box
     if handles:
-        fig.legend(
-            handles=list(handles),
-            loc="upper left",
-            bbox_to_anchor=((right + 0.2) / width, 1 - TOP / height),
-            frameon=False,
-            borderaxespad=0,
-        )
+        legend(fig, handles, right + 0.2, height - TOP)
     fig.suptitle(title, y=1 - 0.08 / height, va="top", fontsize=11)
     return fig
+
+
+def legend(fig: Figure, handles: Sequence[Line2D], left: float, top: float) -> None:
+    """`handles` as legend rows LEGEND_ROW inches apart, from (left, top) in inches down: a
+    handle's line and marker, then its label; a handle without either (`header`) is a title,
+    flush left. Drawn as one collection of line samples, one of markers and a text per row,
+    not as matplotlib's Legend, whose boxes are measured and laid out at every draw (a tenth
+    of a second per figure, more than all its lines)."""
+    fs, inch = LEGEND_FONT, fig.dpi_scale_trans
+    sample = 2.0 * fs / 72  # matplotlib's handlelength and handletextpad, in inches
+    pad = 0.8 * fs / 72
+    segs, seg_colours, seg_styles, seg_widths = [], [], [], []
+    offsets, paths, marker_colours = [], [], []
+    for i, h in enumerate(handles):
+        y = top - (i + 0.5) * LEGEND_ROW
+        drawn = h.get_linestyle() not in ("None", "none", "", " ")
+        marker = h.get_marker()
+        has_marker = marker not in ("None", "none", "", " ", None)
+        if drawn:
+            segs.append([(left, y), (left + sample, y)])
+            seg_colours.append(h.get_color())
+            seg_styles.append(h.get_linestyle())
+            seg_widths.append(h.get_linewidth())
+        if has_marker:
+            offsets.append((left + sample / 2, y))
+            paths.append(_marker_path(marker))
+            marker_colours.append(h.get_color())
+        x = left + sample + pad if drawn or has_marker else left
+        fig.text(x, y, h.get_label(), transform=inch, fontsize=fs, va="center", ha="left")
+    if segs:
+        fig.add_artist(
+            LineCollection(
+                segs,
+                colors=seg_colours,
+                linestyles=seg_styles,
+                linewidths=seg_widths,
+                transform=inch,
+            )
+        )
+    if offsets:
+        fig.add_artist(
+            PathCollection(
+                paths,
+                sizes=[rcParams["lines.markersize"] ** 2],
+                offsets=offsets,
+                offset_transform=inch,
+                transform=IdentityTransform(),
+                facecolors=marker_colours,
+                edgecolors=marker_colours,
+                linewidths=1.0,
+            )
+        )
 
 
 def xaxis(ax, vals: Sequence[float], log2: bool) -> None:
@@ -121,14 +171,19 @@ def lines(
     xlabel: str,
     ylabel: str,
     log2x: bool = False,
-    ideal: Callable[[pd.DataFrame], tuple[np.ndarray, np.ndarray] | None] | None = None,
-    ref: Callable | None = None,
+    ideal: str | None = None,
+    ref: Callable[[Axes, pd.DataFrame], None] | None = None,
     legend_extra: Sequence[Line2D] = (),
     ylim: tuple[float | None, float | None] = (0, None),
     col_order: Sequence[str] | None = None,
 ) -> Figure:
     """Facets (the kind's row × col keys) of error-bar lines: colour = `hue`, style = every
-    other varying key, so each line is one sequence of cells along `x`."""
+    other varying key, so each line is one sequence of cells along `x`.
+
+    `ideal` names the column of each line's N = 1 value: a dotted line of linear scaling from
+    it (`linear_from`). `ref(ax, cells)` draws a reference into each facet; `cells` are the
+    facet's rows with the cell keys, x and y only (a slice of every column, once per facet
+    and line, cost more than the drawing)."""
     d = data.sort_values(x, kind="stable")  # a copy, in x order: every line's points in order
     row, col = kind.row, kind.col
     used = {x, hue, *row, *col}
@@ -167,6 +222,9 @@ def lines(
     d = d.reset_index(drop=True)
     xv, yv = d[x].to_numpy(dtype=float), d[y].to_numpy(dtype=float)
     ev = d[err].to_numpy(dtype=float) if err else None
+    if ideal is not None:
+        base, nv = d[ideal].to_numpy(dtype=float), d["world_size"].to_numpy(dtype=float)
+    cells = d[list(dict.fromkeys([*(k for k in KEYS if k in d), x, y]))]
     facets: dict[tuple, dict[tuple, np.ndarray]] = {}
     for (r, c, hv, sv), at in sorted(
         d.groupby(["_row", "_col", hue, "_style"], sort=False).indices.items(),
@@ -207,8 +265,8 @@ def lines(
                     (xi, yi - ei, yi + ei, colours[hv])
                     for xi, yi, ei in zip(xs[keep], ys[keep], e[keep], strict=True)
                 ]
-            if ideal is not None and (line := ideal(d.iloc[at])) is not None:
-                ideal_segs.append(np.column_stack(line))
+            if ideal is not None and (line := linear_from(base[at], nv[at])) is not None:
+                ideal_segs.append(line)
                 ideal_colours.append(colours[hv])
         pts = np.column_stack([px, py])
         ax.update_datalim(pts[np.isfinite(pts).all(axis=1)])
@@ -241,7 +299,7 @@ def lines(
             ax.vlines(bx, lo, hi, colors=cs, linewidth=1.0)
         facet = np.sort(np.concatenate(list(series.values())))
         if ref is not None:
-            ref(ax, d.iloc[facet])
+            ref(ax, cells.iloc[facet])
         ax.autoscale_view()
         xaxis(ax, ticks[(r, c)], log2x)
         # axis labels once per row and column: the bottom facet of each column, the first of
@@ -284,14 +342,14 @@ def _finite_runs(xs: np.ndarray, ys: np.ndarray) -> list[np.ndarray]:
     return [r for r in runs if np.isfinite(r).all()]
 
 
-def ideal_linear(s: pd.DataFrame) -> tuple[np.ndarray, np.ndarray] | None:
-    """Linear scaling from the series' N = 1 baseline, X(1) · N: its (x, y) points, or None
-    without a baseline."""
-    base = s["baseline_throughput"].dropna()
-    if base.empty:
+def linear_from(base: np.ndarray, n: np.ndarray) -> np.ndarray | None:
+    """Linear scaling from a line's N = 1 value X(1) (its first finite `base`): the points
+    (N, X(1) · N) at N = 1 and every N of the line; None without a baseline."""
+    finite = base[np.isfinite(base)]
+    if not finite.size:
         return None
-    n = np.array(sorted({1.0, *s["world_size"].astype(float)}))
-    return n, base.iloc[0] * n
+    ns = np.union1d([1.0], n[np.isfinite(n)])
+    return np.column_stack([ns, finite[0] * ns])
 
 
 def reference_handle(label_text: str, linestyle: str = ":") -> Line2D:

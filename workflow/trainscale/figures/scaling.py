@@ -16,7 +16,6 @@ from trainscale.figures.facets import (
     TOP,
     finish,
     grid,
-    ideal_linear,
     reference_handle,
 )
 from trainscale.figures.lined import draw_lines
@@ -54,7 +53,7 @@ def _multi_efficiency(study: Study) -> pd.DataFrame | str:
 )
 def draw_throughput(d: pd.DataFrame, kind: Kind) -> Figure:
     return draw_lines(
-        d, kind, ideal=ideal_linear, legend_extra=[reference_handle("ideal: N · X(1)")]
+        d, kind, ideal="baseline_throughput", legend_extra=[reference_handle("ideal: N · X(1)")]
     )
 
 

@@ -217,6 +217,16 @@ def test_ci95_matches_student_t():
         assert aggregate.t975(n) == pytest.approx(t)
 
 
+def test_t975_is_scipys_quantile_without_scipy():
+    """The closed-form quantile agrees with scipy's to 1e-12 at every sample size a study can
+    have (scipy is a test dependency only here), and is NaN below two runs."""
+    from scipy.special import stdtrit
+
+    n = np.array([*range(2, 302), 1001, 10001], dtype=float)
+    assert aggregate.t975(n) == pytest.approx(stdtrit(n - 1, 0.975), rel=1e-12)
+    assert np.isnan(aggregate.t975(np.array([0.0, 1.0, np.nan]))).all()
+
+
 def test_failed_runs_are_counted_not_averaged_and_missing_baselines_say_why(tmp_path):
     runs = tmp_path / "runs"
     paths = []
@@ -348,6 +358,23 @@ def test_tables_are_written_as_pandas_writes_them(tmp_path):
         write_csv(table, tmp_path / "ours.csv")
         want = (tmp_path / "pandas.csv").read_bytes()
         assert (tmp_path / "ours.csv").read_bytes() == want, n
+
+
+def test_tables_written_side_by_side_are_the_same_files(tmp_path):
+    """Study.write with jobs > 1 (epochs.csv by a forked process) writes what jobs=1 writes,
+    and a failure in that process is an error, not a missing file."""
+    study = Study.build(scaling_study(tmp_path / "runs"), name="t")
+    study.write(tmp_path / "one")
+    study.write(tmp_path / "two", jobs=2)
+    names = sorted(p.name for p in (tmp_path / "one").iterdir())
+    assert "epochs.csv" in names and names == sorted(p.name for p in (tmp_path / "two").iterdir())
+    for name in names:
+        assert (tmp_path / "two" / name).read_bytes() == (tmp_path / "one" / name).read_bytes()
+    outputs = {"runs": tmp_path / "o" / "runs.csv", "epochs": tmp_path / "o" / "nodir"}
+    outputs["epochs"].mkdir(parents=True)  # a directory where the file should go
+    with pytest.raises(RuntimeError, match="writing epochs.csv failed"):
+        study.write(outputs, jobs=2)
+    assert outputs["runs"].exists()  # the rest is still written
 
 
 def test_read_gives_back_what_was_written_with_its_types(tmp_path):

@@ -7,4 +7,5 @@ from trainscale.study import Study
 with open(snakemake.log[0], "w") as log:
     sys.stderr = log
     study = Study.build(snakemake.input.metrics, snakemake.config["study"], snakemake.threads)
-    study.write(snakemake.output)  # the tables its outputs name: runs, epochs, invalid
+    # the tables its outputs name (runs, epochs, invalid); epochs.csv by a second process
+    study.write(snakemake.output, jobs=snakemake.threads)

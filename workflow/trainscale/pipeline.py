@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pandas as pd
 
-from trainscale import aggregate, predict, report
+from trainscale import metrics_tables, predict, report
 from trainscale.study import Study
 
 
 def read(runs_dir: str | Path, name: str | None = None, jobs: int = 1) -> Study:
     """The study of the metrics files under `runs_dir`, with the all-reduce benchmark where it
     sits beside them (results/<study>/collectives)."""
-    paths = aggregate.find_metrics(runs_dir)
+    paths = metrics_tables.metrics_paths(runs_dir)
     # unnamed runs in results/<study>/runs are named after <study>
     default = Path(runs_dir).resolve().parent.name if Path(runs_dir).name == "runs" else "study"
     found = sorted((Path(runs_dir).parent / "collectives").rglob("*.json"))
@@ -87,10 +87,13 @@ def build(
     csv, check_csv = out / "predictions.csv", out / "prediction_check.csv"
     predicting = wants_predictions(study.runs, config)
 
+    tables: dict = {}
+
     def meanwhile() -> None:  # in this process while the pool draws the figures
-        study.write(out)
+        study.write(out, jobs=jobs)
         if predicting:
             predictions(study.runs, study.collectives, config, csv, check_csv, fig_dir)
+        tables.update(report.tables_context(study, config))
 
     drawn = figures(study, fig_dir, config, jobs=jobs, meanwhile=meanwhile)
     predicted = None
@@ -98,6 +101,12 @@ def build(
         png = fig_dir / f"{predict_plot.NAME}.png"
         predicted = predict_plot.section(csv, check_csv, png)
     report.write_html(
-        study, out / "report.html", fig_dir, config=config, drawn=drawn, predicted=predicted
+        study,
+        out / "report.html",
+        fig_dir,
+        config=config,
+        drawn=drawn,
+        predicted=predicted,
+        tables=tables,
     )
     return study

@@ -30,7 +30,17 @@ from trainscale.report_rows import mib, pct, ratio, with_ci
 if TYPE_CHECKING:  # trainscale.figures imports matplotlib: only where figures are planned
     from trainscale.figures import Drawn
 
-__all__ = ["context", "definitions", "main", "mib", "pct", "ratio", "render_html", "with_ci"]
+__all__ = [
+    "context",
+    "definitions",
+    "main",
+    "mib",
+    "pct",
+    "ratio",
+    "render_html",
+    "tables_context",
+    "with_ci",
+]
 
 REPORTS = Path(__file__).resolve().parents[2] / "reports"
 TEMPLATE = "report.html.j2"
@@ -122,12 +132,24 @@ def context(
     config: dict | None = None,
     compared: dict | None = None,
     predicted: dict | None = None,
+    tables: dict | None = None,
 ) -> dict:
     """Everything the template shows, already formatted; `drawn` is what each figure became
     (`trainscale.figures.render_all` or `plan`); `compared` is the "Compared with …" section
     (trainscale.compare_output.section), None when the study sets no compare_with; `predicted`
     is the "Predicted scaling" section (trainscale.predict_plot.section), None when predictions
-    are off."""
+    are off; `tables` is `tables_context(study, config)` where already made."""
+    return {
+        **(tables if tables is not None else tables_context(study, config)),
+        "figures": figure_entries(Path(figures_dir) if figures_dir else None, drawn),
+        "predicted": predicted,
+        "compared": compared,
+    }
+
+
+def tables_context(study: Study, config: dict | None = None) -> dict:
+    """The part of `context` made from the tables alone (no figure, prediction or comparison):
+    `python -m trainscale.report` makes it while the figures are drawn."""
     runs = study.runs
     counts = runs["status"].value_counts().to_dict() if len(runs) else {}
     over = int(runs["oversubscribed"].astype(bool).sum()) if len(runs) else 0
@@ -150,12 +172,10 @@ def context(
         "n_input_bound": sum(r["input_bound"] for r in scaling),
         "summary": rows.summary_rows(study),
         "missing": sorted({r["note"] for r in scaling if r["note"]}),
-        "figures": figure_entries(Path(figures_dir) if figures_dir else None, drawn),
         "scaling": scaling[: rows.MAX_CELLS],
         "scaling_more": max(0, len(scaling) - rows.MAX_CELLS),
         "communication": communication[: rows.MAX_CELLS],
         "communication_more": max(0, len(communication) - rows.MAX_CELLS),
-        "predicted": predicted,
         **report_classes.context(study),  # per_class, resources
         "n_collectives": rows.n_measured_collectives(study),
         "failed_collectives": rows.failed_collective_rows(study),
@@ -165,7 +185,6 @@ def context(
         "invalid_more": max(0, len(study.invalid) - rows.MAX_RUNS),
         "environment": rows.environment(study),
         "config": yaml.safe_dump(config, sort_keys=False, allow_unicode=True) if config else None,
-        "compared": compared,
         "spec_values": rows.spec_values(study) if len(runs) else "",
         "methods": {
             "run_intro": run_intro,
@@ -204,9 +223,11 @@ def write_html(
     drawn: dict[str, Drawn] | None = None,
     compared: dict | None = None,
     predicted: dict | None = None,
+    tables: dict | None = None,
 ) -> Path:
     """report.html for `study`, embedding figures_dir/<image>.png; `drawn` (what each figure
-    became) is planned again from the tables and config `report.highlight` when not given."""
+    became) is planned again from the tables and config `report.highlight` when not given;
+    `tables` as `context` takes it."""
     if drawn is None:
         from trainscale.figures import FIGURES, plan
 
@@ -214,7 +235,9 @@ def write_html(
         drawn = {name: plan(name, study, highlight)[0] for name in FIGURES}
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    ctx = context(study, figures_dir, drawn, config, compared=compared, predicted=predicted)
+    ctx = context(
+        study, figures_dir, drawn, config, compared=compared, predicted=predicted, tables=tables
+    )
     out.write_text(render_html(ctx), encoding="utf-8")
     return out
 

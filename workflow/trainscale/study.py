@@ -225,22 +225,33 @@ class Study:
             study.invalid = list(invalid[["path", "error"]].itertuples(index=False, name=None))
         return study
 
-    def write(self, where: str | Path | Mapping) -> None:
+    def write(self, where: str | Path | Mapping, jobs: int = 1) -> None:
         """Every table and summary.txt into the folder `where`, or the ones named in the mapping
-        `where` (e.g. `snakemake.output`) to the paths it gives."""
+        `where` (e.g. `snakemake.output`) to the paths it gives. With `jobs` > 1, epochs.csv
+        (five or more rows per run: the longest to write) is written by a forked process
+        while this one writes the rest."""
         if hasattr(where, "items"):
             files = _files(where)
         else:
             Path(where).mkdir(parents=True, exist_ok=True)
             files = {t: Path(where) / f for t, f in {**FILES, "summary": SUMMARY}.items()}
-        for table, path in files.items():
+        for path in files.values():
             Path(path).parent.mkdir(parents=True, exist_ok=True)
+        beside = None
+        if jobs > 1 and "epochs" in files and (ctx := metrics_tables.mp_context()) is not None:
+            beside = ctx.Process(target=write_csv, args=(self.epochs, files.pop("epochs")))
+            beside.start()
+        for table, path in files.items():
             if table == "summary":
                 Path(path).write_text(self.summary())
             elif table == "invalid":
                 write_csv(pd.DataFrame(self.invalid, columns=["path", "error"]), path)
             else:
                 write_csv(getattr(self, table), path)
+        if beside is not None:
+            beside.join()
+            if beside.exitcode != 0:  # its traceback is on stderr
+                raise RuntimeError(f"writing epochs.csv failed (exit status {beside.exitcode})")
 
     def summary(self) -> str:
         """summary.txt: the study's answers in plain text (trainscale.summary)."""

@@ -107,6 +107,6 @@ def build(
         config=config,
         drawn=drawn,
         predicted=predicted,
-        tables=tables,
+        tables=tables or None,
     )
     return study

@@ -241,17 +241,19 @@ class Study:
         if jobs > 1 and "epochs" in files and (ctx := metrics_tables.mp_context()) is not None:
             beside = ctx.Process(target=write_csv, args=(self.epochs, files.pop("epochs")))
             beside.start()
-        for table, path in files.items():
-            if table == "summary":
-                Path(path).write_text(self.summary())
-            elif table == "invalid":
-                write_csv(pd.DataFrame(self.invalid, columns=["path", "error"]), path)
-            else:
-                write_csv(getattr(self, table), path)
-        if beside is not None:
-            beside.join()
-            if beside.exitcode != 0:  # its traceback is on stderr
-                raise RuntimeError(f"writing epochs.csv failed (exit status {beside.exitcode})")
+        try:
+            for table, path in files.items():
+                if table == "summary":
+                    Path(path).write_text(self.summary())
+                elif table == "invalid":
+                    write_csv(pd.DataFrame(self.invalid, columns=["path", "error"]), path)
+                else:
+                    write_csv(getattr(self, table), path)
+        finally:
+            if beside is not None:
+                beside.join()
+        if beside is not None and beside.exitcode != 0:  # its traceback is on stderr
+            raise RuntimeError(f"writing epochs.csv failed (exit status {beside.exitcode})")
 
     def summary(self) -> str:
         """summary.txt: the study's answers in plain text (trainscale.summary)."""

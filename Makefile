@@ -21,12 +21,11 @@ run: $(STAMP) $(HOROVOD) bytecode
 test: $(STAMP) $(HOROVOD) lint dryrun pytest
 
 # Pinned environment in .venv/ (torch==2.13.0 comes from the local CPU wheel; pip caches the rest).
-setup: $(STAMP) $(HOROVOD)
+setup: $(STAMP) $(HOROVOD) bytecode
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	DS_BUILD_OPS=0 $(BIN)/pip install --disable-pip-version-check -q -r requirements.txt
 	$(BIN)/pip install --disable-pip-version-check -q --no-deps -e .
-	$(BIN)/python -m compileall -q workflow/trainscale
 	touch $@
 
 # The package's bytecode, written now: where PYTHONDONTWRITEBYTECODE is set (many containers,

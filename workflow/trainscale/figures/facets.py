@@ -14,7 +14,6 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 import pandas as pd
-from matplotlib import rcParams
 from matplotlib.axes import Axes
 from matplotlib.collections import LineCollection, PathCollection
 from matplotlib.figure import Figure
@@ -37,6 +36,8 @@ LEFT, TOP, BOTTOM, HSPACE = 0.95, 0.62, 0.55, 0.75
 Y_BINS = 5
 #: Legend rows: text size (points) and the distance between rows (inches).
 LEGEND_FONT, LEGEND_ROW = 8, 0.17
+#: What matplotlib accepts for "no line" and "no marker".
+_NONE = ("None", "none", "", " ", None)
 #: Marker size of the lines' points, in points (matplotlib's markersize).
 MARKER_SIZE = 4
 
@@ -106,12 +107,12 @@ def legend(fig: Figure, handles: Sequence[Line2D], left: float, top: float) -> N
     sample = 2.0 * fs / 72  # matplotlib's handlelength and handletextpad, in inches
     pad = 0.8 * fs / 72
     segs, seg_colours, seg_styles, seg_widths = [], [], [], []
-    offsets, paths, marker_colours = [], [], []
+    offsets, paths, marker_colours, marker_sizes = [], [], [], []
     for i, h in enumerate(handles):
         y = top - (i + 0.5) * LEGEND_ROW
-        drawn = h.get_linestyle() not in ("None", "none", "", " ")
+        drawn = h.get_linestyle() not in _NONE
         marker = h.get_marker()
-        has_marker = marker not in ("None", "none", "", " ", None)
+        has_marker = marker not in _NONE
         if drawn:
             segs.append([(left, y), (left + sample, y)])
             seg_colours.append(h.get_color())
@@ -121,6 +122,7 @@ def legend(fig: Figure, handles: Sequence[Line2D], left: float, top: float) -> N
             offsets.append((left + sample / 2, y))
             paths.append(_marker_path(marker))
             marker_colours.append(h.get_color())
+            marker_sizes.append(h.get_markersize() ** 2)
         x = left + sample + pad if drawn or has_marker else left
         fig.text(x, y, h.get_label(), transform=inch, fontsize=fs, va="center", ha="left")
     if segs:
@@ -137,7 +139,7 @@ def legend(fig: Figure, handles: Sequence[Line2D], left: float, top: float) -> N
         fig.add_artist(
             PathCollection(
                 paths,
-                sizes=[rcParams["lines.markersize"] ** 2],
+                sizes=marker_sizes,
                 offsets=offsets,
                 offset_transform=inch,
                 transform=IdentityTransform(),

@@ -43,6 +43,8 @@ $(HOROVOD): $(STAMP) scripts/build-horovod.sh
 
 lint: $(STAMP)
 	$(BIN)/ruff check workflow tests benchmarks
+	# the package's stages import only the stages below them, and no module imports in a circle
+	cd workflow && ../$(BIN)/lint-imports --config ../pyproject.toml --no-cache
 	$(BIN)/ruff format --check workflow tests benchmarks
 	$(BIN)/snakefmt --check Snakefile workflow
 	$(NO_SLURM) $(BIN)/snakemake --lint
@@ -62,7 +64,7 @@ bench: $(STAMP) $(HOROVOD)
 # Every GPU path on this node through the real launcher, one line each: PASS, FAIL <reason>,
 # NOT INSTALLED <what> or SKIP no CUDA device; exit 1 when any fails (docs/gpu-validation.md).
 gpu-check: $(STAMP)
-	PYTHONPATH=workflow $(BIN)/python -m trainscale.gpu_check $(GPU_CHECK_ARGS)
+	PYTHONPATH=workflow $(BIN)/python -m trainscale gpu-check $(GPU_CHECK_ARGS)
 
 # `snakemake --profile slurm` finds profiles in ~/.config/snakemake (not in profiles/): install
 # ours there once, then set slurm_account/slurm_partition in it. An edited copy is never replaced.

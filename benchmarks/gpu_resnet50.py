@@ -7,7 +7,7 @@ channels_last` and `compile: true` buy on top (issue 16 part 4; docs/gpu-validat
 2. At that batch, rounds of four cases, alternated so drift falls on every case alike:
    eager, channels_last, compile, channels_last + compile (the order rotates every round).
 
-Every run is `python -m trainscale.launch` on a RunSpec built by `trainscale.matrix` from a
+Every run is `python -m trainscale.launch` on a RunSpec built by `trainscale.plan.matrix` from a
 study config, exactly as the `train` rule starts it (torch strategy, 1 GPU, bf16 autocast,
 Adam), and the figure is the record's own `throughput`: steady images/s over epochs 2..E,
 timed with device synchronisation (docs/metrics.md). The first epoch carries cuDNN autotuning
@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "workflow"))
 
-from trainscale import gpu_paths  # noqa: E402
+from trainscale.gpu import paths as gpu_paths  # noqa: E402
 
 CASES = {  # name -> the study keys it sets
     "eager": {},

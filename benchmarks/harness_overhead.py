@@ -1,9 +1,10 @@
 """How much does trainscale's runner cost over a minimal hand-written loop?
 
-Each row runs one trainscale strategy through the real launcher (`trainscale.launch.supervise`:
-torchrun, horovodrun or one process, the env prefix, the metrics record) and a minimal loop
-written as its framework's tutorial would, on the same work, and prints the ratio of their
-steady throughputs, runner / minimal (1.0 = no overhead; the bar is a median >= 0.98):
+Each row runs one trainscale strategy through the real launcher
+(`trainscale.launch.supervise.supervise`: torchrun, horovodrun or one process, the env prefix, the
+metrics record) and a minimal loop written as its framework's tutorial would, on the same work, and
+prints the ratio of their steady throughputs, runner / minimal (1.0 = no overhead; the bar is a
+median >= 0.98):
 
 - torch-ddp: the DDP runner vs benchmarks/minimal_ddp.py (DDP + Adam, torchrun, gloo).
 - deepspeed-zero2: the DeepSpeed runner (ZeRO-2, with DeepSpeed's wall_clock_breakdown on, as
@@ -58,9 +59,9 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
     filter(None, [str(ROOT / "workflow"), os.environ.get("PYTHONPATH")])
 )
 
-from trainscale import metrics  # noqa: E402
-from trainscale.launch import LAUNCHERS, detect, supervise, worker_env  # noqa: E402
-from trainscale.matrix import RunSpec  # noqa: E402
+from trainscale.launch.supervise import LAUNCHERS, detect, supervise, worker_env  # noqa: E402
+from trainscale.measure import metrics  # noqa: E402
+from trainscale.plan.matrix import RunSpec  # noqa: E402
 
 T = TypeVar("T")
 U = TypeVar("U")

@@ -1,6 +1,6 @@
 """Images/s of trainscale's PyTorch image loader against a bare Pillow loop over the same files.
 
-The loader (trainscale.imagedata.train_loader: DataLoader, `loader_workers` processes, decode +
+The loader (trainscale.data.imagedata.train_loader: DataLoader, `loader_workers` processes, decode +
 resize + centre crop, batches normalised to float32 in the loader process) should lose little to
 the bare loop a person would write (open, decode at reduced scale, resize, crop, to numpy),
 per process it runs: target ratio >= 0.9 per loader worker, where
@@ -27,8 +27,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from trainscale.imagedata import train_loader
-from trainscale.imagesets import ImageSource, RankRead, folder_classes, folder_files
+from trainscale.data.imagedata import train_loader
+from trainscale.data.imagesets import ImageSource, RankRead, folder_classes, folder_files
 
 
 def write_jpegs(root: Path, count: int, width: int, height: int, classes: int = 10) -> None:

@@ -15,7 +15,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from trainscale import data, models
+from trainscale import data
+from trainscale.models import torch_models as models
 
 p = argparse.ArgumentParser()
 p.add_argument("--model", default="seed-small")

@@ -17,7 +17,8 @@ import torch.nn.functional as F
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 import deepspeed  # noqa: E402
 
-from trainscale import data, models  # noqa: E402
+from trainscale import data  # noqa: E402
+from trainscale.models import torch_models as models  # noqa: E402
 
 p = argparse.ArgumentParser()
 p.add_argument("--model", default="seed-small")

@@ -14,7 +14,8 @@ import horovod.torch as hvd
 import torch
 import torch.nn.functional as F
 
-from trainscale import data, models
+from trainscale import data
+from trainscale.models import torch_models as models
 
 p = argparse.ArgumentParser()
 p.add_argument("--model", default="seed-small")

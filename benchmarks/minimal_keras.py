@@ -18,7 +18,8 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 import tf_keras as keras  # noqa: E402
 
-from trainscale import data, keras_models  # noqa: E402
+from trainscale import data  # noqa: E402
+from trainscale.models import keras_models  # noqa: E402
 
 p = argparse.ArgumentParser()
 p.add_argument("--model", default="seed-small")

@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "workflow"))
 
-from trainscale import metrics_tables  # noqa: E402
+from trainscale.analysis import metrics_tables  # noqa: E402
 
 
 def _json_load(paths: list[str]) -> int:
@@ -47,7 +47,7 @@ def measure(what: str, runs_dir: str, jobs: int) -> str:
             n = sum(ex.map(_json_load, chunks))
         done = f"floor: json.load of {n} files"
     else:
-        from trainscale.study import Study
+        from trainscale.analysis.study import Study
 
         study = Study.build(paths, jobs=jobs)
         study.convergence  # noqa: B018 (computed on first use, as the figures use it)

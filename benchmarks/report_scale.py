@@ -38,7 +38,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "workflow"))
 
-from trainscale import matrix, metrics, metrics_tables  # noqa: E402
+from trainscale.analysis import metrics_tables  # noqa: E402
+from trainscale.measure import metrics  # noqa: E402
+from trainscale.plan import matrix  # noqa: E402
 
 #: (seconds, GiB) targets by number of runs.
 TARGETS = {10_000: (5.0, 1.0), 100_000: (25.0, 2.0)}
@@ -76,7 +78,8 @@ def config(repeats: int) -> dict:
 
 
 def record(spec: matrix.RunSpec, rng: random.Random) -> dict:
-    """A plausible metrics record for `spec` (built with trainscale.metrics' own constructors)."""
+    """A plausible metrics record for `spec` (built with trainscale.measure.metrics' own
+    constructors)."""
     s = spec.to_dict()
     roll = rng.random()
     if roll < 0.01:

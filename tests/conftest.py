@@ -133,7 +133,7 @@ def load_yaml(path: Path) -> dict:
 
 def study_records(results: Path) -> list[tuple[dict, Path]]:
     """Every metrics record under `results`/runs, validated (metrics.read), with its path."""
-    from trainscale import metrics
+    from trainscale.measure import metrics
 
     return [(metrics.read(f), f) for f in sorted(results.glob("runs/**/metrics.json"))]
 

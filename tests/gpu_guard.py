@@ -1,7 +1,7 @@
 """A pytest plugin that makes a GPU path's test impossible to lose silently.
 
 Tests of GPU paths are marked `gpu` (`pytest.mark.gpu(path=NAME)`, NAME one of
-`trainscale.gpu_check.names()`) and skip themselves where there is no CUDA device. That skip is
+`trainscale.gpu.check.names()`) and skip themselves where there is no CUDA device. That skip is
 right on a CPU machine and wrong on a GPU node, where it would hide a broken CUDA install (a CPU
 build of torch, a driver torch cannot use) or a test someone deselected or deleted. So on a node
 that has CUDA (torch sees a device, or an NVIDIA driver is present), or when `--require-gpu` is
@@ -66,7 +66,7 @@ def problems(
 
 def cuda_expected() -> bool:
     """Torch sees a CUDA device, or the node has an NVIDIA driver that torch should use."""
-    from trainscale import gpu_check
+    from trainscale.gpu import check as gpu_check
 
     return gpu_check.cuda_state()[0] != "none"
 
@@ -117,7 +117,7 @@ def pytest_runtest_makereport(item: pytest.Item, call):
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    from trainscale import gpu_check
+    from trainscale.gpu import check as gpu_check
 
     config = session.config
     tally = config.stash[_TALLY]

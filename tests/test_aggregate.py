@@ -12,9 +12,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from trainscale import aggregate, metrics, metrics_tables
-from trainscale.matrix import RunSpec, build_runs
-from trainscale.study import Study, write_csv
+from trainscale.analysis import aggregate, metrics_tables
+from trainscale.analysis.study import Study, write_csv
+from trainscale.measure import metrics
+from trainscale.plan.matrix import RunSpec, build_runs
 
 from conftest import base_config
 
@@ -446,7 +447,8 @@ def test_tables_from_real_small_runs(tmp_path, torch_study):
     assert two["speedup_vs_single"] == pytest.approx(x2 / best1)
     assert len(study.epochs) == 3 * 2 and study.convergence["train_loss_mean"].notna().all()
     # and the figures and report of those real runs
-    from trainscale import figures, report
+    from trainscale.report import figures
+    from trainscale.report import html as report
 
     drawn = figures.render_all(study, tmp_path / "figures", jobs=2)
     assert drawn["throughput"].note is None and drawn["speedup"].note is None

@@ -1,4 +1,4 @@
-"""A run's attempts (trainscale.attempts): what a lost SLURM job leaves, and what the next
+"""A run's attempts (trainscale.launch.attempts): what a lost SLURM job leaves, and what the next
 attempt writes from sacct. The real cluster cases are in tests/test_slurm.py; here the ledger
 and the decisions, with sacct's answers as SLURM prints them."""
 
@@ -6,9 +6,11 @@ import json
 
 import pytest
 
-from trainscale import attempts, launch, metrics
-from trainscale.launch import Environment
-from trainscale.matrix import build_runs
+from trainscale.launch import attempts
+from trainscale.launch import supervise as launch
+from trainscale.launch.supervise import Environment
+from trainscale.measure import metrics
+from trainscale.plan.matrix import build_runs
 
 from conftest import base_config
 

@@ -9,8 +9,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trainscale import aggregate, export_data, matrix
-from trainscale.study import Study
+from trainscale.analysis import aggregate
+from trainscale.analysis.study import Study
+from trainscale.data import export_data
+from trainscale.plan import matrix
 
 from conftest import ROOT, snakemake, validated
 
@@ -181,7 +183,7 @@ def test_study_name_and_errors_are_escaped_in_the_report(tmp_path):
     config schema: the report escapes them."""
     from test_aggregate import failed_record, spec_for, write
 
-    from trainscale import report
+    from trainscale.report import html as report
 
     xss = "<script>alert(1)</script>"
     s = spec_for("torch", 1)

@@ -1,4 +1,4 @@
-"""The all-reduce benchmark (trainscale.collectives) and the communication model
+"""The all-reduce benchmark (trainscale.measure.collectives) and the communication model
 (aggregate.communication_frame), checked against hand computations."""
 
 from __future__ import annotations
@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 from test_aggregate import ok_record, spec_for, write
 
-from trainscale import aggregate, collectives
-from trainscale.study import Study
+from trainscale.analysis import aggregate
+from trainscale.analysis.study import Study
+from trainscale.measure import collectives
+from trainscale.runners import collectives as benchmark
 
 
 def fake_collectives(path: Path, seconds: dict[int, list[float]], workers: int = 2) -> Path:
@@ -150,13 +152,13 @@ def test_a_benchmark_that_cannot_run_is_recorded_with_its_reason_and_hosts(tmp_p
     so the study's tables and report are built around it."""
     import subprocess
 
-    from trainscale import metrics
+    from trainscale.measure import metrics
 
     from conftest import PYTHON, ROOT, run_env
 
     def benchmark(*argv: str) -> None:
         p = subprocess.run(
-            [PYTHON, "-m", "trainscale.collectives", "--workers", "2", *argv],
+            [PYTHON, "-m", "trainscale.runners.collectives", "--workers", "2", *argv],
             cwd=ROOT,
             env=run_env(),
             capture_output=True,
@@ -192,15 +194,15 @@ def test_a_benchmark_that_cannot_run_is_recorded_with_its_reason_and_hosts(tmp_p
 
 def test_nccl_with_host_tensors_is_refused_before_anything_starts(capsys):
     with pytest.raises(SystemExit):
-        collectives.main(["--backend", "nccl", "--device", "cpu", "--workers", "1",
+        benchmark.main(["--backend", "nccl", "--device", "cpu", "--workers", "1",
                           "--max-bytes", "4096", "--out", "x.json"])  # fmt: skip
     assert "--backend nccl reduces CUDA tensors only: drop --device cpu" in capsys.readouterr().err
 
 
 def test_the_benchmark_asks_slurm_for_what_a_run_of_its_shape_asks_for():
     """One request function: a collectives job of W workers × N nodes = a torch-ddp run's."""
-    from trainscale import launch
-    from trainscale.matrix import build_runs
+    from trainscale.launch import supervise as launch
+    from trainscale.plan.matrix import build_runs
 
     from conftest import base_config
 
@@ -214,10 +216,10 @@ def test_the_benchmark_asks_slurm_for_what_a_run_of_its_shape_asks_for():
 
 def test_the_benchmark_across_slurm_nodes_starts_one_torchrun_per_node_by_srun():
     """The benchmark's shape goes through the same launcher as a training run's."""
-    from trainscale.launch import Environment, torchrun
+    from trainscale.launch.supervise import Environment, torchrun
 
     env = Environment(mode="slurm", nodes=("n0", "n1"), port=1, job_id="1")
-    cmd = torchrun(collectives.Sweep("s", workers=1, nodes=2), env, ["-m", "x"])
+    cmd = torchrun(benchmark.Sweep("s", workers=1, nodes=2), env, ["-m", "x"])
     assert cmd[:5] == [
         "srun",
         "--nodes=2",

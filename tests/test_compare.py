@@ -16,7 +16,9 @@ import jsonschema
 import pytest
 import yaml
 
-from trainscale import card, compare, metrics
+from trainscale.compare import card
+from trainscale.compare import cli as compare_cli
+from trainscale.measure import metrics
 
 from conftest import PYTHON, ROOT, run_env, snakemake
 
@@ -93,7 +95,7 @@ def verdicts(result: dict) -> dict[int, str]:
 
 def test_a_copy_compares_as_same(study, tmp_path, capsys):
     other = copy_of(study, tmp_path / "copy")
-    rc = compare.main(
+    rc = compare_cli.main(
         [
             str(study),
             str(other),
@@ -112,7 +114,7 @@ def test_a_copy_compares_as_same(study, tmp_path, capsys):
     page = (tmp_path / "c.html").read_text()
     assert "Content-Security-Policy" in page and "<script" not in page
     assert "torch-ddp seed-small digits N=2" in page
-    assert compare.main([str(study), str(other), "--ci", "welch"]) == 0
+    assert compare_cli.main([str(study), str(other), "--ci", "welch"]) == 0
 
 
 @pytest.mark.parametrize("how", ["both", "fields", "epochs"])
@@ -129,7 +131,7 @@ def test_two_worker_runs_made_2x_slower_are_flagged_by_name(study, tmp_path, how
     if how != "both":  # one field left as it was: the record contradicts itself, and says so
         assert any("inconsistent metrics" in n for n in row["notes"])
     # within a 60 % threshold a halving is not a regression
-    assert compare.main([str(study), str(slow), "--threshold", "0.6"]) == 0
+    assert compare_cli.main([str(study), str(slow), "--threshold", "0.6"]) == 0
 
 
 def test_single_repeat_and_failed_cells_are_not_comparable(study, tmp_path, capsys):
@@ -145,7 +147,7 @@ def test_single_repeat_and_failed_cells_are_not_comparable(study, tmp_path, caps
     )
     for f in new.glob("runs/strategy~torch-ddp/**/workers~1/**/repeat~1/metrics.json"):
         f.unlink()  # N=1 has no ok run left
-    assert compare.main([str(study), str(new), "--json", str(tmp_path / "c.json")]) == 0
+    assert compare_cli.main([str(study), str(new), "--json", str(tmp_path / "c.json")]) == 0
     result = json.loads((tmp_path / "c.json").read_text())
     reasons = {r["cell"]["workers"]: (r["verdict"], r["reason"]) for r in result["cells"]}
     assert reasons[2] == ("not comparable", "single repeat in NEW: no confidence interval")
@@ -166,7 +168,9 @@ def test_scaling_card_validates_and_two_cards_compare(study, tmp_path):
     )
     assert [p["world_size"] for p in group["by_n"]] == [1, 2]
     assert all(p["throughput"]["n"] == 2 for p in group["by_n"])
-    fitted = group["prediction"]  # the step-time model of trainscale.predict, not a measurement
+    fitted = group[
+        "prediction"
+    ]  # the step-time model of trainscale.analysis.predict, not a measurement
     assert set(fitted) == {"c0", "c1", "t_fixed", "overlap", "notes"}, fitted
     assert all(math.isfinite(fitted[k]) for k in ("c0", "c1", "t_fixed", "overlap"))
     assert group["by_n"][1]["efficiency"] > 0
@@ -202,7 +206,7 @@ def test_environment_and_config_differences_are_listed(study, tmp_path, capsys):
         rec["env"]["frameworks"]["torch"] = "9.9.9"
         rec["spec"]["threads_per_worker"] = 2
         f.write_text(json.dumps(rec))
-    assert compare.main([str(study), str(new)]) == 0
+    assert compare_cli.main([str(study), str(new)]) == 0
     out = capsys.readouterr().out
     assert "torch: 2." in out and "-> 9.9.9" in out
     assert "config: threads_per_worker: 1 -> 2" in out
@@ -238,7 +242,7 @@ def test_references_in_reframes_manner(study, tmp_path, capsys):
     assert slow.returncode == 1 and "outside bounds: torch-ddp seed-small digits N=2" in slow.stdout
     doc["references"][0]["cell"] = {"strateg": "torch-ddp"}
     refs.write_text(yaml.safe_dump(doc))
-    assert compare.main(["--reference", str(refs), str(study)]) == 2
+    assert compare_cli.main(["--reference", str(refs), str(study)]) == 2
     assert "references[0].cell.strateg: unknown key; did you mean 'strategy'?" in (
         capsys.readouterr().err
     )
@@ -249,21 +253,21 @@ def test_bad_input_exits_2_with_a_named_error(study, tmp_path, capsys):
     assert missing.returncode == 2
     assert f"BASE {tmp_path / 'nowhere'}: no such folder" in missing.stderr
     (tmp_path / "empty" / "runs").mkdir(parents=True)
-    assert compare.main([str(study), str(tmp_path / "empty")]) == 2
+    assert compare_cli.main([str(study), str(tmp_path / "empty")]) == 2
     err = capsys.readouterr().err
     assert f"NEW {tmp_path / 'empty'}: no metrics.json under this folder" in err
     (tmp_path / "x.json").write_text("{}")
-    assert compare.main([str(study), str(tmp_path / "x.json")]) == 2
+    assert compare_cli.main([str(study), str(tmp_path / "x.json")]) == 2
     assert "not a scaling card" in capsys.readouterr().err
     broken = json.loads((study / "scaling-card.json").read_text())
     del broken["machine"]
     (tmp_path / "broken.json").write_text(json.dumps(broken))
-    assert compare.main([str(tmp_path / "broken.json"), str(study)]) == 2
+    assert compare_cli.main([str(tmp_path / "broken.json"), str(study)]) == 2
     assert "does not follow scaling-card.schema.yaml: <top>: 'machine' is a required" in (
         capsys.readouterr().err
     )
     with pytest.raises(SystemExit) as one:  # one folder without --reference: argparse's error
-        compare.main([str(study)])
+        compare_cli.main([str(study)])
     assert one.value.code == 2
 
 

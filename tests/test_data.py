@@ -14,8 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from trainscale import data, data_catalogue, data_download, data_formats
+from trainscale import data
 from trainscale.data import DataError
+from trainscale.data import catalogue as data_catalogue
+from trainscale.data import fetch as data_download
+from trainscale.data import formats as data_formats
 
 MNIST_NAMES = (
     "train-images-idx3-ubyte.gz",
@@ -536,7 +539,7 @@ def test_the_digits_split_is_kept_in_the_user_cache_and_read_back_the_same(tmp_p
     a run); what they read is exactly scikit-learn's split, and a damaged file is made again."""
     import numpy as np
 
-    from trainscale import data_formats
+    from trainscale.data import formats as data_formats
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     cache = data_formats.digits_cache()

@@ -6,10 +6,10 @@ import json
 import numpy as np
 import pytest
 
-from trainscale import metrics
-from trainscale.launch import Environment, command
-from trainscale.matrix import ConfigError, build_runs
-from trainscale.runners.deepspeed_zero import ds_config, load_fragment, merge
+from trainscale.launch.supervise import Environment, command
+from trainscale.measure import metrics
+from trainscale.plan.matrix import ConfigError, build_runs
+from trainscale.runners.torch.deepspeed_zero import ds_config, load_fragment, merge
 
 import tap
 from conftest import launch, validated
@@ -199,7 +199,7 @@ def test_a_build_lock_left_by_a_dead_build_is_removed_and_a_fresh_one_kept(tmp_p
     every later DeepSpeed run until its timeout."""
     import os
 
-    from trainscale.runners.deepspeed_zero import STALE_LOCK_SECONDS, clear_stale_build_locks
+    from trainscale.runners.torch.deepspeed_zero import STALE_LOCK_SECONDS, clear_stale_build_locks
 
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
     dead, live = tmp_path / "deepspeed_shm_comm" / "lock", tmp_path / "other_op" / "lock"

@@ -23,9 +23,9 @@ import pytest
 from test_aggregate import failed_record
 from test_runners import make as runners_make
 
-from trainscale import metrics
-from trainscale.matrix import Fault
-from trainscale.study import Study
+from trainscale.analysis.study import Study
+from trainscale.measure import metrics
+from trainscale.plan.matrix import Fault
 
 from conftest import PYTHON, ROOT, SNAKEMAKE, launch, load_yaml, run_env, snakemake
 

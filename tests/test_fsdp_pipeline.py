@@ -11,11 +11,14 @@ import torch.nn.functional as F
 from test_collectives import check_busbw_from_raw_timings
 from torch.utils.data.distributed import DistributedSampler
 
-from trainscale import catalog, data, metrics, models
-from trainscale.launch import Environment, command
-from trainscale.matrix import build_runs
-from trainscale.runners.pipeline import split
-from trainscale.runners.torch_parts import make_optimizer, to_tensors
+from trainscale import data
+from trainscale.launch.supervise import Environment, command
+from trainscale.measure import metrics
+from trainscale.models import torch_models as models
+from trainscale.plan import catalog
+from trainscale.plan.matrix import build_runs
+from trainscale.runners.torch.pipeline import split
+from trainscale.runners.torch.torch_parts import make_optimizer, to_tensors
 
 import tap
 from conftest import launch, validated

@@ -1,12 +1,12 @@
 """Every GPU path of `make gpu-check` as a test marked `gpu`: on a node with CUDA each runs its
-path through the real launcher (trainscale.gpu_check) and must pass; without CUDA each is
+path through the real launcher (trainscale.gpu.check) and must pass; without CUDA each is
 skipped. tests/gpu_guard.py fails the session on a CUDA node where any of them did not run."""
 
 from __future__ import annotations
 
 import pytest
 
-from trainscale import gpu_check
+from trainscale.gpu import check as gpu_check
 
 STATE, WHY = gpu_check.cuda_state()
 

@@ -13,7 +13,8 @@ import subprocess
 
 import pytest
 
-from trainscale import gpu_check, matrix
+from trainscale.gpu import check as gpu_check
+from trainscale.plan import matrix
 
 from conftest import ROOT, run_env
 

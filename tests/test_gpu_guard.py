@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from trainscale import gpu_check
+from trainscale.gpu import check as gpu_check
 
 from conftest import ROOT, run_env
 from gpu_guard import Tally, problems

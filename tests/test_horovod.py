@@ -10,8 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from trainscale import data, horovod_hosts, metrics, models
-from trainscale.matrix import build_runs
+from trainscale import data
+from trainscale.launch import horovod_hosts
+from trainscale.measure import metrics
+from trainscale.models import torch_models as models
+from trainscale.plan.matrix import build_runs
 
 import tap
 from conftest import PYTHON, ROOT, launch_losing_a_worker, validated

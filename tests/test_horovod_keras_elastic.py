@@ -1,13 +1,13 @@
-"""horovod-keras-elastic: tf-keras model.fit under hvd.elastic.run (runners/horovod_keras.py),
-started by horovodrun with a host discovery script: plain runs at 1 and 2 workers, and a run
-that loses a worker after epoch 1 and finishes on the other."""
+"""horovod-keras-elastic: tf-keras model.fit under hvd.elastic.run
+(runners/tensorflow/horovod_keras.py), started by horovodrun with a host discovery script: plain
+runs at 1 and 2 workers, and a run that loses a worker after epoch 1 and finishes on the other."""
 
 from __future__ import annotations
 
 import pytest
 
-from trainscale import metrics
-from trainscale.matrix import build_runs
+from trainscale.measure import metrics
+from trainscale.plan.matrix import build_runs
 
 from conftest import launch, launch_losing_a_worker, validated
 

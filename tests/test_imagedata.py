@@ -1,5 +1,5 @@
 """The user's image data sets (issue 19), on data the tests write in the real layouts (JPEG class
-folders, WebDataset tar shards) with trainscale.export_data: the pre-flight config check, the
+folders, WebDataset tar shards) with trainscale.data.export_data: the pre-flight config check, the
 two formats decoding alike, the rank × loader-process split, named errors for bad files, the
 data-wait measurement and its metrics fields, and the export target."""
 
@@ -14,8 +14,10 @@ import numpy as np
 import pytest
 import yaml
 
-from trainscale import datawait, export_data, imagecheck, imagesets, matrix, metrics
-from trainscale.imagesets import RankRead
+from trainscale.data import export_data, imagecheck, imagesets
+from trainscale.data.imagesets import RankRead
+from trainscale.measure import datawait, metrics
+from trainscale.plan import matrix
 
 from conftest import ROOT, run_env, snakemake, validated
 
@@ -74,8 +76,8 @@ def indices(x, source: imagesets.ImageSource) -> list[int]:
 
 
 def test_the_two_formats_decode_to_the_same_images_within_jpeg_tolerance(tmp_path):
-    from trainscale import imagedecode
-    from trainscale.imagedata import FolderImages
+    from trainscale.data import imagedecode
+    from trainscale.data.imagedata import FolderImages
 
     images, labels = patterned_images()
     sources = write_both(tmp_path, images, labels)
@@ -99,7 +101,7 @@ def test_the_two_formats_decode_to_the_same_images_within_jpeg_tolerance(tmp_pat
 
 @pytest.mark.parametrize("fmt", ["imagefolder", "webdataset"])
 def test_two_ranks_with_loader_processes_see_every_sample_exactly_once(tmp_path, fmt):
-    from trainscale.imagedata import train_loader
+    from trainscale.data.imagedata import train_loader
 
     source = write_both(tmp_path, *indexed_images())[fmt]
     batch = 4
@@ -119,7 +121,7 @@ def test_two_ranks_with_loader_processes_see_every_sample_exactly_once(tmp_path,
 
 @pytest.mark.parametrize("fmt", ["imagefolder", "webdataset"])
 def test_evaluation_splits_the_test_set_over_ranks_without_repeats(tmp_path, fmt):
-    from trainscale.imagedata import eval_loader
+    from trainscale.data.imagedata import eval_loader
 
     source = write_both(tmp_path, *indexed_images())[fmt]
     seen = []
@@ -132,7 +134,7 @@ def test_evaluation_splits_the_test_set_over_ranks_without_repeats(tmp_path, fmt
 
 
 def test_a_corrupt_jpeg_is_named_and_nothing_hangs(tmp_path):
-    from trainscale.imagedata import train_loader
+    from trainscale.data.imagedata import train_loader
 
     source = write_both(tmp_path, *indexed_images())["imagefolder"]
     bad = sorted(Path(source.train).rglob("*.jpg"))[7]
@@ -144,7 +146,7 @@ def test_a_corrupt_jpeg_is_named_and_nothing_hangs(tmp_path):
 
 
 def test_a_missing_shard_is_named_before_and_while_reading(tmp_path):
-    from trainscale.imagedata import train_loader
+    from trainscale.data.imagedata import train_loader
 
     source = write_both(tmp_path, *indexed_images())["webdataset"]
     shard = Path(tmp_path / "webdataset" / "train-000003.tar")
@@ -161,7 +163,7 @@ def test_a_missing_shard_is_named_before_and_while_reading(tmp_path):
 
 
 def test_a_shard_set_too_small_for_the_ranks_is_named(tmp_path):
-    from trainscale.imagedata import train_loader
+    from trainscale.data.imagedata import train_loader
 
     source = write_both(tmp_path, *indexed_images(12), shard=12)["webdataset"]
     with pytest.raises(imagesets.ImageDataError, match="give some rank no full batch"):
@@ -238,7 +240,7 @@ def test_image_size_resizes_a_built_in_data_set():
     }
     import torch
 
-    from trainscale.imagedata import resize_batch
+    from trainscale.data.imagedata import resize_batch
 
     assert resize_batch(torch.zeros(2, 3, 32, 32), run.image_size).shape == (2, 3, 224, 224)
 
@@ -362,7 +364,7 @@ def test_export_writes_a_built_in_data_set_in_both_layouts(tmp_path):
         [
             sys.executable,
             "-m",
-            "trainscale.export_data",
+            "trainscale.data.export_data",
             "digits",
             "unused",
             str(out),
@@ -395,7 +397,7 @@ def test_tf_data_splits_over_ranks_once_and_decodes_as_pillow_does(tmp_path, fmt
     pytest.importorskip("tensorflow")
     import torch
 
-    from trainscale import imagedata_tf
+    from trainscale.data import imagedata_tf
 
     source = write_both(tmp_path, *indexed_images())[fmt]
     seen, steps = [], set()
@@ -410,7 +412,7 @@ def test_tf_data_splits_over_ranks_once_and_decodes_as_pillow_does(tmp_path, fmt
     (x, y), *_ = list(
         imagedata_tf.eval_dataset(RankRead(source, (16, 12), 100)).as_numpy_iterator()
     )
-    from trainscale.imagedata import eval_loader
+    from trainscale.data.imagedata import eval_loader
 
     (tx, ty), *_ = list(eval_loader(RankRead(source, (16, 12), 100)).epoch(1))
     assert x.shape == (12, 16, 12, 3) and list(y) == list(ty.numpy())
@@ -426,7 +428,7 @@ def test_loader_processes_hide_the_decode_behind_the_step(tmp_path):
 
     from PIL import Image
 
-    from trainscale.imagedata import train_loader
+    from trainscale.data.imagedata import train_loader
 
     rng = np.random.default_rng(0)
     for i in range(48):

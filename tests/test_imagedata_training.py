@@ -1,5 +1,5 @@
 """Training on the user's images through the real loops and the launcher: digits written in both
-layouts (JPEG class folders, WebDataset shards) by trainscale.export_data, trained with the
+layouts (JPEG class folders, WebDataset shards) by trainscale.data.export_data, trained with the
 default epochs and learning rate by torch-ddp (1 and 2 workers) and tf on the folders and by
 torch-ddp on the shards; every sample once per epoch across ranks and loader processes (read
 by the test plug-in, tests/tap_plugin); the data wait against loader processes; a corrupt
@@ -15,7 +15,9 @@ import numpy as np
 import pytest
 import yaml
 
-from trainscale import datawait, export_data, imagecheck, imagesets, matrix, metrics
+from trainscale.data import export_data, imagecheck, imagesets
+from trainscale.measure import datawait, metrics
+from trainscale.plan import matrix
 
 import tap
 from conftest import ROOT, launch, snakemake, validated
@@ -152,8 +154,8 @@ def test_loader_processes_cut_the_data_wait_on_decode_heavy_images(tmp_path):
     machine two training ranks and their loaders would compete for the same cores."""
     from PIL import Image
 
-    from trainscale.imagedata import train_loader
-    from trainscale.imagesets import RankRead
+    from trainscale.data.imagedata import train_loader
+    from trainscale.data.imagesets import RankRead
 
     rng = np.random.default_rng(1)
     for c in range(2):

@@ -1,5 +1,5 @@
-"""The one Keras loop (runners/keras_loop.py) under each of its plug-ins: every TensorFlow
-strategy writes the same metric keys, per-rank memory, utilisation and energy alike."""
+"""The one Keras loop (runners/tensorflow/keras_loop.py) under each of its plug-ins: every
+TensorFlow strategy writes the same metric keys, per-rank memory, utilisation and energy alike."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from trainscale import metrics
-from trainscale.device_usage import CpuUsage, cpu_busy_percent
-from trainscale.matrix import build_runs
+from trainscale.measure import metrics
+from trainscale.measure.device_usage import CpuUsage, cpu_busy_percent
+from trainscale.plan.matrix import build_runs
 
 from conftest import launch, validated
 
@@ -119,7 +119,7 @@ def test_every_keras_runner_records_per_rank_memory_utilisation_and_step_p95(fam
         assert len(per_rank) == processes and all(v > 100 * 2**20 for v in per_rank), strategy
         assert max(per_rank) == mem["peak_host_rss_bytes"]
         assert mem["per_rank_device_bytes"] is None  # CPU
-        # the worker processes' busy share of their CPU cores (trainscale.device_usage)
+        # the worker processes' busy share of their CPU cores (trainscale.measure.device_usage)
         assert 0 < dev["utilization_mean"] <= 100, (strategy, dev)
         assert "energy_joules" in dev and dev["energy_joules"] is None  # no sensor on CPU
         assert dev["count"] == rec["spec"]["world_size"]

@@ -12,8 +12,11 @@ import numpy as np
 import pytest
 import torch
 
-from trainscale import catalog, data, keras_models, models
-from trainscale.keras_models import keras, tf
+from trainscale import data
+from trainscale.models import keras_models
+from trainscale.models import torch_models as models
+from trainscale.models.keras_models import keras, tf
+from trainscale.plan import catalog
 
 
 @pytest.fixture(autouse=True, scope="module")

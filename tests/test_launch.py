@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from trainscale import launch
-from trainscale.launch import Environment, command
-from trainscale.matrix import build_runs
+from trainscale.launch import supervise as launch
+from trainscale.launch.supervise import Environment, command
+from trainscale.plan.matrix import build_runs
 
 from conftest import base_config
 
@@ -108,8 +108,8 @@ def test_thread_budget_follows_spec():
 
 
 def test_one_process_strategies_are_the_single_process_launches():
-    from trainscale import catalog
-    from trainscale.matrix import IMPLEMENTED
+    from trainscale.plan import catalog
+    from trainscale.plan.matrix import IMPLEMENTED
 
     single = {s for s in IMPLEMENTED if launch.LAUNCHERS[s] is launch.single_process}
     assert single == set(catalog.names(one_process=True)) & IMPLEMENTED
@@ -220,14 +220,14 @@ def test_tf_one_process_strategies(strategy, workers):
 
 @pytest.mark.parametrize("workers", [2, 8])
 def test_tf_multiworker_on_one_node_is_tfrun_with_a_process_per_worker(workers):
-    """Locally (CPU processes or one process per GPU) trainscale.tfrun sets TF_CONFIG."""
+    """Locally (CPU processes or one process per GPU) trainscale.launch.tfrun sets TF_CONFIG."""
     s = spec("tf-multiworker", workers=[workers])
     argv = command(s, LOCAL, "m.json")
     assert argv == [
         *TF_THREADS,
         "/venv/bin/python",
         "-m",
-        "trainscale.tfrun",
+        "trainscale.launch.tfrun",
         f"--nproc={workers}",
         "--",
         "-m",
@@ -252,7 +252,7 @@ def test_tf_multiworker_multi_node_on_slurm_is_srun_one_task_per_worker():
         "python -m trainscale.runners --spec"
     ) in line
     assert argv[: len(TF_THREADS)] == TF_THREADS
-    assert "trainscale.tfrun" not in line and "torch.distributed.run" not in line
+    assert "trainscale.launch.tfrun" not in line and "torch.distributed.run" not in line
 
 
 def test_tf_multiworker_multi_node_without_slurm_is_refused():
@@ -265,7 +265,7 @@ def test_tf_multiworker_single_node_inside_slurm_keeps_tfrun():
     s = spec("tf-multiworker", workers=[2])
     env = Environment(mode="slurm", python="python", nodes=("n1",), job_id="9")
     argv = command(s, env, "m.json")
-    assert "srun" not in argv and "trainscale.tfrun" in argv
+    assert "srun" not in argv and "trainscale.launch.tfrun" in argv
 
 
 def test_tf_environment_is_set_for_tf_strategies_only():
@@ -307,7 +307,7 @@ def test_horovod_elastic_names_a_discovery_script_and_a_world_range(strategy):
     line = shlex.join(command(s, LOCAL, "m.json"))
     assert (
         "-m horovod.runner.launch --gloo -np 4 --network-interface lo --min-np 1 --max-np 4 "
-        "--host-discovery-script '/venv/bin/python -m trainscale.horovod_hosts --slots 4' "
+        "--host-discovery-script '/venv/bin/python -m trainscale.launch.horovod_hosts --slots 4' "
         "/venv/bin/python -m trainscale.runners"
     ) in line
     assert " -H " not in line
@@ -327,7 +327,7 @@ def test_horovod_multi_node_on_slurm_is_horovodrun_with_the_node_list(elastic):
     line = shlex.join(command(spec(elastic, workers=[4], nodes=[2]), env, "m.json"))
     assert (
         "-np 8 --min-np 1 --max-np 8 --host-discovery-script "
-        "'python -m trainscale.horovod_hosts --slots 4' python -m trainscale.runners"
+        "'python -m trainscale.launch.horovod_hosts --slots 4' python -m trainscale.runners"
     ) in line
     assert "srun" not in line and "--network-interface" not in line and " -H " not in line
 

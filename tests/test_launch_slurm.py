@@ -1,14 +1,15 @@
 """Where a run lands in a SLURM allocation, how long it may take there and what its job asks
-for (trainscale.slurm): pure functions of the environment and `scontrol`'s answers, checked
+for (trainscale.launch.slurm): pure functions of the environment and `scontrol`'s answers, checked
 here without a cluster (tests/test_slurm.py runs a real one)."""
 
 import shlex
 
 import pytest
 
-from trainscale import launch_commands, slurm
-from trainscale.launch_commands import Environment, command
-from trainscale.matrix import build_runs
+from trainscale.launch import commands as launch_commands
+from trainscale.launch import slurm
+from trainscale.launch.commands import Environment, command
+from trainscale.plan.matrix import build_runs
 
 from conftest import base_config
 

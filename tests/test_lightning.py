@@ -9,8 +9,8 @@ from packaging.requirements import Requirement
 from test_envs import VENV
 from test_runners import make
 
-from trainscale import metrics
-from trainscale.matrix import build_runs
+from trainscale.measure import metrics
+from trainscale.plan.matrix import build_runs
 
 import tap
 from conftest import launch, validated

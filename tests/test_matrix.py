@@ -3,8 +3,9 @@ import json
 import pytest
 from snakemake.exceptions import WorkflowError
 
-from trainscale import export_data, matrix
-from trainscale.matrix import ConfigError, RunSpec, build_runs
+from trainscale.data import export_data
+from trainscale.plan import matrix
+from trainscale.plan.matrix import ConfigError, RunSpec, build_runs
 
 from conftest import ROOT, base_config, load_yaml, validated
 
@@ -180,7 +181,7 @@ def test_empty_matrix_is_an_error():
 
 
 def test_unimplemented_strategy_is_an_error(monkeypatch):
-    from trainscale import matrix
+    from trainscale.plan import matrix
 
     # every strategy of the vocabulary runs in this version: pretend one does not
     monkeypatch.setattr(matrix, "IMPLEMENTED", matrix.IMPLEMENTED - {"torch-ddp"})
@@ -203,7 +204,7 @@ def test_fill_defaults_fills_what_snakemake_validate_fills():
     """The workflow fills the schema's defaults with matrix.fill_defaults (no second read of
     the schema): the config it gives every shipped study, laid over config.yaml as Snakemake
     lays it, must be the one snakemake.utils.validate gives."""
-    from trainscale import overlay
+    from trainscale.plan import overlay
 
     schema = load_yaml(ROOT / "workflow" / "schemas" / "config.schema.yaml")
     base = load_yaml(ROOT / "config.yaml")

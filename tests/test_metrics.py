@@ -3,8 +3,8 @@ import json
 import numpy as np
 import pytest
 
-from trainscale import metrics
-from trainscale.matrix import build_runs
+from trainscale.measure import metrics
+from trainscale.plan.matrix import build_runs
 
 from conftest import base_config
 

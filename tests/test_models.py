@@ -13,8 +13,8 @@ import torch.nn.functional as F
 import yaml
 from torch import nn
 
-from trainscale import catalog
-from trainscale.models import MODELS, blocks, build, param_count
+from trainscale.models.torch_models import MODELS, blocks, build, param_count
+from trainscale.plan import catalog
 
 MNIST = (1, 28, 28)
 DIGITS = (1, 8, 8)

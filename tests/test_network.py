@@ -7,10 +7,10 @@ latency: a bandwidth-only link). Traffic only ever goes between the two namespac
 creates (10.231.0.1 ↔ 10.231.0.2 on the veth), never to another host.
 
 Over that link, one rank per namespace, as on two nodes:
-- the all-reduce benchmark (python -m trainscale.collectives): busbw at the largest message
+- the all-reduce benchmark (python -m trainscale.runners.collectives): busbw at the largest message
   must match the shaped rate;
 - a 2-rank torch-ddp run: at the slower link, its step time rises by what the communication
-  model (trainscale.aggregate.communication_frame) predicts: t = v · 2(N − 1)/N · S / B.
+  model (trainscale.analysis.aggregate.communication_frame) predicts: t = v · 2(N − 1)/N · S / B.
 
 Needs root (CAP_NET_ADMIN) for `ip netns add`; skipped with the reason where that is refused.
 """
@@ -24,8 +24,10 @@ from pathlib import Path
 
 import pytest
 
-from trainscale import aggregate, collectives, metrics, models
-from trainscale.matrix import build_runs
+from trainscale.analysis import aggregate
+from trainscale.measure import collectives, metrics
+from trainscale.models import torch_models as models
+from trainscale.plan.matrix import build_runs
 
 from conftest import PYTHON, ROOT, run_env, validated
 
@@ -160,7 +162,7 @@ def busbw(link: Link, mbit: float, out: Path) -> tuple[float, dict]:
     link.shape(mbit)
     rate = mbit * 1e6 / 8
     max_bytes = 1 << int(rate * 0.3).bit_length() - 1
-    argv = ["-m", "trainscale.collectives", "--workers", "1", "--nodes", "2"]
+    argv = ["-m", "trainscale.runners.collectives", "--workers", "1", "--nodes", "2"]
     argv += ["--max-bytes", str(max_bytes), "--warmup", "2", "--iters", "5", "--out", str(out)]
     ranks = link.run_ranks(argv)
     for r in ranks:

@@ -1,4 +1,4 @@
-"""Which NVML device a CUDA device is (trainscale.nvml_devices), under every form of
+"""Which NVML device a CUDA device is (trainscale.measure.nvml_devices), under every form of
 CUDA_VISIBLE_DEVICES. NVML cannot run on this machine (no NVIDIA driver), so a fake NVML module
 stands in for pynvml: a node of four GPUs in PCI order, the last one split into two MIG
 devices. What is under test is the mapping, not NVML."""
@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from trainscale import metrics, nvml_devices
+from trainscale.measure import metrics, nvml_devices
 
 NOT_SUPPORTED, NOT_FOUND = 3, 6
 

@@ -1,12 +1,13 @@
-"""Per-class accuracy and the confusion matrix (trainscale/classes.py): the maths by hand, and
-real 2-worker runs of both loops on digits whose records carry them, consistent with accuracy."""
+"""Per-class accuracy and the confusion matrix (trainscale/measure/classes.py): the maths by hand,
+and real 2-worker runs of both loops on digits whose records carry them, consistent with
+accuracy."""
 
 from __future__ import annotations
 
 import pytest
 
-from trainscale import classes, metrics
-from trainscale.matrix import build_runs
+from trainscale.measure import classes, metrics
+from trainscale.plan.matrix import build_runs
 
 from conftest import launch, validated
 
@@ -115,8 +116,8 @@ def test_report_shows_per_class_accuracy_and_memory_per_strategy_at_its_largest_
 
     from test_aggregate import ok_record, spec_for, write
 
-    from trainscale import report
-    from trainscale.aggregate import human
+    from trainscale.analysis.aggregate import human
+    from trainscale.report import cli as report_cli
 
     def confusion(hits: int) -> list[list[int]]:  # 10 samples per class, `hits` right in class 0
         m = [[10 if i == j else 0 for j in range(10)] for i in range(10)]
@@ -139,7 +140,7 @@ def test_report_shows_per_class_accuracy_and_memory_per_strategy_at_its_largest_
         if workers == 2:
             per_ksample.append(joules / (s.epochs * rec["data"]["train_samples"]) * 1000)
         write(runs, s, rec)
-    assert report.main(["--runs-dir", str(runs), "--out", str(tmp_path / "out")]) == 0
+    assert report_cli.main(["--runs-dir", str(runs), "--out", str(tmp_path / "out")]) == 0
     page = (tmp_path / "out" / "report.html").read_text()
     section = page.split('id="per-class"')[1].split('id="resources"')[0]
     assert "seed-small on cifar10" in section
@@ -164,6 +165,6 @@ def test_report_shows_per_class_accuracy_and_memory_per_strategy_at_its_largest_
     bare = tmp_path / "bare"
     s = spec_for("torch", 1, dataset="cifar10")
     write(bare, s, ok_record(s, [0.5, 0.5]))  # a record of before per-class accuracy
-    assert report.main(["--runs-dir", str(bare), "--out", str(tmp_path / "out2")]) == 0
+    assert report_cli.main(["--runs-dir", str(bare), "--out", str(tmp_path / "out2")]) == 0
     page = (tmp_path / "out2" / "report.html").read_text()
     assert "No run recorded a confusion matrix" in page

@@ -1,6 +1,6 @@
-"""The prediction model (trainscale/predict.py): parameters recovered from runs generated with
-known ones, a prediction computed by hand, bands that hold held-out measurements, predictions kept
-out of the measured tables, and the exposed-communication block of the runners."""
+"""The prediction model (trainscale/analysis/predict.py): parameters recovered from runs generated
+with known ones, a prediction computed by hand, bands that hold held-out measurements, predictions
+kept out of the measured tables, and the exposed-communication block of the runners."""
 
 import math
 
@@ -8,7 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from trainscale import aggregate, collectives, predict, predict_network
+from trainscale.analysis import aggregate, predict, predict_network
+from trainscale.measure import collectives
 
 ALPHA, BW = 20e-6, 1e9  # the generated network: 20 µs per ring step, 1 GB/s per link
 PARAMS = 250_000  # S = 1 MB of fp32 gradient
@@ -172,10 +173,10 @@ def test_bad_network_and_card_are_named():
 
 
 def test_exposed_block_and_replica_keep_the_weights():
-    """runners/exposed.py: the replica's steps are timed, the exposed time is step − compute
+    """runners/torch/exposed.py: the replica's steps are timed, the exposed time is step − compute
     (never below 0), and the model and optimizer end as they began."""
     torch = pytest.importorskip("torch")
-    from trainscale.runners import exposed
+    from trainscale.runners.torch import exposed
 
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 4))
@@ -202,7 +203,7 @@ def test_runners_without_a_switch_record_null_with_the_reason():
     run has no such block; both follow the metrics schema."""
     from test_aggregate import spec_for
 
-    from trainscale import metrics
+    from trainscale.measure import metrics
 
     for strategy, workers in (("tf-multiworker", 2), ("torch", 1)):
         rec = metrics.Recorder(spec_for(strategy, workers).to_dict())

@@ -23,9 +23,13 @@ from matplotlib.collections import LineCollection, PathCollection
 from test_aggregate import failed_record, ok_record, spec_for, write
 from test_collectives import fake_collectives
 
-from trainscale import aggregate, figures, metrics, report
-from trainscale.matrix import build_runs
-from trainscale.study import Study
+from trainscale.analysis import aggregate
+from trainscale.analysis.study import Study
+from trainscale.measure import metrics
+from trainscale.plan.matrix import build_runs
+from trainscale.report import cli as report_cli
+from trainscale.report import figures
+from trainscale.report import html as report
 
 from conftest import ROOT, validated
 
@@ -93,7 +97,9 @@ def built(tmp_path_factory) -> tuple[Path, Study]:
     """The whole report made by the command line from a directory of metrics files."""
     root = tmp_path_factory.mktemp("rich")
     rich_study(root / "runs")
-    rc = report.main(["--runs-dir", str(root / "runs"), "--out", str(root / "out"), "--jobs", "2"])
+    rc = report_cli.main(
+        ["--runs-dir", str(root / "runs"), "--out", str(root / "out"), "--jobs", "2"]
+    )
     assert rc == 0  # invalid files are listed, not fatal
     out = root / "out"
     study = Study.read(out)
@@ -130,7 +136,7 @@ def test_cli_help_documents_usage():
 
 
 def test_cli_exit_codes(tmp_path, capsys):
-    assert report.main(["--runs-dir", str(tmp_path / "nothing"), "--out", str(tmp_path)]) == 2
+    assert report_cli.main(["--runs-dir", str(tmp_path / "nothing"), "--out", str(tmp_path)]) == 2
     assert "no metrics.json" in capsys.readouterr().err
     runs = tmp_path / "runs"
     s = spec_for("torch", 1)
@@ -138,7 +144,7 @@ def test_cli_exit_codes(tmp_path, capsys):
     (runs / "x").mkdir()
     (runs / "x" / "metrics.json").write_text("[]")
     args = ["--runs-dir", str(runs), "--out", str(tmp_path / "out"), "--jobs", "1"]
-    assert report.main([*args, "--strict"]) == 1
+    assert report_cli.main([*args, "--strict"]) == 1
     assert (tmp_path / "out" / "report.html").exists()
 
 
@@ -246,7 +252,7 @@ def _cells(strategies: int, models: int, datasets: int = 1) -> pd.DataFrame:
 
 
 def test_a_figure_over_12_facets_draws_the_fastest_strategies_and_the_highlighted():
-    from trainscale.figures import select
+    from trainscale.report.figures import select
 
     kind = figures.REGISTRY["epoch_time"]  # facets: model · dataset × strategy
     d = _cells(strategies=16, models=2)
@@ -264,7 +270,7 @@ def test_a_figure_over_12_facets_draws_the_fastest_strategies_and_the_highlighte
 
 
 def test_a_figure_over_12_facets_without_strategy_facets_is_split_per_model():
-    from trainscale.figures import select
+    from trainscale.report.figures import select
 
     kind = figures.REGISTRY["warmup"]  # facets: model · dataset × 3 kinds of epoch time
     d = _cells(strategies=2, models=3, datasets=2)

@@ -5,8 +5,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from trainscale import metrics
-from trainscale.matrix import build_runs
+from trainscale.measure import metrics
+from trainscale.plan.matrix import build_runs
 
 import tap
 from conftest import launch, validated
@@ -166,7 +166,7 @@ def test_ranks_take_the_gpus_in_turn_and_share_one_over_gloo(monkeypatch):
     "invalid device ordinal" before this)."""
     import torch
 
-    from trainscale.runners.torch_parts import group_backend, rank_device
+    from trainscale.runners.torch.torch_parts import group_backend, rank_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
@@ -185,7 +185,7 @@ def test_energy_counts_each_gpus_counter_once():
     """Two ranks on one GPU read one NVML counter: the run's energy is that GPU's, not twice
     it; ranks on GPUs of their own add up; ranks without a reading (RAPL is read by one
     process per host) add nothing; no reading at all is None, never 0."""
-    from trainscale.device_usage import energy_once_per_device as once
+    from trainscale.measure.device_usage import energy_once_per_device as once
 
     assert once([100.0, 100.5], [("n1", "GPU-a"), ("n1", "GPU-a")]) == 100.0
     assert once([100.0, 80.0], [("n1", "GPU-a"), ("n1", "GPU-b")]) == 180.0

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from trainscale import metrics
+from trainscale.measure import metrics
 
 from conftest import ROOT, snakemake
 

@@ -12,9 +12,13 @@ import time
 import pytest
 import yaml
 
-from trainscale import aggregate, collectives, data, endnote, matrix, memory, metrics, overlay
+from trainscale import data
+from trainscale.analysis import aggregate
+from trainscale.analysis.study import Study
+from trainscale.measure import collectives, memory, metrics
+from trainscale.plan import matrix, overlay
+from trainscale.report import endnote
 from trainscale.runners.common import evaluates, steps_per_epoch
-from trainscale.study import Study
 
 from conftest import ROOT, launch, snakemake, validated
 
@@ -212,7 +216,7 @@ def test_collectives_benchmark_sizes_for_the_gradients_of_multi_worker_cells_onl
     cfg.write_text(yaml.safe_dump({"study": "c", "collectives": {"max_bytes": 4096}, "matrix": m}))
     p = snakemake(tmp_path, "results/c/collectives.csv", "-n", "-p", "--configfile", str(cfg))
     assert p.returncode == 0, p.stderr[-2000:]
-    (line,) = [ln for ln in p.stdout.splitlines() if "-m trainscale.collectives" in ln]
+    (line,) = [ln for ln in p.stdout.splitlines() if "-m trainscale.runners.collectives" in ln]
     assert "--model seed-small:digits" in line and "resnet50" not in line
     assert "--max-bytes 4096" in line
     assert "stops at collectives.max_bytes = 4096 bytes" in p.stdout + p.stderr

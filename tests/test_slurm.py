@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from trainscale import metrics
+from trainscale.measure import metrics
 
 from conftest import ROOT, SNAKEMAKE
 

@@ -12,10 +12,11 @@ import pytest
 import torch
 import yaml
 
-from trainscale import catalog, matrix, metrics, speed_options
-from trainscale.matrix import build_runs
-from trainscale.runners import torch_speed
-from trainscale.runspec import ConfigError, RunSpec
+from trainscale.measure import metrics
+from trainscale.plan import catalog, matrix, speed_options
+from trainscale.plan.matrix import build_runs
+from trainscale.plan.runspec import ConfigError, RunSpec
+from trainscale.runners.torch import torch_speed
 
 from conftest import launch, snakemake, validated
 

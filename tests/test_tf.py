@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-from trainscale import metrics, tfrun
-from trainscale.matrix import build_runs
+from trainscale.launch import tfrun
+from trainscale.measure import metrics
+from trainscale.plan.matrix import build_runs
 
 import tap
 from conftest import PYTHON, ROOT, base_config, launch, load_yaml, run_env, validated
@@ -49,7 +50,7 @@ def test_every_worker_gets_the_whole_cluster_and_its_own_index():
 
 def _tfrun(code: str, nproc: int = 2, timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [PYTHON, "-m", "trainscale.tfrun", f"--nproc={nproc}", "--", "-c", code],
+        [PYTHON, "-m", "trainscale.launch.tfrun", f"--nproc={nproc}", "--", "-c", code],
         env=run_env(),
         capture_output=True,
         text=True,
@@ -81,7 +82,7 @@ def test_tfrun_reports_a_killed_worker_as_the_shell_does():
 
 def test_tfrun_needs_a_worker_command():
     p = subprocess.run(
-        [PYTHON, "-m", "trainscale.tfrun", "--nproc=2"],
+        [PYTHON, "-m", "trainscale.launch.tfrun", "--nproc=2"],
         env=run_env(),
         capture_output=True,
         text=True,
@@ -125,8 +126,9 @@ def test_tf_runner_and_its_launchers_never_import_torch():
     """The conda env of TF runs has no torch: the runner, supervisor and tfrun must not need it."""
     code = (
         "import sys; sys.modules['torch'] = None\n"
-        "import trainscale.launch, trainscale.tfrun, trainscale.runners.tf\n"
-        "import trainscale.runners.keras_loop, trainscale.device_usage\n"
+        "import trainscale.launch.supervise, trainscale.launch.tfrun\n"
+        "import trainscale.runners.tensorflow.tf\n"
+        "import trainscale.runners.tensorflow.keras_loop, trainscale.measure.device_usage\n"
         "import tf_keras, tensorflow as tf\n"
         "assert tf.keras.__name__.startswith('tf_keras'), tf.keras.__name__\n"
         "print('ok', tf.__version__, tf_keras.__version__)\n"
@@ -145,7 +147,7 @@ def test_tf_runner_and_its_launchers_never_import_torch():
 def test_multiworker_cluster_comes_from_srun_under_slurm(monkeypatch):
     """What every srun task of a 2-node × 2-worker tf-multiworker run resolves (task 3 here):
     the same cluster on every task, ports from the supervisor's TRAINSCALE_TF_PORT."""
-    from trainscale.runners import tf as tf_runner
+    from trainscale.runners.tensorflow import tf as tf_runner
 
     runs, _ = build_runs(base_config(strategy=["tf-multiworker"], workers=[2], nodes=[2]))
     for k, v in {
@@ -169,12 +171,12 @@ def test_multiworker_cluster_comes_from_srun_under_slurm(monkeypatch):
 
 
 def test_multiworker_without_a_cluster_says_how_to_start_it(monkeypatch):
-    from trainscale.runners import tf as tf_runner
+    from trainscale.runners.tensorflow import tf as tf_runner
 
     runs, _ = build_runs(base_config(strategy=["tf-multiworker"], workers=[2]))
     monkeypatch.delenv("TF_CONFIG", raising=False)
     monkeypatch.delenv("TRAINSCALE_TF_CLUSTER", raising=False)
-    with pytest.raises(RuntimeError, match="trainscale.tfrun"):
+    with pytest.raises(RuntimeError, match="trainscale.launch.tfrun"):
         tf_runner.cluster_resolver(runs[0], gpus=False)
 
 
@@ -200,7 +202,7 @@ def _spec(**kw):
 def test_keras_optimizer_follows_pytorch_step_for_step(optimizer):
     """Gradients kept away from zero: there Keras' Adam adds epsilon to sqrt(v) before the bias
     correction (PyTorch after it), a difference that only shows where sqrt(v) ~ eps."""
-    from trainscale.runners import keras_loop
+    from trainscale.runners.tensorflow import keras_loop
 
     spec = _spec(optimizer=optimizer)
     w0 = np.linspace(-1, 1, 6).astype(np.float32)
@@ -238,7 +240,7 @@ def test_a_failing_worker_fails_the_run_and_is_recorded(tmp_path):
     assert p.returncode == 0  # the job succeeds: the failure is a result
     rec = metrics.read(out)
     assert rec["status"] == "failed"
-    assert "DataError" in rec["error"] and "trainscale.tfrun: worker" in rec["error"]
+    assert "DataError" in rec["error"] and "trainscale.launch.tfrun: worker" in rec["error"]
     assert rec["launch"]["exit_code"] not in (0, None)
 
 
@@ -277,7 +279,7 @@ def test_study_runs_every_tf_strategy_beside_pytorch(study):
     assert study["tf"]["device"]["logical"] is False
     assert study["tf-multiworker"]["device"]["count"] == 2
     assert study["tf-multiworker"]["device"]["logical"] is False
-    assert "trainscale.tfrun --nproc=2" in study["tf-multiworker"]["launch"]["command"]
+    assert "trainscale.launch.tfrun --nproc=2" in study["tf-multiworker"]["launch"]["command"]
     assert "TF_USE_LEGACY_KERAS=1" in study["tf"]["launch"]["command"]
     assert "TF_USE_LEGACY_KERAS" not in study["torch"]["launch"]["command"]
     results = study["_dir"]["results"]

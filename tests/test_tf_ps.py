@@ -12,10 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from trainscale import launch_commands, metrics, slurm, tfrun
-from trainscale.launch_commands import Environment, command
-from trainscale.matrix import build_runs
-from trainscale.runspec import ConfigError
+from trainscale.launch import commands as launch_commands
+from trainscale.launch import slurm, tfrun
+from trainscale.launch.commands import Environment, command
+from trainscale.measure import metrics
+from trainscale.plan.matrix import build_runs
+from trainscale.plan.runspec import ConfigError
 
 from conftest import PYTHON, base_config, launch, run_env, validated
 
@@ -64,7 +66,16 @@ def test_every_process_gets_the_whole_cluster_and_its_own_role():
 
 def _tfrun_ps(code: str, tmp: Path, workers=2, ps=1, timeout=60) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [PYTHON, "-m", "trainscale.tfrun", f"--nproc={workers}", f"--ps={ps}", "--", "-c", code],
+        [
+            PYTHON,
+            "-m",
+            "trainscale.launch.tfrun",
+            f"--nproc={workers}",
+            f"--ps={ps}",
+            "--",
+            "-c",
+            code,
+        ],
         env=run_env(PIDS=str(tmp)),
         capture_output=True,
         text=True,
@@ -135,7 +146,7 @@ def test_a_failing_worker_or_server_stops_the_chief_at_once(tmp_path, role):
 
 def test_tfrun_refuses_a_negative_server_count():
     p = subprocess.run(
-        [PYTHON, "-m", "trainscale.tfrun", "--nproc=1", "--ps=-1", "--", "-c", "pass"],
+        [PYTHON, "-m", "trainscale.launch.tfrun", "--nproc=1", "--ps=-1", "--", "-c", "pass"],
         env=run_env(),
         capture_output=True,
         text=True,
@@ -193,7 +204,7 @@ def test_tf_ps_on_one_node_is_tfrun_with_servers(workers, ps):
         *TF_THREADS,
         "/venv/bin/python",
         "-m",
-        "trainscale.tfrun",
+        "trainscale.launch.tfrun",
         f"--nproc={workers}",
         f"--ps={ps}",
         "--",
@@ -223,7 +234,7 @@ def test_tf_ps_multi_node_on_slurm_is_srun_one_task_per_role():
         "env TRAINSCALE_TF_CLUSTER=slurm TRAINSCALE_TF_PORT=29411 "
         "TRAINSCALE_NODE_ADDRS=n1=10.0.0.1,n2=10.0.0.2 python -m trainscale.runners --spec"
     ) in line
-    assert "trainscale.tfrun" not in line
+    assert "trainscale.launch.tfrun" not in line
     with pytest.raises(ValueError, match="SLURM allocation"):
         command(s, LOCAL, "m.json")
 
@@ -279,7 +290,7 @@ def test_slurm_request_counts_the_servers_and_the_chief(workers, nodes, ps, acce
 
 
 def test_srun_tasks_resolve_to_chief_servers_and_workers():
-    from trainscale.runners import tf_ps
+    from trainscale.runners.tensorflow import tf_ps
 
     environ = {
         "SLURM_STEP_NODELIST": "n[1-2]",
@@ -302,11 +313,11 @@ def test_srun_tasks_resolve_to_chief_servers_and_workers():
 
 
 def test_a_cluster_of_the_wrong_shape_is_refused_before_training(monkeypatch):
-    from trainscale.runners import tf_ps
+    from trainscale.runners.tensorflow import tf_ps
 
     monkeypatch.delenv("TRAINSCALE_TF_CLUSTER", raising=False)
     monkeypatch.delenv("TF_CONFIG", raising=False)
-    with pytest.raises(RuntimeError, match="trainscale.tfrun --nproc N --ps P"):
+    with pytest.raises(RuntimeError, match="trainscale.launch.tfrun --nproc N --ps P"):
         tf_ps.tf_config(spec(workers=[2]))
     monkeypatch.setenv("TF_CONFIG", tfrun.ps_envs(1, 1, [1, 2, 3])[0]["TF_CONFIG"])
     with pytest.raises(RuntimeError, match=r"\(chief, ps, workers\) = \(1, 1, 1\)"):
@@ -336,13 +347,13 @@ def test_tf_ps_trains_digits_asynchronously(tmp_path, workers, ps):
     assert [e["steps"] for e in rec["epochs"]] == [steps * workers] * 3  # worker steps
     assert [e["samples"] for e in rec["epochs"]] == [steps * 64] * 3  # the same samples
     assert rec["oversubscribed"] == (workers + ps + 1 > metrics.cpu_count())
-    assert f"trainscale.tfrun --nproc={workers} --ps={ps}" in rec["launch"]["command"]
+    assert f"trainscale.launch.tfrun --nproc={workers} --ps={ps}" in rec["launch"]["command"]
 
 
 def test_the_report_says_beside_every_tf_ps_row_that_it_is_asynchronous():
     from types import SimpleNamespace
 
-    from trainscale import report_rows
+    from trainscale.report import rows as report_rows
 
     row = SimpleNamespace(strategy="tf-ps", baseline_note="")
     assert report_rows.cell_note(row).startswith("asynchronous training (ParameterServerStrategy)")
@@ -354,7 +365,7 @@ def test_the_report_says_beside_every_tf_ps_row_that_it_is_asynchronous():
 def test_the_summary_says_that_tf_ps_is_asynchronous():
     import pandas as pd
 
-    from trainscale.summary import summary_text
+    from trainscale.analysis.summary import summary_text
 
     row = {"run": "r", "status": "ok", "spec.strategy": "tf-ps", "error": None}
     text = summary_text(pd.DataFrame([row]), [], "s", scaling=pd.DataFrame())

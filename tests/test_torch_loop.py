@@ -1,5 +1,6 @@
-"""The one PyTorch loop (trainscale/runners/torch_loop.py): every runner of the family writes the
-same metric keys, and the CPU figures of `device` (trainscale/device_usage.py) are measured."""
+"""The one PyTorch loop (trainscale/runners/torch/torch_loop.py): every runner of the family writes
+the same metric keys, and the CPU figures of `device` (trainscale/measure/device_usage.py) are
+measured."""
 
 import itertools
 import time
@@ -9,8 +10,8 @@ from pathlib import Path
 import pytest
 from test_runners import make
 
-from trainscale import metrics
-from trainscale.device_usage import CpuUsage, RaplPackages, cpu_busy_percent
+from trainscale.measure import metrics
+from trainscale.measure.device_usage import CpuUsage, RaplPackages, cpu_busy_percent
 
 from conftest import launch
 
@@ -102,7 +103,7 @@ def test_every_runner_of_the_family_writes_the_same_keys(
         assert 0 < rec["device"]["utilization_mean"] <= 100, strategy
         assert "energy_joules" in rec["device"], strategy
         assert all(e["step_seconds_p95"] > 0 for e in rec["epochs"]), strategy
-        # per-class accuracy from the evaluation's confusion matrix (trainscale.classes)
+        # per-class accuracy from the evaluation's confusion matrix (trainscale.measure.classes)
         test = rec["test"]
         assert sum(map(sum, test["confusion"])) == rec["data"]["test_samples"], strategy
         assert len(test["per_class_accuracy"]) == 10, strategy

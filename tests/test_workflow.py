@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trainscale import metrics
+from trainscale.measure import metrics
 
 from conftest import ROOT, snakemake
 

@@ -1,8 +1,8 @@
 """A test plug-in, never imported by production code: put this directory on PYTHONPATH and set
 TRAINSCALE_TEST_TAP=DIR, and every process of a run (each rank) writes into DIR
 
-- `init-<pid>.pt` / `init-<pid>.npz`: the model's weights as `trainscale.models.build` /
-  `trainscale.keras_models.build` returned them, i.e. before any training step;
+- `init-<pid>.pt` / `init-<pid>.npz`: the model's weights as `trainscale.models.torch_models.build`
+  / `trainscale.models.keras_models.build` returned them, i.e. before any training step;
 - `samples-<pid>.txt`: one line `<rank> <unix seconds> <rows>` for every training batch this
   process really fed: for PyTorch runners each call of `F.cross_entropy` that builds a graph
   (a training loss; evaluation runs under no_grad), for TensorFlow runners each call of the Keras
@@ -13,7 +13,7 @@ TRAINSCALE_TEST_TAP=DIR, and every process of a run (each rank) writes into DIR
 - `final-lightning-ddp-0.pt`: for Lightning runners, rank 0's model weights as `Trainer.fit`
   left them (keys as `models.build` names them, the LightningModule's `net.` prefix removed);
 - `exposed-<pid>.txt`: the same lines for the extra steps a multi-worker run takes with
-  gradient synchronisation off (`trainscale.runners.exposed`), which count in no epoch and no
+  gradient synchronisation off (`trainscale.runners.torch.exposed`), which count in no epoch and no
   throughput figure, so they are kept apart from the training batches;
 - `losses-<pid>.txt`: one line `<rank> <unix seconds> <loss>` for every training loss of a
   PyTorch runner (the value `F.cross_entropy` returned, exactly, as Python's repr writes it);
@@ -21,7 +21,7 @@ TRAINSCALE_TEST_TAP=DIR, and every process of a run (each rank) writes into DIR
   losses: the labels of the batch (with one sample per class, which samples were fed);
 - `final-<strategy>-<rank>.pt`: the trained model's full weights (keys as `models.build`
   names them: FSDP's and ZeRO-3's gathered, a pipeline's stages put together) when the PyTorch
-  loop (`trainscale.runners.torch_loop.Loop.report`) starts its report, after the last epoch.
+  loop (`trainscale.runners.torch.torch_loop.Loop.report`) starts its report, after the last epoch.
 
 It wraps those functions after their module is imported (a meta-path finder), so the runners
 run unchanged. tests/tap.py reads the files back.
@@ -231,10 +231,10 @@ def _patch_lightning_trainer(mod) -> None:
 
 PATCHES = {
     "torch.nn.functional": _patch_torch_functional,
-    "trainscale.models": _patch_models,
-    "trainscale.keras_models": _patch_keras_models,
-    "trainscale.runners.exposed": _patch_exposed,
-    "trainscale.runners.torch_loop": _patch_torch_loop,
+    "trainscale.models.torch_models": _patch_models,
+    "trainscale.models.keras_models": _patch_keras_models,
+    "trainscale.runners.torch.exposed": _patch_exposed,
+    "trainscale.runners.torch.torch_loop": _patch_torch_loop,
     "lightning.pytorch.trainer.trainer": _patch_lightning_trainer,
 }
 

@@ -1,4 +1,4 @@
-# The all-reduce microbenchmark (trainscale/collectives.py), once per (backend, workers, nodes)
+# The all-reduce microbenchmark (trainscale/runners/collectives.py), once per (backend, workers, nodes)
 # of the study, and the tables built from it: collectives.csv (bus bandwidth by message size)
 # and communication.csv (the communication model of every DDP-family cell).
 
@@ -26,7 +26,7 @@ rule collectives:
         max_bytes=config["collectives"]["max_bytes"] or 0,
         study=STUDY,
     shell:
-        "python -m trainscale.collectives --backend {wildcards.backend}"
+        "python -m trainscale.runners.collectives --backend {wildcards.backend}"
         " --workers {wildcards.workers} --nodes {wildcards.nodes} --threads {params.threads}"
         " --warmup {params.warmup} --iters {params.iters} --timeout-minutes {params.timeout}"
         " --max-bytes {params.max_bytes}"

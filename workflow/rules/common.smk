@@ -6,13 +6,13 @@ from pathlib import Path
 
 # The trainscale package lives in workflow/: import it here, and let every job import it and
 # run with the interpreter that runs Snakemake (the project's .venv) unless a conda env is
-# activated in front of it (see trainscale.launch.job_environment).
+# activated in front of it (see trainscale.launch.commands.job_environment).
 sys.path.insert(0, str(Path(workflow.basedir) / "workflow"))
 
-# (from trainscale.slurm and launch_commands, not trainscale.launch: that one imports the
+# (from trainscale.launch.slurm and launch_commands, not trainscale.launch: that one imports the
 # launcher's attempts and metrics modules, a tenth of a second of every Snakemake start)
-from trainscale.launch_commands import job_environment
-from trainscale.slurm import SLURM_RESOURCE_KEYS, slurm_request, slurm_resources
+from trainscale.launch.commands import job_environment
+from trainscale.launch.slurm import SLURM_RESOURCE_KEYS, slurm_request, slurm_resources
 
 os.environ.update(job_environment(Path(workflow.basedir) / "workflow", sys.executable))
 
@@ -20,10 +20,10 @@ import yaml
 from snakemake.common import overwrite_function_params
 
 from trainscale import data as ts_data
-from trainscale import endnote as ts_endnote
-from trainscale import imagesets as ts_imagesets
-from trainscale import matrix as ts_matrix
-from trainscale import overlay as ts_overlay
+from trainscale.report import endnote as ts_endnote
+from trainscale.data import imagesets as ts_imagesets
+from trainscale.plan import matrix as ts_matrix
+from trainscale.plan import overlay as ts_overlay
 
 
 def load_yaml(path):
@@ -36,7 +36,7 @@ def load_yaml(path):
 
 # --configfile FILE was laid over config.yaml by Snakemake (nested keys merged); a study file
 # must name its own study, and its `matrix` replaces config.yaml's as a whole
-# (trainscale/overlay.py says why; `python -m trainscale.matrix FILE` applies the same rules).
+# (trainscale/plan/overlay.py says why; `trainscale check FILE` applies the same rules).
 _unnamed = ts_overlay.unnamed_study(
     workflow.config_settings.overwrite_config,
     workflow.overwrite_configfiles,
@@ -149,7 +149,7 @@ def run_threads(wildcards):
 
 def job_resources(request, every_request=None):
     """The SLURM resources of a rule whose jobs start processes (train, probe, collectives,
-    deepspeed_ops): every key trainscale.launch.slurm_request can set (nodes, tasks,
+    deepspeed_ops): every key trainscale.launch.slurm.slurm_request can set (nodes, tasks,
     cpus_per_task, runtime, mpi, gres, ...), from the request `request(wildcards)` returns;
     a key the job needs none of is None (unset). Ignored by local runs; read by
     snakemake-executor-plugin-slurm (profiles/slurm). Table, figure and report rules are
@@ -175,7 +175,7 @@ def job_resources(request, every_request=None):
     return resources
 
 
-#: Every run's SLURM request (trainscale.launch.slurm_resources), made once per run.
+#: Every run's SLURM request (trainscale.launch.slurm.slurm_resources), made once per run.
 RUN_REQUESTS = {
     path: slurm_resources(r, ACCELERATOR) for path, r in RUN_BY_PATH.items()
 }
@@ -344,7 +344,7 @@ def svg_outputs(names):
     return {f"{name}_svg": f"{RESULTS}/figures/{name}.svg" for name in names}
 
 
-# --- predicted scaling (rule `predictions` in predict.smk, trainscale/predict.py)
+# --- predicted scaling (rule `predictions` in predict.smk, trainscale/analysis/predict.py)
 #: on (predict.enabled, the default) when the study has a multi-worker cell
 PREDICT = config["predict"]["enabled"] and any(r.world_size > 1 for r in RUNS)
 

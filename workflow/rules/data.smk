@@ -47,5 +47,5 @@ rule export_data:
         data_dir=config["data_dir"],
         shard_size=config["export_data"]["shard_size"],
     shell:
-        "python -m trainscale.export_data {params.dataset} {params.data_dir:q} {output:q}"
+        "python -m trainscale.data.export_data {params.dataset} {params.data_dir:q} {output:q}"
         " --shard-size {params.shard_size} > {log:q} 2>&1"

@@ -1,4 +1,4 @@
-# Predicted scaling (trainscale/predict.py): the step-time model fitted to the measured runs and
+# Predicted scaling (trainscale/analysis/predict.py): the step-time model fitted to the measured runs and
 # the all-reduce benchmark, extrapolated to predict.world_sizes with bootstrap bands, and its
 # leave-one-out check. On (predict.enabled, the default) when the study has a multi-worker cell
 # (PREDICT and prediction_files() in common.smk).

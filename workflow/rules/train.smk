@@ -63,7 +63,7 @@ rule deepspeed_ops:
     resources:
         **job_resources(build_request),
     shell:
-        # the absolute path the runs get (trainscale.slurm.detect): torch rebuilds an op whose
+        # the absolute path the runs get (trainscale.launch.slurm.detect): torch rebuilds an op whose
         # build directory is named differently, and the first DeepSpeed run would build it again
         'TORCH_EXTENSIONS_DIR="$PWD/.cache/torch_extensions"'
-        " python -m trainscale.runners.deepspeed_zero --build-ops > {log:q} 2>&1"
+        " python -m trainscale.runners.torch.deepspeed_zero --build-ops > {log:q} 2>&1"

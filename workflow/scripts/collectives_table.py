@@ -3,7 +3,7 @@ communication.csv (the communication model of every DDP-family cell)."""
 
 import sys
 
-from trainscale.study import Study
+from trainscale.analysis.study import Study
 
 with open(snakemake.log[0], "w") as log:
     sys.stderr = log

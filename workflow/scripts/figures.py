@@ -1,11 +1,11 @@
 """Snakemake script: every figure of reports/figures.yaml as PNG (and SVG with config
-`report.svg`) from the study's tables (trainscale.pipeline.figures)."""
+`report.svg`) from the study's tables (trainscale.report.pipeline.figures)."""
 
 import sys
 from pathlib import Path
 
-from trainscale import pipeline
-from trainscale.study import Study
+from trainscale.analysis.study import Study
+from trainscale.report import pipeline
 
 with open(snakemake.log[0], "w") as log:
     sys.stderr = log

@@ -1,11 +1,11 @@
 """Snakemake script: predictions.csv, prediction_check.csv and the predicted-scaling figure
-(trainscale.pipeline.predictions)."""
+(trainscale.report.pipeline.predictions)."""
 
 import sys
 from pathlib import Path
 
-from trainscale import pipeline
-from trainscale.study import Study
+from trainscale.analysis.study import Study
+from trainscale.report import pipeline
 
 with open(snakemake.log[0], "w") as log:
     sys.stderr = log

@@ -3,8 +3,12 @@
 import sys
 from pathlib import Path
 
-from trainscale import card, compare, compare_output, predict_plot, report
-from trainscale.study import Study
+from trainscale.analysis.study import Study
+from trainscale.compare import card
+from trainscale.compare import output as compare_output
+from trainscale.compare import verdicts as compare
+from trainscale.report import html as report
+from trainscale.report import predict_plot
 
 with open(snakemake.log[0], "w") as log:
     sys.stderr = log

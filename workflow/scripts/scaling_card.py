@@ -1,11 +1,11 @@
 """Snakemake script: results/<study>/scaling-card.json from the study's metrics files
 (params.metrics: the rule's input is runs.csv, written from the same files) and its all-reduce
-benchmark (trainscale.card), validated against its schema."""
+benchmark (trainscale.compare.card), validated against its schema."""
 
 import sys
 from pathlib import Path
 
-from trainscale import card
+from trainscale.compare import card
 
 with open(snakemake.log[0], "w") as log:
     sys.stderr = log
@@ -16,4 +16,4 @@ with open(snakemake.log[0], "w") as log:
         snakemake.config["study"],
     )
     card.write(built, snakemake.output.card)
-    print(f"trainscale.card: wrote {snakemake.output.card}", file=log)
+    print(f"trainscale.compare.card: wrote {snakemake.output.card}", file=log)

@@ -2,7 +2,7 @@
 
 import sys
 
-from trainscale.study import Study
+from trainscale.analysis.study import Study
 
 with open(snakemake.log[0], "w") as log:
     sys.stderr = log

@@ -6,7 +6,7 @@ Started once per rank by the strategy's launcher (see trainscale.launch); rank 0
 import argparse
 import importlib
 
-from trainscale.matrix import RunSpec
+from trainscale.plan.matrix import RunSpec
 from trainscale.runners import RUNNER_MODULES
 
 

@@ -10,8 +10,8 @@ import sys
 import time
 from dataclasses import dataclass
 
-from trainscale import metrics
-from trainscale.matrix import RunSpec
+from trainscale.measure import metrics
+from trainscale.plan.matrix import RunSpec
 
 
 @dataclass(frozen=True)

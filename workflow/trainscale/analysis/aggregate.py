@@ -1,0 +1,137 @@
+"""Study tables from metrics files: one row per run, one per cell, and the answers drawn from them.
+
+Files are validated against the metrics schema when read (`trainscale.analysis.metrics_tables`); a
+file that is not valid JSON or breaks the schema is listed as invalid, never silently dropped, and
+never stops the rest. Per-run figures (epoch times, throughput, ...) are defined in
+`trainscale.measure.metrics`; the per-cell figures of scaling.csv are defined here, each computed
+once (in `trainscale.analysis.cells` and, for communication.csv, `trainscale.analysis.comm_model`):
+
+- cell: every matrix value but the repeat (strategy, model, dataset, scale, batch_size,
+  batch_mode, workers, nodes, precision). N = world size = workers × nodes.
+- statistics over repeats: mean, sample standard deviation (n − 1) and the 95% confidence
+  interval mean ± t(0.975, n − 1) · std / √n (Student's t) of each metric over the cell's ok
+  runs that have it (failed, oom and timeout runs are counted, never averaged); with one such
+  run the std and CI are empty.
+- first-epoch overhead: first_epoch_seconds − steady_epoch_seconds of each run (what epoch 1's
+  warm-up costs), then averaged like any other metric.
+- baseline X(1), t1: the cell with the same strategy, model, dataset, scale, batch_size,
+  batch_mode and precision and N = 1 (workers = nodes = 1). Strategies are never mixed: torch
+  (one plain process) and torch-ddp are different strategies, so torch-ddp at N workers is
+  compared with torch-ddp at N = 1. Without an ok baseline the values below are empty and
+  `baseline_note` says why.
+- speedup: S(N) = X(N) / X(1), X = mean steady throughput (samples/s over all workers).
+- strong-scaling efficiency: E = t1 / (N · tN), t = mean steady epoch seconds; for batch_mode
+  global, where the global batch is split over the workers and the work per epoch stays the same.
+- weak-scaling efficiency: E = X(N) / (N · X(1)); for batch_mode per_worker, where every worker
+  keeps its batch and the global batch grows with N.
+- speedup_vs_single: X(N) / X1*, X1* the highest mean throughput of any strategy at N = 1 with
+  the same model, dataset, scale, batch_size, batch_mode and precision (`single_best_strategy`).
+- time to accuracy: mean over the cell's ok runs that reached target_accuracy
+  (`time_to_accuracy_seconds_n` of `ok` did).
+- peak memory: mean over the cell's ok runs of the per-process peak (max over ranks), i.e. per
+  worker: host resident set size, and allocated device memory on GPU.
+- data-wait share and input-bound: the mean over the cell's ok runs of metrics
+  `data_wait_share` (steady epochs' data wait of the slowest rank over their seconds);
+  `input_bound` when it is above `datawait.INPUT_BOUND_SHARE` (10 %): the input pipeline, not
+  the workers, limits the cell.
+- fastest: per model, dataset and N, the cell with the highest mean throughput; the runner-up
+  is the best cell of another strategy, and `distinct` says whether their 95% CIs are disjoint.
+  Cells on logical CPU devices (`device.logical`) are never ranked: a code-path check. Predicted
+  throughput (predictions.csv) is never ranked either.
+- communication model (communication.csv): for every DDP-family cell (torch-ddp, torch-fsdp,
+  deepspeed-zero0..3) with N > 1, the predicted communication seconds per optimizer step
+  t_comm = v · 2(N − 1)/N · S / B. S = gradient bytes (parameters × 4; × 2 for DeepSpeed in
+  bf16/fp16, whose gradients are half precision). B = the bus bandwidth (busbw at t_p50) that
+  the all-reduce benchmark measured for the cell's backend, workers and nodes, interpolated
+  linearly in log2(size) at S. v = 1 for torch-ddp and ZeRO-0/1/2 (ZeRO-1/2's reduce-scatter
+  plus all-gather move the bytes of one all-reduce); v = 1.5 for torch-fsdp and ZeRO-3, which
+  all-gather the parameters for the forward and again for the backward and reduce-scatter the
+  gradients. Assumptions: a ring algorithm, the gradient sent as one message of S bytes
+  (smaller buckets reach lower busbw), one reduction per optimizer step, and no overlap of
+  communication with computation (DDP overlaps its buckets with the backward, so it can beat
+  the model).
+- measured step seconds: mean steady epoch seconds / optimizer steps per epoch, steps =
+  (train samples // N) // per-worker batch, or the study's `steps_per_epoch` when smaller.
+- communication share: t_comm / measured step seconds, the fraction of a step the model
+  attributes to moving gradients (above 100 %: the benchmark's busbw is lower than training
+  achieved, e.g. thanks to overlap).
+- measured exposed communication: the mean over the cell's ok runs of metrics
+  `communication.exposed_seconds_per_step` (step − the step with gradient synchronisation off)
+  and of the no-sync step itself; exposed share = exposed / measured step seconds.
+- network-bound efficiency: E_net = (t1/N) / (t1/N + steps · t_comm), t1 the steady epoch
+  seconds of the same strategy at N = 1: the best scaling efficiency this network allows when
+  computation scales perfectly and communication does not overlap it; compare with the
+  measured efficiency beside it.
+"""
+
+from trainscale.analysis.cells import (
+    BASELINE,
+    CELL,
+    METRICS,
+    SINGLE,
+    ci95,
+    convergence_frame,
+    fastest,
+    scaling_frame,
+    t975,
+)
+from trainscale.analysis.comm_model import (
+    COLLECTIVE_COLUMNS,
+    COMM_COLUMNS,
+    COMM_VOLUME,
+    busbw_at,
+    collectives_frame,
+    communication_frame,
+    failed_collectives,
+    gradient_bytes,
+    measured_collectives,
+)
+from trainscale.analysis.metrics_tables import (
+    EPOCH_FIELDS,
+    LEAD,
+    default_jobs,
+    epochs_frame,
+    find_metrics,
+    load,
+    mp_context,
+    read_tables,
+    run_id,
+    runs_frame,
+)
+from trainscale.analysis.study import Study, study_name
+from trainscale.analysis.summary import human, summary_text
+
+__all__ = [
+    "BASELINE",
+    "CELL",
+    "COLLECTIVE_COLUMNS",
+    "COMM_COLUMNS",
+    "COMM_VOLUME",
+    "EPOCH_FIELDS",
+    "LEAD",
+    "METRICS",
+    "SINGLE",
+    "Study",
+    "busbw_at",
+    "ci95",
+    "collectives_frame",
+    "communication_frame",
+    "convergence_frame",
+    "default_jobs",
+    "epochs_frame",
+    "failed_collectives",
+    "fastest",
+    "find_metrics",
+    "gradient_bytes",
+    "human",
+    "load",
+    "measured_collectives",
+    "mp_context",
+    "read_tables",
+    "run_id",
+    "runs_frame",
+    "scaling_frame",
+    "study_name",
+    "summary_text",
+    "t975",
+]

@@ -1,0 +1,269 @@
+"""Cell statistics: the per-cell figures of scaling.csv (mean, std and 95% CI over repeats,
+speedup, efficiency, the baselines), the per-epoch convergence table and the fastest cell per
+model and N. Every formula is stated once, in `trainscale.analysis.aggregate`'s docstring."""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+
+from trainscale.measure.datawait import INPUT_BOUND_SHARE
+from trainscale.plan.matrix import MATRIX_KEYS
+
+#: A cell: every matrix value but the repeat.
+CELL = list(MATRIX_KEYS)
+#: What a cell shares with its N = 1 baseline (all of CELL but workers and nodes).
+BASELINE = [k for k in CELL if k not in ("workers", "nodes")]
+#: What a cell shares with the best single-process cell of any strategy.
+SINGLE = BASELINE[1:]
+
+#: scaling.csv metric -> runs.csv column; each gets _n, _mean, _std and _ci95 columns.
+METRICS = {
+    "throughput": "throughput",
+    "throughput_per_worker": "throughput_per_worker",
+    "first_epoch_seconds": "first_epoch_seconds",
+    "steady_epoch_seconds": "steady_epoch_seconds",
+    "first_epoch_overhead_seconds": None,  # first − steady, per run
+    "test_accuracy": "test.accuracy",
+    "time_to_accuracy_seconds": "time_to_accuracy_seconds",
+    "peak_host_rss_bytes": "memory.peak_host_rss_bytes",
+    "peak_device_bytes": "memory.peak_device_bytes",
+    "data_wait_share": "data_wait_share",
+}
+
+
+def t975(n: np.ndarray | pd.Series | int) -> np.ndarray | float:
+    """Student's t quantile t(0.975, n − 1) for samples of size n (NaN where n < 2)."""
+    n = np.asarray(n, dtype=float)
+    out = np.full(n.shape, np.nan)
+    ok = n >= 2
+    sizes = n[ok]
+    quantiles = {v: _t975_df(int(v) - 1) for v in np.unique(sizes)}
+    out[ok] = [quantiles[v] for v in sizes]
+    return out if out.ndim else float(out)
+
+
+@functools.cache
+def _t975_df(df: int) -> float:
+    """t(0.975, df) for integer df ≥ 1: the t at which P(|T| ≤ t) = 0.95, by bisection on that
+    probability's closed form for integer degrees of freedom (Abramowitz & Stegun 26.7.3-4),
+    instead of importing scipy (a third of a second of every report) for one quantile."""
+
+    def central(t: float) -> float:  # P(|T| <= t), T ~ Student's t with df degrees of freedom
+        theta = math.atan(t / math.sqrt(df))
+        c2 = math.cos(theta) ** 2
+        total, term = 1.0, 1.0
+        if df % 2:  # odd: (2/π)(θ + sinθ cosθ Σ_k a_k cos^2k θ), a_k = a_k-1 · 2k/(2k+1)
+            for k in range(1, (df - 1) // 2):
+                term *= c2 * (2 * k) / (2 * k + 1)
+                total += term
+            sums = math.sin(theta) * math.cos(theta) * total if df > 1 else 0.0
+            return 2 / math.pi * (theta + sums)
+        for k in range(1, df // 2):  # even: sinθ Σ_k b_k cos^2k θ, b_k = b_k-1 · (2k-1)/2k
+            term *= c2 * (2 * k - 1) / (2 * k)
+            total += term
+        return math.sin(theta) * total
+
+    lo, hi = 0.0, 20.0  # t(0.975, 1) = 12.7
+    while hi - lo > 1e-13 * hi:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if central(mid) < 0.95 else (lo, mid)
+    return (lo + hi) / 2
+
+
+def ci95(values: Sequence[float]) -> tuple[float, float, float]:
+    """(mean, std, CI half-width) of one sample, by the formulas in the module docstring."""
+    x = np.asarray([v for v in values if v is not None and not pd.isna(v)], dtype=float)
+    n = len(x)
+    if n == 0:
+        return math.nan, math.nan, math.nan
+    std = float(x.std(ddof=1)) if n > 1 else math.nan
+    return float(x.mean()), std, float(t975(n) * std / math.sqrt(n)) if n > 1 else math.nan
+
+
+def _cells_of(runs: pd.DataFrame) -> pd.DataFrame:
+    """The runs table reduced to cell keys and the per-run metrics that scaling.csv averages."""
+    d = pd.DataFrame({k: runs[f"spec.{k}"] for k in CELL})
+    d["world_size"] = runs["spec.world_size"]
+    d["global_batch_size"] = runs.get("spec.global_batch_size", np.nan)
+    d["per_worker_batch_size"] = runs.get("spec.per_worker_batch_size", np.nan)
+    d["target_accuracy"] = runs.get("spec.target_accuracy", np.nan)
+    d["status"] = runs["status"]
+    d["oversubscribed"] = runs["oversubscribed"].fillna(False).astype(bool)
+    # tf-mirrored without GPUs runs N *logical* CPU devices in one process: a code-path check
+    logical = runs["device.logical"] if "device.logical" in runs else pd.Series(False, runs.index)
+    d["logical"] = logical.fillna(False).astype(bool)
+    ok = d["status"] == "ok"
+    d["is_ok"] = ok
+    for name, col in METRICS.items():
+        if col is None:
+            v = pd.to_numeric(runs["first_epoch_seconds"], errors="coerce") - pd.to_numeric(
+                runs["steady_epoch_seconds"], errors="coerce"
+            )
+        else:
+            v = pd.to_numeric(runs[col], errors="coerce") if col in runs else np.nan
+        d[name] = pd.Series(v, index=runs.index).where(ok)
+    return d
+
+
+def scaling_frame(runs: pd.DataFrame) -> pd.DataFrame:
+    """One row per cell (scaling.csv): counts, mean/std/CI of each metric, speedup, efficiency.
+
+    Every formula is stated in this module's docstring.
+    """
+    if not len(runs):
+        return pd.DataFrame(columns=[*CELL, "world_size", "runs", "ok"])
+    d = _cells_of(runs)
+    g = d.groupby(CELL, sort=True, dropna=False)
+    out = g.agg(
+        world_size=("world_size", "first"),
+        global_batch_size=("global_batch_size", "first"),
+        per_worker_batch_size=("per_worker_batch_size", "first"),
+        target_accuracy=("target_accuracy", "first"),
+        runs=("status", "size"),
+        ok=("is_ok", "sum"),
+        oversubscribed=("oversubscribed", "any"),
+        logical=("logical", "any"),
+    )
+    out["statuses"] = _status_counts(d)
+    out["failed"] = out["runs"] - out["ok"]
+    for name in METRICS:
+        n = g[name].count()
+        std = g[name].std(ddof=1)
+        out[f"{name}_n"] = n
+        out[f"{name}_mean"] = g[name].mean()
+        out[f"{name}_std"] = std
+        out[f"{name}_ci95"] = t975(n.to_numpy()) * std / np.sqrt(n.where(n > 0))
+    out = out.reset_index()
+    out["input_bound"] = out["data_wait_share_mean"] > INPUT_BOUND_SHARE  # NaN (unknown): False
+    out = _with_baselines(out)
+    return out
+
+
+def _status_counts(d: pd.DataFrame) -> pd.Series:
+    """Per cell: "2 failed, 3 ok", the count of each status in the status's sort order."""
+    n = d.groupby([*CELL, "status"], sort=True, dropna=False).size()
+    text = n.astype(str) + " " + n.index.get_level_values("status").astype(str)
+    return text.groupby(level=list(range(len(CELL))), sort=True, dropna=False).agg(", ".join)
+
+
+def _with_baselines(cells: pd.DataFrame) -> pd.DataFrame:
+    """Add baseline, speedup, efficiency and speedup_vs_single columns (see module docstring)."""
+    c = cells
+    single = c[(c["workers"] == 1) & (c["nodes"] == 1)]
+    base = single[[*BASELINE, "ok", "statuses", "throughput_mean", "steady_epoch_seconds_mean"]]
+    base = base.rename(
+        columns={
+            "ok": "base_ok_",
+            "statuses": "base_statuses_",
+            "throughput_mean": "baseline_throughput",
+            "steady_epoch_seconds_mean": "baseline_steady_epoch_seconds",
+        }
+    )
+    c = c.merge(base, on=BASELINE, how="left", validate="many_to_one")
+    n = c["world_size"].astype(float)
+    x, x1 = c["throughput_mean"], c["baseline_throughput"]
+    t, t1 = c["steady_epoch_seconds_mean"], c["baseline_steady_epoch_seconds"]
+    c["speedup"] = x / x1
+    strong = c["batch_mode"] == "global"
+    c["efficiency_kind"] = np.where(strong, "strong", "weak")
+    c["strong_efficiency"] = (t1 / (n * t)).where(strong)
+    c["weak_efficiency"] = (x / (n * x1)).where(~strong)
+    c["efficiency"] = c["strong_efficiency"].where(strong, c["weak_efficiency"])
+
+    best = single[single["throughput_mean"].notna()]
+    if len(best):
+        best = best.loc[best.groupby(SINGLE)["throughput_mean"].idxmax()]
+    best = best[[*SINGLE, "strategy", "throughput_mean"]].rename(
+        columns={"strategy": "single_best_strategy", "throughput_mean": "single_best_throughput"}
+    )
+    c = c.merge(best, on=SINGLE, how="left", validate="many_to_one")
+    c["speedup_vs_single"] = c["throughput_mean"] / c["single_best_throughput"]
+
+    no_n1 = " with the same model, dataset, scale, batch and precision in this study"
+    choices = [
+        "no ok run in this cell (" + c["statuses"].astype(str) + ")",
+        "no N=1 run of " + c["strategy"].astype(str) + no_n1,
+        "the N=1 cell of "
+        + c["strategy"].astype(str)
+        + " has no ok run ("
+        + c["base_statuses_"].astype(str)
+        + ")",
+    ]
+    conditions = [c["ok"] == 0, c["base_ok_"].isna(), c["base_ok_"] == 0]
+    c["baseline_note"] = np.select(
+        [x.to_numpy(dtype=bool) for x in conditions],
+        [x.to_numpy(dtype=object) for x in choices],
+        "",
+    )
+    return c.drop(columns=["base_ok_", "base_statuses_"])
+
+
+def convergence_frame(epochs: pd.DataFrame) -> pd.DataFrame:
+    """Per cell and epoch: n, mean, std and 95% CI of train loss (and test accuracy) over the
+    cell's ok runs."""
+    e = epochs[epochs["status"] == "ok"]
+    if not len(e):
+        return pd.DataFrame(columns=[*CELL, "world_size", "epoch"])
+    g = e.groupby([*CELL, "epoch"], sort=True, dropna=False)
+    out = g.agg(world_size=("world_size", "first"))
+    for name in ("train_loss", "test_accuracy", "seconds"):
+        v = pd.to_numeric(e[name], errors="coerce")
+        gv = v.groupby([e[k] for k in [*CELL, "epoch"]], sort=True, dropna=False)
+        n = gv.count()
+        std = gv.std(ddof=1)
+        out[f"{name}_n"] = n
+        out[f"{name}_mean"] = gv.mean()
+        out[f"{name}_ci95"] = t975(n.to_numpy()) * std / np.sqrt(n.where(n > 0))
+    return out.reset_index()
+
+
+#: The fastest cell's columns that `fastest` keeps.
+_WINNER = [
+    *(k for k in MATRIX_KEYS if k not in ("model", "dataset")),  # the cell's keys
+    "throughput_mean",
+    "throughput_ci95",
+    "speedup",
+    "efficiency",
+    "efficiency_kind",
+    "speedup_vs_single",
+    "baseline_note",
+    "oversubscribed",
+    "logical",
+    "ok",
+    "runs",
+]
+
+
+def fastest(scaling: pd.DataFrame) -> pd.DataFrame:
+    """Per model, dataset and N: the fastest cell, its efficiency, and the best other strategy."""
+    cols = ["model", "dataset", "world_size"]
+    s = scaling[scaling["throughput_mean"].notna()] if len(scaling) else scaling
+    if "logical" in s and len(s):  # logical CPU devices: a code-path check, never "fastest"
+        s = s[~s["logical"].astype(bool)]
+    if not len(s):
+        return pd.DataFrame(columns=[*cols, "strategy"])
+    s = s.sort_values([*cols, "throughput_mean"], ascending=[True] * 3 + [False], kind="stable")
+    win = s.drop_duplicates(cols)[[*cols, *_WINNER]]
+    # the runner-up: the best cell of another strategy in the same group
+    others = s.merge(win[[*cols, "strategy"]], on=cols, suffixes=("", "_win"))
+    others = others[others["strategy"] != others["strategy_win"]].drop_duplicates(cols)
+    others = others[[*cols, "strategy", "throughput_mean", "throughput_ci95"]].rename(
+        columns={
+            "strategy": "runner_up",
+            "throughput_mean": "runner_up_throughput",
+            "throughput_ci95": "ru_ci95_",
+        }
+    )
+    out = win.merge(others, on=cols, how="left").reset_index(drop=True)
+    x, x2 = out["throughput_mean"], out["runner_up_throughput"]
+    out["margin"] = x / x2 - 1
+    lo, hi = x - out["throughput_ci95"], x2 + out.pop("ru_ci95_")
+    distinct = (lo > hi).to_numpy().astype(object)
+    distinct[(lo.isna() | hi.isna()).to_numpy()] = None
+    out["distinct"] = distinct
+    return out

@@ -1,0 +1,205 @@
+"""The all-reduce benchmark's table (collectives.csv) and the communication model of every
+DDP-family cell (communication.csv): predicted seconds per optimizer step from the measured bus
+bandwidth, set against the measured step and its exposed communication. The formulas are stated
+once, in `trainscale.analysis.aggregate`'s docstring."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from trainscale.analysis.cells import CELL
+from trainscale.measure import collectives
+from trainscale.plan import catalog
+
+#: collectives.csv: one row per (backend, workers, nodes, message size); a benchmark that
+#: could not run is one row with status `failed`, its error and no size.
+COLLECTIVE_COLUMNS = [
+    "status",
+    "error",
+    "backend",
+    "workers",
+    "nodes",
+    "world_size",
+    "bytes",
+    "iters",
+    "p50_seconds",
+    "p95_seconds",
+    "algbw_bytes_per_second",
+    "busbw_bytes_per_second",
+    "busbw_p95_bytes_per_second",
+]
+
+#: DDP-family strategies -> traffic of one optimizer step in all-reduces of the gradient (v).
+COMM_VOLUME = catalog.comm_volumes("torch.distributed")
+
+
+def collectives_frame(paths: Iterable[str | Path]) -> pd.DataFrame:
+    """collectives.csv from the benchmark's JSON files (trainscale.measure.collectives)."""
+    rows = []
+    for p in paths:
+        rec = collectives.read(p)
+        head = {k: rec[k] for k in ("backend", "workers", "nodes", "world_size")}
+        head.update(status=rec.get("status", "ok"), error=rec.get("error"))
+        if head["status"] != "ok":
+            rows.append(head)
+        for r in rec["sizes"]:
+            rows.append({**head, "iters": len(r["seconds"]), **r})
+    return pd.DataFrame(rows, columns=COLLECTIVE_COLUMNS)
+
+
+def measured_collectives(coll: pd.DataFrame) -> pd.DataFrame:
+    """The rows of collectives.csv that hold timings (not the benchmarks that failed)."""
+    return coll[coll["status"] == "ok"] if "status" in coll and len(coll) else coll
+
+
+def failed_collectives(coll: pd.DataFrame) -> pd.DataFrame:
+    """One row per benchmark that could not run, with its error."""
+    if "status" not in coll or not len(coll):
+        return coll.iloc[0:0]
+    return coll[coll["status"] != "ok"]
+
+
+def busbw_at(table: pd.DataFrame, size: float) -> float:
+    """Bus bandwidth at `size` bytes: linear in log2(size) between the measured sizes (the
+    nearest end outside them)."""
+    t = table.sort_values("bytes")
+    x = np.log2(t["bytes"].to_numpy(dtype=float))
+    return float(np.interp(np.log2(size), x, t["busbw_bytes_per_second"].to_numpy(dtype=float)))
+
+
+def gradient_bytes(strategy: str, precision: str, params: float) -> float:
+    """S: bytes of one gradient (half precision under DeepSpeed bf16/fp16, fp32 otherwise)."""
+    half = strategy.startswith("deepspeed-") and precision in ("bf16", "fp16")
+    return params * (2 if half else 4)
+
+
+COMM_COLUMNS = [
+    *CELL,
+    "world_size",
+    "backend",
+    "params",
+    "gradient_bytes",
+    "allreduce_volume",
+    "busbw_bytes_per_second",
+    "predicted_comm_seconds",
+    "steps_per_epoch",
+    "measured_step_seconds",
+    "comm_share",
+    "efficiency",
+    "network_bound_efficiency",
+    "measured_compute_seconds",
+    "measured_exposed_seconds",
+    "exposed_share",
+    "exposed_method",
+    "note",
+]
+
+
+def communication_frame(
+    scaling: pd.DataFrame, runs: pd.DataFrame, coll: pd.DataFrame
+) -> pd.DataFrame:
+    """communication.csv: the communication model of every DDP-family cell with N > 1 (see the
+    module docstring for every formula)."""
+    if not len(scaling) or not len(runs):
+        return pd.DataFrame(columns=COMM_COLUMNS)
+    cells = scaling[
+        scaling["strategy"].isin(list(COMM_VOLUME))
+        & (scaling["world_size"] > 1)
+        & (scaling["ok"] > 0)
+    ]
+    ok = runs[runs["status"] == "ok"]
+    per_cell = ok.groupby([f"spec.{k}" for k in CELL], dropna=False).first()
+    exposed = _exposed_by_cell(ok)
+    rows = []
+    for c in cells.itertuples(index=False):
+        key = tuple(getattr(c, k) for k in CELL)
+        r = per_cell.loc[key]
+        n = int(c.world_size)
+        backend = "nccl" if r.get("device.kind") == "cuda" else "gloo"
+        params = float(r["model.params"])
+        size = gradient_bytes(c.strategy, c.precision, params)
+        steps = (int(r["data.train_samples"]) // n) // int(r["spec.per_worker_batch_size"])
+        limit = r.get("spec.steps_per_epoch")
+        if limit is not None and not pd.isna(limit):
+            steps = min(steps, int(limit))
+        step_s = c.steady_epoch_seconds_mean / steps
+        row = {k: getattr(c, k) for k in CELL}
+        row.update(
+            world_size=n,
+            backend=backend,
+            params=params,
+            gradient_bytes=size,
+            allreduce_volume=COMM_VOLUME[c.strategy],
+            steps_per_epoch=steps,
+            measured_step_seconds=step_s,
+            efficiency=c.efficiency,
+            note="",
+            **exposed.get(key, {}),
+        )
+        if pd.notna(row.get("measured_exposed_seconds", np.nan)):
+            row["exposed_share"] = row["measured_exposed_seconds"] / step_s
+        same = (
+            coll[
+                (coll["backend"] == backend)
+                & (coll["workers"] == c.workers)
+                & (coll["nodes"] == c.nodes)
+            ]
+            if len(coll)
+            else coll
+        )
+        sub = measured_collectives(same)
+        if not len(sub):
+            failed = failed_collectives(same)
+            why = (
+                f"its run failed: {str(failed['error'].iloc[0]).splitlines()[0]}"
+                if len(failed)
+                else "collectives.enabled false, or its run failed"
+            )
+            row["note"] = (
+                f"no all-reduce benchmark for {backend}, {c.workers} workers × {c.nodes} nodes "
+                f"({why})"
+            )
+            rows.append(row)
+            continue
+        bw = busbw_at(sub, size)
+        t_comm = COMM_VOLUME[c.strategy] * collectives.bus_factor(n) * size / bw
+        t1 = c.baseline_steady_epoch_seconds
+        ideal = t1 / n
+        row.update(
+            busbw_bytes_per_second=bw,
+            predicted_comm_seconds=t_comm,
+            comm_share=t_comm / step_s,
+            network_bound_efficiency=ideal / (ideal + steps * t_comm),
+        )
+        notes = [f"no network-bound efficiency: {c.baseline_note}"] if pd.isna(t1) else []
+        if size > sub["bytes"].max():
+            notes.append(
+                f"busbw at S read at {int(sub['bytes'].max())} bytes, the largest size measured "
+                "(the benchmark was cut short by collectives.max_bytes)"
+            )
+        row["note"] = "; ".join(notes)
+        rows.append(row)
+    return pd.DataFrame(rows, columns=COMM_COLUMNS)
+
+
+def _exposed_by_cell(ok: pd.DataFrame) -> dict[tuple, dict]:
+    """Per cell: mean no-sync step and exposed communication over its ok runs, and the method
+    (metrics `communication.*`, trainscale/runners/torch/exposed.py)."""
+    cols = ("communication.compute_seconds_per_step", "communication.exposed_seconds_per_step")
+    if not len(ok) or cols[1] not in ok:
+        return {}
+    out = {}
+    for key, g in ok.groupby([f"spec.{k}" for k in CELL], dropna=False):
+        methods = g.get("communication.method", pd.Series(dtype=object)).dropna().unique()
+        note = g.get("communication.note", pd.Series(dtype=object)).dropna().unique()
+        out[key] = {
+            "measured_compute_seconds": pd.to_numeric(g[cols[0]], errors="coerce").mean(),
+            "measured_exposed_seconds": pd.to_numeric(g[cols[1]], errors="coerce").mean(),
+            "exposed_method": ", ".join(map(str, methods))
+            or ("not measured: " + str(note[0]) if len(note) else ""),
+        }
+    return out

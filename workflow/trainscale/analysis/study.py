@@ -1,0 +1,278 @@
+"""A study's tables and their one way to and from disk: `Study.build` from metrics files,
+`Study.write` into results/<study>, `Study.read` back, for the Snakemake scripts and for
+`python -m trainscale.report` alike.
+
+CSV keeps no types, so each table's column types are stated and applied both when a table is
+built and when it is read: a table read back has the dtypes it was built with, and nothing
+downstream re-types a column. The runs and epochs tables' types come from the metrics schema
+(`trainscale.analysis.metrics_tables`); the other tables' are stated here, after their definitions
+in `trainscale.analysis.cells` and `trainscale.analysis.comm_model`.
+"""
+
+from __future__ import annotations
+
+import csv
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from trainscale.analysis import metrics_tables
+from trainscale.analysis.cells import CELL, METRICS, convergence_frame, fastest, scaling_frame
+from trainscale.analysis.comm_model import (
+    COLLECTIVE_COLUMNS,
+    COMM_COLUMNS,
+    collectives_frame,
+    communication_frame,
+)
+from trainscale.analysis.metrics_tables import (
+    CELL_TYPES,
+    EPOCH_TYPES,
+    LEAD,
+    epochs_frame,
+    read_tables,
+    runs_types,
+)
+from trainscale.analysis.summary import summary_text
+
+#: Table name -> its file in results/<study> (and the Snakemake input/output name it goes by).
+FILES = {
+    "runs": "runs.csv",
+    "epochs": "epochs.csv",
+    "scaling": "scaling.csv",
+    "invalid": "invalid.csv",
+    "collectives": "collectives.csv",
+    "communication": "communication.csv",
+}
+#: The plain-text answers written beside the tables (`Study.write`, Snakemake output `summary`).
+SUMMARY = "summary.txt"
+
+_COMM_TEXT = ("exposed_method", "note")
+
+#: Column types of the tables other than runs (columns not named are numbers as read).
+TYPES: dict[str, dict[str, str]] = {
+    "epochs": EPOCH_TYPES,
+    "scaling": {
+        **CELL_TYPES,
+        "statuses": "str",
+        "baseline_note": "str",
+        "efficiency_kind": "str",
+        "single_best_strategy": "str",
+        "oversubscribed": "bool",
+        "logical": "bool",
+        "global_batch_size": "float64",
+        "per_worker_batch_size": "float64",
+        "target_accuracy": "float64",
+        **{f"{m}_{s}": "float64" for m in METRICS for s in ("mean", "std", "ci95")},
+    },
+    "invalid": {"path": "str", "error": "str"},
+    "collectives": {
+        "status": "str",
+        "error": "str",
+        "backend": "str",
+        **dict.fromkeys(COLLECTIVE_COLUMNS[6:], "float64"),
+    },
+    "communication": {
+        **CELL_TYPES,
+        "world_size": "int64",
+        **dict.fromkeys(("backend", *_COMM_TEXT), "str"),
+        **{c: "float64" for c in COMM_COLUMNS[len(CELL) + 2 :] if c not in _COMM_TEXT},
+    },
+}
+#: Text columns where an empty string is a value ("no note"), not a missing one.
+FILLED = {"scaling": ("statuses", "baseline_note"), "communication": ("note", "exposed_method")}
+
+
+def _types(table: str, columns: Iterable[str]) -> dict[str, str]:
+    columns = list(columns)
+    types = runs_types(columns) if table == "runs" else TYPES[table]
+    return {c: t for c, t in types.items() if c in columns}
+
+
+def write_csv(df: pd.DataFrame, path: str | Path) -> None:
+    """`df.to_csv(path, index=False)`, the same bytes, written through the csv module: pandas
+    formats every value through an object array first, and the runs and epochs tables of
+    100,000 runs took it 13 s (a third less this way). Column types it does not know (dates,
+    categories) go to pandas."""
+    columns = []
+    for name in df.columns:
+        s = df[name]
+        if s.dtype == np.float64:
+            a = s.to_numpy()
+            values = a.tolist()
+            if np.isnan(a).any():
+                values = [None if v != v else v for v in values]  # NaN is written empty
+        elif s.dtype.kind in "iub" and not s.hasnans:
+            values = s.tolist()
+        elif s.dtype.kind in "iubOT":  # strings, objects, nullable ints and booleans
+            values = s.astype(object).where(s.notna(), None).tolist()
+        else:
+            df.to_csv(path, index=False)
+            return
+        columns.append(values)
+    if not columns:
+        df.to_csv(path, index=False)
+        return
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        out = csv.writer(f, lineterminator="\n")
+        out.writerow(df.columns)
+        out.writerows(zip(*columns, strict=True))
+
+
+def typed(table: str, df: pd.DataFrame) -> pd.DataFrame:
+    """`df` with the stated dtypes of `table`'s columns (and "" for an empty note)."""
+    df = metrics_tables.typed(df, _types(table, df.columns))
+    fill = [c for c in FILLED.get(table, ()) if c in df and df[c].isna().any()]
+    return df.fillna(dict.fromkeys(fill, "")) if fill else df
+
+
+def _read_csv(table: str, path: str | Path) -> pd.DataFrame:
+    if table == "invalid":  # an error message may be any text, "NA" included
+        return pd.read_csv(path, dtype="str", keep_default_na=False)
+    head = pd.read_csv(path, nrows=0).columns
+    return typed(table, pd.read_csv(path, dtype=_types(table, head), low_memory=False))
+
+
+def _empty(table: str) -> pd.DataFrame:
+    columns = {
+        "runs": LEAD,
+        "epochs": epochs_frame([]).columns,
+        "scaling": [*CELL, "world_size", "runs", "ok"],
+        "invalid": ["path", "error"],
+        "collectives": COLLECTIVE_COLUMNS,
+        "communication": COMM_COLUMNS,
+    }[table]
+    return pd.DataFrame(columns=list(columns))
+
+
+def _files(where: str | Path | Mapping) -> dict[str, object]:
+    """{table or "summary": path} from a folder (its tables that exist) or from a mapping such
+    as Snakemake's named input/output (its names that are tables; the rest is ignored)."""
+    if hasattr(where, "items"):
+        names = {*FILES, "summary"}
+        return {k: v for k, v in where.items() if k in names}
+    folder = Path(where)
+    return {t: folder / f for t, f in FILES.items() if (folder / f).exists()}
+
+
+@dataclass
+class Study:
+    """A study's tables: runs (one row per run), epochs, scaling (one row per cell; computed
+    from runs when not given), invalid files, and the all-reduce benchmark with the
+    communication model when the study has one."""
+
+    name: str
+    runs: pd.DataFrame
+    epochs: pd.DataFrame = field(default_factory=lambda: _empty("epochs"))
+    scaling: pd.DataFrame | None = None
+    invalid: list[tuple[str, str]] = field(default_factory=list)
+    collectives: pd.DataFrame = field(default_factory=lambda: _empty("collectives"))
+    communication: pd.DataFrame = field(default_factory=lambda: _empty("communication"))
+
+    def __post_init__(self) -> None:
+        self.runs = typed("runs", self.runs)
+        self.epochs = typed("epochs", self.epochs)
+        self.scaling = typed(
+            "scaling", scaling_frame(self.runs) if self.scaling is None else self.scaling
+        )
+        self.collectives = typed("collectives", self.collectives)
+        self.communication = typed("communication", self.communication)
+
+    @classmethod
+    def build(
+        cls,
+        metrics_paths: Iterable[str | Path],
+        name: str | None = None,
+        jobs: int = 1,
+        default_name: str = "study",
+        collectives: Iterable[str | Path] = (),
+    ) -> Study:
+        """Read and validate metrics files (by `jobs` processes) and compute every table; with
+        the all-reduce benchmark's JSON files, its table and the communication model too."""
+        runs, epochs, invalid = read_tables(metrics_paths, jobs=jobs)
+        for p, why in invalid:
+            print(f"trainscale: invalid metrics file {p}: {why}", file=sys.stderr)
+        study = cls(study_name(runs, default_name) if name is None else name, runs, epochs)
+        study.invalid = invalid
+        study.add_collectives(collectives)
+        return study
+
+    def add_collectives(self, paths: Iterable[str | Path]) -> None:
+        """collectives.csv from the benchmark's JSON files, and communication.csv from it."""
+        paths = list(paths)
+        if paths:
+            self.collectives = typed("collectives", collectives_frame(paths))
+            self.communication = typed(
+                "communication", communication_frame(self.scaling, self.runs, self.collectives)
+            )
+
+    @classmethod
+    def read(cls, where: str | Path | Mapping, name: str | None = None) -> Study:
+        """The tables the workflow wrote: every table file in the folder `where`, or the tables
+        named in the mapping `where` (e.g. `snakemake.input`: runs, epochs, scaling, invalid,
+        collectives, communication). runs is required; scaling is computed when absent."""
+        files = {k: v for k, v in _files(where).items() if k in FILES}
+        if "runs" not in files:
+            raise FileNotFoundError(f"{where}: no runs.csv (run the study first, or pass runs=)")
+        tables = {t: _read_csv(t, p) for t, p in files.items()}
+        invalid = tables.pop("invalid", None)
+        runs = tables.pop("runs")
+        study = cls(study_name(runs) if name is None else name, runs, **tables)
+        if invalid is not None:
+            study.invalid = list(invalid[["path", "error"]].itertuples(index=False, name=None))
+        return study
+
+    def write(self, where: str | Path | Mapping, jobs: int = 1) -> None:
+        """Every table and summary.txt into the folder `where`, or the ones named in the mapping
+        `where` (e.g. `snakemake.output`) to the paths it gives. With `jobs` > 1, epochs.csv
+        (five or more rows per run: the longest to write) is written by a forked process
+        while this one writes the rest."""
+        if hasattr(where, "items"):
+            files = _files(where)
+        else:
+            Path(where).mkdir(parents=True, exist_ok=True)
+            files = {t: Path(where) / f for t, f in {**FILES, "summary": SUMMARY}.items()}
+        for path in files.values():
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        beside = None
+        if jobs > 1 and "epochs" in files and (ctx := metrics_tables.mp_context()) is not None:
+            beside = ctx.Process(target=write_csv, args=(self.epochs, files.pop("epochs")))
+            beside.start()
+        try:
+            for table, path in files.items():
+                if table == "summary":
+                    Path(path).write_text(self.summary())
+                elif table == "invalid":
+                    write_csv(pd.DataFrame(self.invalid, columns=["path", "error"]), path)
+                else:
+                    write_csv(getattr(self, table), path)
+        finally:
+            if beside is not None:
+                beside.join()
+        if beside is not None and beside.exitcode != 0:  # its traceback is on stderr
+            raise RuntimeError(f"writing epochs.csv failed (exit status {beside.exitcode})")
+
+    def summary(self) -> str:
+        """summary.txt: the study's answers in plain text (trainscale.analysis.summary)."""
+        return summary_text(self.runs, self.invalid, self.name, self.scaling)
+
+    @property
+    def convergence(self) -> pd.DataFrame:
+        if not hasattr(self, "_convergence"):
+            self._convergence = convergence_frame(self.epochs)
+        return self._convergence
+
+    @property
+    def fastest(self) -> pd.DataFrame:
+        if not hasattr(self, "_fastest"):
+            self._fastest = fastest(self.scaling)
+        return self._fastest
+
+
+def study_name(runs: pd.DataFrame, default: str = "study") -> str:
+    """The study's name from its runs (`spec.study`; several joined), else `default`."""
+    names = runs["spec.study"].dropna().unique() if "spec.study" in runs else []
+    return ", ".join(sorted(map(str, names))) or default

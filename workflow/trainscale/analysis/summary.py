@@ -1,0 +1,120 @@
+"""summary.txt: the study's answers in plain text (the fastest strategy per model and N with its
+efficiency, every cell's mean ± 95% CI, what failed or was invalid), and `human`, the number
+format every table, card and page shares."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from trainscale.analysis.cells import fastest, scaling_frame
+from trainscale.plan import catalog
+
+#: The strategy column of the summary table: as wide as the longest strategy name, plus a space.
+W = 1 + max(map(len, catalog.STRATEGIES))
+
+
+def human(v: float | None, unit: str = "", digits: int = 3) -> str:
+    """A number for people: `digits` significant digits, thousands separators, a unit."""
+    if v is None or pd.isna(v):
+        return "n/a"
+    v = float(v)
+    if v == 0:
+        s = "0"
+    else:
+        mag = math.floor(math.log10(abs(v)))
+        r = round(v, digits - 1 - mag)
+        if abs(r) >= 10 ** (digits - 1):
+            s = f"{r:,.0f}"
+        else:
+            s = f"{r:.{max(digits - 1 - math.floor(math.log10(abs(r))), 0)}f}"
+    return f"{s} {unit}".rstrip() if unit else s
+
+
+def summary_text(
+    df: pd.DataFrame,
+    invalid: list[tuple[str, str]],
+    study: str,
+    scaling: pd.DataFrame | None = None,
+) -> str:
+    """Plain-text answers: fastest strategy per model and N with its efficiency, every cell's
+    mean ± 95% CI, and what failed or was invalid."""
+    scaling = scaling_frame(df) if scaling is None else scaling
+    lines = [f"trainscale study {study!r}: {len(df)} runs in {len(scaling)} cells"]
+    if len(df):
+        counts = df["status"].value_counts().to_dict()
+        lines[0] += " (" + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) + ")"
+    fast = fastest(scaling)
+    if len(fast):
+        lines += ["", "fastest strategy per model, dataset and N (mean of repeats ± 95% CI):"]
+        for r in fast.itertuples(index=False):
+            eff = (
+                f"{r.efficiency_kind} efficiency {human(100 * r.efficiency)} %"
+                if pd.notna(r.efficiency)
+                else f"efficiency n/a: {r.baseline_note}"
+            )
+            ci = f" ± {human(r.throughput_ci95)}" if pd.notna(r.throughput_ci95) else ""
+            ahead = ""
+            if isinstance(r.runner_up, str):
+                ahead = f"; {human(100 * r.margin)} % ahead of {r.runner_up}"
+                if r.distinct is False:
+                    ahead += " (CIs overlap)"
+            flag = " [oversubscribed]" if r.oversubscribed else ""
+            flag += " [logical CPU devices: a code-path check, not a speed-up]" if r.logical else ""
+            lines.append(
+                f"  {r.model} on {r.dataset}, N={r.world_size}: {r.strategy} "
+                f"(batch {r.batch_size} {r.batch_mode}, scale {r.scale}, {r.precision}) "
+                f"{human(r.throughput_mean)}{ci} samples/s, {eff}{ahead}{flag}"
+            )
+    logical = scaling[(scaling["ok"] > 0) & scaling["logical"].astype(bool)] if len(fast) else fast
+    if len(logical):
+        lines += ["", "not ranked (logical CPU devices: a code-path check, not a speed-up):"]
+        lines += [
+            f"  {r.strategy} {r.model} on {r.dataset}, N={r.world_size}, batch {r.batch_size} "
+            f"{r.batch_mode}: {human(r.throughput_mean)} samples/s"
+            for r in logical.itertuples(index=False)
+        ]
+    ok = scaling[scaling["ok"] > 0] if len(scaling) else scaling
+    if len(ok):
+        lines += [
+            "",
+            f"{'strategy':<{W}}{'model':<14}{'dataset':<19}{'scale':>5}{'N':>4}{'batch':>7} "
+            f"{'mode':<11}{'ok':>5}{'samples/s':>11}{'± CI':>9}{'epoch1 s':>10}{'steady s':>10}"
+            f"{'speedup':>9}{'eff %':>7}{'test acc':>9}{'RSS MiB':>9}",
+        ]
+        for r in ok.itertuples(index=False):
+            flag = "  oversubscribed" if r.oversubscribed else ""
+            flag += "  logical devices" if r.logical else ""
+            eff = human(100 * r.efficiency) if pd.notna(r.efficiency) else "n/a"
+            lines.append(
+                f"{r.strategy:<{W}}{r.model:<14}{r.dataset:<19}{r.scale:>5}{r.world_size:>4}"
+                f"{r.batch_size:>7} {r.batch_mode:<11}{f'{r.ok}/{r.runs}':>5}"
+                f"{human(r.throughput_mean):>11}{human(r.throughput_ci95):>9}"
+                f"{human(r.first_epoch_seconds_mean):>10}{human(r.steady_epoch_seconds_mean):>10}"
+                f"{human(r.speedup):>9}{eff:>7}{human(r.test_accuracy_mean):>9}"
+                f"{human(r.peak_host_rss_bytes_mean / 2**20):>9}{flag}"
+            )
+    notes = scaling[(scaling["ok"] > 0) & (scaling["baseline_note"] != "")] if len(ok) else ok
+    if len(notes):
+        lines += ["", "no speedup/efficiency for:"]
+        for r in notes.itertuples(index=False):
+            lines.append(
+                f"  {r.strategy} {r.model} {r.dataset} N={r.world_size} batch "
+                f"{r.batch_size} {r.batch_mode}: {r.baseline_note}"
+            )
+    ran = sorted(set(df["spec.strategy"])) if len(df) and "spec.strategy" in df else []
+    said = [(n, catalog.STRATEGIES[n].results_note) for n in ran if n in catalog.STRATEGIES]
+    if any(note for _, note in said):  # e.g. tf-ps: asynchronous, not comparable step by step
+        lines += ["", "read beside the numbers:"]
+        lines += [f"  {n}: {note}" for n, note in said if note]
+    failed = df[df["status"] != "ok"] if len(df) else df
+    if len(failed):
+        lines += ["", "failed runs:"]
+        first = failed["error"].astype(object).where(failed["error"].notna(), "")
+        first = first.astype(str).str.strip().str.split("\n", n=1).str[0]
+        lines += list("  [" + failed["status"] + "] " + failed["run"] + ": " + first)
+    if invalid:
+        lines += ["", "invalid metrics files (not counted):"]
+        lines.extend(f"  {p}: {why}" for p, why in invalid)
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,54 @@
+"""`trainscale compare BASE NEW` and `trainscale compare --reference FILE STUDY`: a regression
+check CI can run (`python -m trainscale.compare` too): the verdicts are in `verdicts`,
+the reference check in `references`, how both are shown in `output`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from trainscale.compare import output as compare_output
+from trainscale.compare import references, verdicts
+
+
+def main(argv: list[str] | None = None, prog: str = "trainscale compare") -> int:
+    """`trainscale compare` (and `python -m trainscale.compare`): exit 1 on a regression."""
+    p = argparse.ArgumentParser(
+        prog=prog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=verdicts.__doc__.split("Definitions:")[0],
+        epilog="Exit status: 1 when any cell is slower beyond both its 95%% CI and the "
+        "threshold (with --reference: outside its tolerance), 0 otherwise, 2 on bad input.",
+    )
+    p.add_argument("folders", nargs="+", metavar="BASE NEW", help="two studies or cards")
+    p.add_argument("--threshold", type=float, default=0.05, help="default: %(default)s (5%%)")
+    p.add_argument(
+        "--ci",
+        choices=["bootstrap", "welch"],
+        default="bootstrap",
+        help="how the ratio's 95%% CI is made (default: %(default)s)",
+    )
+    p.add_argument("--reference", type=Path, help="references.yaml: check ONE study against it")
+    p.add_argument("--html", type=Path, help="also write a self-contained HTML page here")
+    p.add_argument("--json", type=Path, help="also write the comparison as JSON here")
+    a = p.parse_args(argv)
+    want = 1 if a.reference else 2
+    if len(a.folders) != want:
+        p.error("give exactly one study with --reference" if a.reference else "give BASE and NEW")
+    if not 0 <= a.threshold < 1:
+        p.error(f"--threshold {a.threshold}: give a fraction in [0, 1), e.g. 0.05 for 5%")
+    try:
+        if a.reference:
+            result = references.check(verdicts.load(a.folders[0], "STUDY"), a.reference)
+        else:
+            result = verdicts.compare_paths(*a.folders, threshold=a.threshold, method=a.ci)
+    except (verdicts.CompareError, references.ReferenceFileError) as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 2
+    print(compare_output.text(result), end="")
+    if a.json:
+        compare_output.write_json(result, a.json)
+    if a.html:
+        compare_output.write_html(result, a.html)
+    return result["exit_status"]

@@ -1,0 +1,181 @@
+"""How a comparison (trainscale.compare, trainscale.compare.references) is shown: a table on stdout,
+JSON, a self-contained HTML page in the study report's style, and the rows of the report's
+"Compared with …" section. Every figure is defined in trainscale.compare's docstring."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from trainscale.analysis.aggregate import human
+from trainscale.report.html import REPORTS, TEMPLATE, templates
+
+PAGE = "compare.html.j2"
+
+
+def _na(v) -> bool:
+    return v is None
+
+
+def _x(v) -> str:
+    return "–" if _na(v) else f"{v:.3g}×"
+
+
+def _signed_pct(v) -> str:
+    return "–" if _na(v) else f"{100 * v:+.3g} %"
+
+
+def _points(v) -> str:
+    return "–" if _na(v) else f"{100 * v:+.3g} pt"
+
+
+def _side(s: dict | None, reference: bool) -> str:
+    if s is None:
+        return "missing"
+    if s["mean"] is None:
+        return f"no ok run ({s['ok']}/{s['runs']})"
+    if reference:
+        return f"ref {human(s['mean'])}"
+    ci = f" ± {human(s['ci95'])}" if s["ci95"] is not None else ""
+    return f"{human(s['mean'])}{ci} (n={s['n']})"
+
+
+def _interval(r: dict, reference: bool) -> str:
+    if reference:
+        lo, hi = r.get("bounds") or (None, None)
+        return f"allowed [{_x(lo)}, {'∞' if hi is None else _x(hi)}]"
+    if r["ci_low"] is None:
+        return "–"
+    return f"[{r['ci_low']:.3g}, {r['ci_high']:.3g}]"
+
+
+def rows(result: dict) -> list[dict]:
+    """One row of formatted strings per cell, slower cells first."""
+    reference = result["mode"] == "reference"
+    order = {"slower": 0, "faster": 1, "not comparable": 2, "same": 3}
+    out = []
+    for r in sorted(result["cells"], key=lambda r: order[r["verdict"]]):
+        mem = _signed_pct(r["memory_change"])
+        if r["memory"] and r["memory_change"] is not None:
+            mem += f" ({r['memory']})"
+        why = r["reason"]
+        out.append(
+            {
+                "label": r["label"],
+                "verdict": r["verdict"],
+                "base": _side(r["base"], reference),
+                "new": _side(r["new"], False),
+                "ratio": _x(r["ratio"]),
+                "interval": _interval(r, reference),
+                "accuracy": _points(r["accuracy_change"]),
+                "memory": mem,
+                "reason": why,
+                "notes": r["notes"],
+            }
+        )
+    return out
+
+
+def headline(result: dict) -> str:
+    c = result["counts"]
+    parts = [f"{c[v]} {v}" for v in ("slower", "faster", "same", "not comparable") if c[v]]
+    line = f"{len(result['cells'])} cells: " + (", ".join(parts) or "none")
+    if result["mode"] == "reference":
+        bad = result.get("out_of_bounds", [])
+        line += f"; {len(bad)} outside their reference bounds"
+    return f"{line}; exit status {result['exit_status']}"
+
+
+def text(result: dict) -> str:
+    """The stdout table: verdict, ratio, CI, both sides, accuracy and memory change, cell."""
+    b, n = result["base"], result["new"]
+    ref = result["mode"] == "reference"
+    lines = [
+        f"trainscale.compare: {'REFERENCE' if ref else 'BASE'} {b['source']} "
+        f"(study {b['study']!r}) vs {'STUDY' if ref else 'NEW'} {n['source']} "
+        f"(study {n['study']!r}, {n['runs']} runs)",
+    ]
+    if not ref:
+        lines[0] += f"; threshold {100 * result['threshold']:g} %, CI by {result['ci']}"
+    head = (
+        f"{'verdict':<15}{'NEW/BASE' if not ref else 'STUDY/REF':>9}  "
+        f"{'95% CI' if not ref else 'bounds':<24}"
+        f"{'BASE samples/s' if not ref else 'reference':<24}"
+        f"{'NEW samples/s' if not ref else 'STUDY samples/s':<24}"
+        f"{'Δ acc':>10}{'Δ peak mem':>20}  cell"
+    )
+    lines += ["", head]
+    for r in rows(result):
+        lines.append(
+            f"{r['verdict']:<15}{r['ratio']:>9}  {r['interval']:<24}{r['base']:<24}{r['new']:<24}"
+            f"{r['accuracy']:>10}{r['memory']:>20}  {r['label']}"
+        )
+        for note in ([r["reason"]] if r["reason"] else []) + r["notes"]:
+            lines.append(f"{'':<15}  {note}")
+    if result["environment"]:
+        lines += ["", "environment and config differences (BASE -> NEW):"]
+        for e in result["environment"]:
+            lines.append(f"  {e['key']}: {e['base']} -> {e['new']}")
+    elif not ref:
+        lines += ["", "environment and config: no differences"]
+    lines += ["", headline(result)]
+    if result["slower"]:
+        lines.append("slower: " + "; ".join(result["slower"]))
+    if ref and result.get("out_of_bounds"):
+        lines.append("outside bounds: " + "; ".join(result["out_of_bounds"]))
+    return "\n".join(lines) + "\n"
+
+
+def write_json(result: dict, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    return path
+
+
+def section(result: dict | None, error: str | None = None) -> dict | None:
+    """What the study report's "Compared with …" section shows (None: no compare_with)."""
+    if result is None and error is None:
+        return None
+    if error is not None:
+        return {"error": error, "base": None, "rows": [], "environment": [], "headline": ""}
+    return {
+        "error": None,
+        "base": result["base"],
+        "rows": rows(result),
+        "environment": result["environment"],
+        "headline": headline(result),
+        "threshold": result["threshold"],
+        "ci": result["ci"],
+        "reference": result["mode"] == "reference",
+    }
+
+
+def report_style() -> str:
+    """The study report's stylesheet, read from its template: the pages never drift apart."""
+    page = (REPORTS / TEMPLATE).read_text()
+    found = re.search(r"<style>(.*?)</style>", page, re.S)
+    return found.group(1) if found else ""
+
+
+def render_html(result: dict) -> str:
+    env = templates()
+    from trainscale.compare import references
+    from trainscale.compare import verdicts as compare
+    from trainscale.report import html as report
+
+    doc = references.__doc__ if result["mode"] == "reference" else compare.__doc__
+    return env.get_template(PAGE).render(
+        style=report_style(),
+        compared=section(result),
+        result=result,
+        definitions=report.definitions(doc)[1],
+    )
+
+
+def write_html(result: dict, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(render_html(result), encoding="utf-8")
+    return path

@@ -1,0 +1,249 @@
+"""Compare two studies (or two clusters' scaling cards): a regression check CI can run.
+
+    python -m trainscale.compare BASE NEW [--threshold 0.05] [--html FILE] [--json FILE]
+    python -m trainscale.compare --reference references.yaml STUDY
+
+BASE and NEW are each a study's results folder, any folder of metrics.json files gathered from
+elsewhere, or a scaling-card.json; every folder is first turned into its scaling card
+(trainscale.compare.card), so studies and cards are compared alike. References are checked by
+trainscale.compare.references. Definitions:
+
+- cell: every matrix value but the repeat (strategy, model, dataset, scale, batch_size,
+  batch_mode, workers, nodes, precision); cells of BASE and NEW are matched by these values.
+- throughput ratio: NEW / BASE of the geometric means of the cells' ok repeats, i.e.
+  exp(mean ln x_new − mean ln x_base), x the run throughput of trainscale.compare.card.
+- 95% CI by bootstrap (the default, --ci bootstrap): the 2.5th and 97.5th percentiles of
+  the log ratio over 10,000 resamplings (with replacement, fixed seed) of each side's repeats.
+  With 2 repeats a side it spans every pairwise ratio, min(new)/max(base) to max(new)/min(base):
+  slower then means every NEW repeat was slower than every BASE repeat.
+- 95% CI by Welch (--ci welch): mean log difference ± t(0.975, ν) · √(s²_base/n_base +
+  s²_new/n_new), with Welch–Satterthwaite's ν; with 2 repeats a side ν ≤ 2 and t ≥ 4.3, so it
+  flags only large, steady changes.
+- verdict: not comparable when the cell is missing on one side, has no ok run there (failed),
+  or fewer than 2 ok repeats (single repeat: no CI); slower when the CI's upper end is below 1
+  and the ratio below 1 − threshold; faster when the CI's lower end is above 1 and the ratio
+  above 1 + threshold; same otherwise.
+- accuracy change: mean test accuracy NEW − BASE, in percentage points.
+- peak memory change: NEW / BASE − 1 of the mean peak device memory where both sides have it,
+  of the mean peak host RSS otherwise (both the max over ranks).
+- environment diff: every machine entry of the cards (hosts, CPU/GPU models, framework, CUDA,
+  NCCL and driver versions, trainscale) and every study-wide config key whose values differ.
+- exit status: 1 when any cell is slower, 0 otherwise; 2 on bad input, with the error named.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+
+from trainscale.analysis.aggregate import CELL
+from trainscale.compare import card as ts_card
+
+SCHEMA_ID = "trainscale.compare/1"
+VERDICTS = ("slower", "faster", "same", "not comparable")
+RESAMPLES = 10_000
+
+
+class CompareError(ValueError):
+    """Bad input: a missing folder, a folder without metrics, a broken card or reference file."""
+
+
+# --------------------------------------------------------------------------------------------
+# statistics
+
+
+def log_ratio_ci(base: list[float], new: list[float], method: str) -> tuple[float, float, float]:
+    """(ratio, CI low, CI high) of NEW / BASE; both lists hold ≥ 2 positive throughputs."""
+    a, b = np.log(np.asarray(base, float)), np.log(np.asarray(new, float))
+    d = b.mean() - a.mean()
+    if method == "welch":
+        from scipy.special import stdtrit
+
+        va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
+        se = math.sqrt(va + vb)
+        if se == 0:
+            return math.exp(d), math.exp(d), math.exp(d)
+        nu = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
+        h = float(stdtrit(nu, 0.975)) * se
+        return math.exp(d), math.exp(d - h), math.exp(d + h)
+    rng = np.random.default_rng(0)
+    ma = a[rng.integers(0, len(a), (RESAMPLES, len(a)))].mean(axis=1)
+    mb = b[rng.integers(0, len(b), (RESAMPLES, len(b)))].mean(axis=1)
+    lo, hi = np.quantile(mb - ma, [0.025, 0.975])
+    return math.exp(d), math.exp(lo), math.exp(hi)
+
+
+def verdict(ratio: float, lo: float, hi: float, threshold: float) -> str:
+    if hi < 1 and ratio < 1 - threshold:
+        return "slower"
+    if lo > 1 and ratio > 1 + threshold:
+        return "faster"
+    return "same"
+
+
+# --------------------------------------------------------------------------------------------
+# cells
+
+
+def cells_of(card: dict) -> dict[tuple, dict]:
+    """cell key (CELL order) -> its point in the card."""
+    out = {}
+    for g in card["scaling"]:
+        for p in g["by_n"]:
+            values = {**{k: g[k] for k in ts_card.GROUP}, "workers": p["workers"]}
+            values["nodes"] = p["nodes"]
+            out[tuple(values[k] for k in CELL)] = p
+    return out
+
+
+def label(key: tuple) -> str:
+    """`torch-ddp seed-small digits N=2 batch 64 global scale 1 fp32`: the strategy first."""
+    c = dict(zip(CELL, key, strict=True))
+    n = c["workers"] * c["nodes"]
+    shape = f" ({c['workers']}×{c['nodes']})" if c["nodes"] != 1 else ""
+    return (
+        f"{c['strategy']} {c['model']} {c['dataset']} N={n}{shape} batch {c['batch_size']} "
+        f"{c['batch_mode']} scale {c['scale']} {c['precision']}"
+    )
+
+
+def _side(p: dict | None) -> dict | None:
+    if p is None:
+        return None
+    t = p["throughput"]
+    return {"n": t["n"], "ok": p["ok"], "runs": p["runs"], "mean": t["mean"], "ci95": t["ci95"]}
+
+
+def _change(new: float | None, base: float | None) -> float | None:
+    return None if new is None or base is None or base == 0 else new / base - 1
+
+
+def compare_cell(key: tuple, b: dict | None, n: dict | None, threshold: float, method: str) -> dict:
+    row = {
+        "cell": dict(zip(CELL, key, strict=True)),
+        "label": label(key),
+        "base": _side(b),
+        "new": _side(n),
+        "ratio": None,
+        "ci_low": None,
+        "ci_high": None,
+        "verdict": "not comparable",
+        "reason": "",
+        "accuracy_change": None,
+        "memory_change": None,
+        "memory": None,
+        "notes": sorted({*(b or {}).get("notes", []), *(n or {}).get("notes", [])}),
+    }
+    if b is not None and n is not None:
+        if b["test_accuracy"] is not None and n["test_accuracy"] is not None:
+            row["accuracy_change"] = n["test_accuracy"] - b["test_accuracy"]
+        kind = "device" if b["peak_device_bytes"] and n["peak_device_bytes"] else "host RSS"
+        col = "peak_device_bytes" if kind == "device" else "peak_host_rss_bytes"
+        row["memory_change"], row["memory"] = _change(n[col], b[col]), kind
+    for side, p in (("BASE", b), ("NEW", n)):
+        if p is None:
+            row["reason"] = f"missing in {side}"
+            return row
+        if p["ok"] == 0:
+            statuses = ", ".join(f"{c} {s}" for s, c in sorted(p["statuses"].items()))
+            row["reason"] = f"failed in {side} ({statuses})"
+            return row
+        if p["throughput"]["n"] < 2:
+            row["reason"] = f"single repeat in {side}: no confidence interval"
+            return row
+    ratio, lo, hi = log_ratio_ci(b["throughput"]["values"], n["throughput"]["values"], method)
+    row.update(ratio=ratio, ci_low=lo, ci_high=hi, verdict=verdict(ratio, lo, hi, threshold))
+    return row
+
+
+# --------------------------------------------------------------------------------------------
+# environment
+
+
+def _flat_machine(card: dict) -> dict[str, str]:
+    m = card["machine"]
+    out = {
+        "hosts": str(m["host_count"]),
+        "max nodes per run": str(m["max_nodes_per_run"]),
+        "devices": ", ".join(m["device_kinds"]) or "–",
+        "CPU model": "; ".join(m["cpu_models"]) or "–",
+        "GPU model": "; ".join(m["gpu_models"]) or "–",
+        "CPUs per node": ", ".join(map(str, m["cpus_per_node"])) or "–",
+        "interconnect": m["interconnect"]["seen"],
+        "collective backends": ", ".join(m["interconnect"]["backends"]) or "–",
+        "launch modes": ", ".join(m["interconnect"]["launch_modes"]) or "–",
+    }
+    for k in ("cuda", "nccl", "driver"):  # named even when not recorded: a difference shows
+        out[k] = "not recorded"
+    for k, v in m["versions"].items():
+        out[k] = "; ".join(v)
+    for k, v in card["config"].items():
+        out[f"config: {k}"] = "; ".join(v)
+    return out
+
+
+def environment_diff(base: dict, new: dict) -> list[dict]:
+    """Every machine entry and config key whose values differ (absent on one side: '–')."""
+    a, b = _flat_machine(base), _flat_machine(new)
+    keys = [k for k in a if k in b] + [k for k in a if k not in b] + [k for k in b if k not in a]
+    return [
+        {"key": k, "base": a.get(k, "–"), "new": b.get(k, "–")}
+        for k in keys
+        if a.get(k, "–") != b.get(k, "–")
+    ]
+
+
+# --------------------------------------------------------------------------------------------
+# the whole comparison
+
+
+def load(source: str | Path, side: str) -> dict:
+    """A card from BASE or NEW (folder or card file); CompareError naming the side otherwise."""
+    path = Path(source)
+    if not path.exists():
+        raise CompareError(f"{side} {source}: no such folder or file")
+    try:
+        return ts_card.load(path)
+    except ts_card.CardError as e:
+        raise CompareError(f"{side} {e}") from None
+
+
+def describe(card: dict) -> dict:
+    runs = sum(p["runs"] for g in card["scaling"] for p in g["by_n"])
+    return {"source": card["source"], "study": card["study"], "runs": runs}
+
+
+def compare(base: dict, new: dict, threshold: float = 0.05, method: str = "bootstrap") -> dict:
+    """The comparison of two cards, JSON-ready (the module docstring defines every figure)."""
+    cb, cn = cells_of(base), cells_of(new)
+    keys = sorted(set(cb) | set(cn), key=lambda k: tuple(map(str, k)))
+    rows = [compare_cell(k, cb.get(k), cn.get(k), threshold, method) for k in keys]
+    return finish(
+        {
+            "schema": SCHEMA_ID,
+            "mode": "compare",
+            "base": describe(base),
+            "new": describe(new),
+            "threshold": threshold,
+            "ci": method,
+            "cells": rows,
+            "environment": environment_diff(base, new),
+            "failures": {"base": base["failures"], "new": new["failures"]},
+        }
+    )
+
+
+def finish(result: dict) -> dict:
+    """Counts per verdict, the slower cells by name, and the exit status."""
+    counts = {v: sum(r["verdict"] == v for r in result["cells"]) for v in VERDICTS}
+    result["counts"] = counts
+    result["slower"] = [r["label"] for r in result["cells"] if r["verdict"] == "slower"]
+    failed = result.get("out_of_bounds", result["slower"])
+    result["exit_status"] = 1 if failed else 0
+    return result
+
+
+def compare_paths(base: str | Path, new: str | Path, **kw) -> dict:
+    return compare(load(base, "BASE"), load(new, "NEW"), **kw)

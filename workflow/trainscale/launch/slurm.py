@@ -1,0 +1,186 @@
+"""SLURM: where a run lands inside an allocation, how long it may take there, and what each
+job asks of the cluster.
+
+`detect` and `in_allocation` read the allocation (environment, `scontrol`); `deadline` stops a
+run before the job's time limit so its record can be written; `slurm_request` is the one place
+resource requests are made, so that every rule asks for what its command launches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from trainscale.launch.commands import Environment, tasks_per_node
+from trainscale.plan.runspec import RunSpec
+
+
+def expand_nodelist(nodelist: str) -> tuple[str, ...]:
+    """Expand SLURM's compressed host list ('n[1-3,5],gpu7') without needing scontrol."""
+    hosts: list[str] = []
+    for m in re.finditer(r"([^,\[]+)(?:\[([^\]]+)\])?", nodelist):
+        stem, ranges = m.group(1), m.group(2)
+        if not ranges:
+            hosts.append(stem)
+            continue
+        for part in ranges.split(","):
+            lo, _, hi = part.partition("-")
+            width = len(lo)
+            for i in range(int(lo), int(hi or lo) + 1):
+                hosts.append(f"{stem}{i:0{width}d}")
+    return tuple(h for h in hosts if h)
+
+
+def detect(environ: dict[str, str] | None = None) -> Environment:
+    """Local host, or the SLURM allocation this process runs in (SLURM_JOB_ID is set)."""
+    environ = dict(os.environ if environ is None else environ)
+    job = environ.get("SLURM_JOB_ID")
+    cache = str(Path.cwd() / ".cache")  # the workflow's working directory
+    if not job:
+        return Environment(mode="local", python=sys.executable, cache_dir=cache)
+    nodes = expand_nodelist(environ.get("SLURM_JOB_NODELIST", ""))
+    return Environment(
+        mode="slurm", python=sys.executable, nodes=nodes, job_id=job, cache_dir=cache
+    )
+
+
+def scontrol_fields(text: str) -> dict[str, str]:
+    """`scontrol show ... -o` output (one `Key=Value` line per record) as a dict."""
+    return dict(m.groups() for m in re.finditer(r"(\w+)=(\S*)", text))
+
+
+def slurm_seconds(value: str) -> float | None:
+    """SLURM's `[days-][hours:]minutes:seconds` as seconds; None for UNLIMITED and the like."""
+    m = re.fullmatch(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)", value.strip())
+    if not m:
+        return None
+    d, h, mi, s = (int(x or 0) for x in m.groups())
+    return ((d * 24 + h) * 60 + mi) * 60 + s
+
+
+def _scontrol(*args: str) -> str:
+    try:
+        out = subprocess.run(
+            ["scontrol", *args], capture_output=True, text=True, timeout=30, check=True
+        )
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return out.stdout
+
+
+def in_allocation(env: Environment, spec: RunSpec, scontrol=_scontrol) -> Environment:
+    """Complete a SLURM environment from the controller: the job's nodes (Snakemake's jobstep
+    executor drops SLURM_JOB_NODELIST from the job's environment), their NodeAddr for
+    rendezvous across nodes, and the job's time left (so the run stops, and is recorded as a
+    timeout, before SLURM's time limit kills the job with nothing written), and how often
+    SLURM requeued it."""
+    if env.mode != "slurm" or not env.job_id:
+        return env
+    job = scontrol_fields(scontrol("show", "job", "-o", env.job_id))
+    nodes = env.nodes or expand_nodelist(job.get("NodeList", ""))
+    addrs: tuple[str, ...] = ()
+    if spec.nodes > 1 and nodes:
+        found = {}
+        for line in scontrol("show", "node", "-o", ",".join(nodes)).splitlines():
+            f = scontrol_fields(line)
+            found[f.get("NodeName")] = f.get("NodeAddr")
+        addrs = tuple(found.get(n) or n for n in nodes)
+    limit, ran = slurm_seconds(job.get("TimeLimit", "")), slurm_seconds(job.get("RunTime", ""))
+    left = limit - ran if limit is not None and ran is not None else None
+    restarts = int(job["Restarts"]) if job.get("Restarts", "").isdigit() else None
+    return dataclasses.replace(
+        env, nodes=nodes, addrs=addrs, time_limit=limit, time_left=left, restarts=restarts
+    )
+
+
+#: Seconds before SLURM's time limit at which a run is stopped, to write its timeout record
+#: (the job then ends COMPLETED with that record, instead of TIMEOUT with no output).
+SLURM_MARGIN_SECONDS = 30
+
+
+def deadline(spec: RunSpec, env: Environment) -> tuple[float, str]:
+    """(seconds the run may take, why that long): the run's own timeout, or less where the
+    SLURM job it runs in ends sooner."""
+    own = spec.timeout_minutes * 60
+    why = f"timeout: no result after timeout_minutes={spec.timeout_minutes}"
+    if env.time_left is not None and env.time_left - SLURM_MARGIN_SECONDS < own:
+        limit = env.time_limit or 0
+        return max(env.time_left - SLURM_MARGIN_SECONDS, 1.0), (
+            f"timeout: SLURM time limit of job {env.job_id} (TimeLimit {limit / 60:g} min, "
+            f"sbatch -t / the `runtime` resource) reached before the run finished; stopped "
+            f"{SLURM_MARGIN_SECONDS} s before it so that this record could be written"
+        )
+    return own, why
+
+
+def slurm_request(
+    workers: int,
+    nodes: int,
+    threads_per_worker: int,
+    accelerator: str,
+    timeout_minutes: float,
+    tasks_per_node: int = 1,
+    servers: int = 0,
+) -> dict[str, int | str]:
+    """The snakemake-executor-plugin-slurm resources of any job that starts `workers` processes
+    on each of `nodes` nodes: a training run, the all-reduce benchmark of that shape, the
+    device probe, a build. The one place SLURM requests are made, so that every rule asks for
+    what its command launches.
+
+    torchrun and single-process forms run one task per node holding all of the node's workers
+    (cpus_per_task = workers × threads_per_worker); tf-multiworker across nodes runs one task
+    per worker (`tasks_per_node`). A multi-node job runs its own `srun`, so it sets `mpi`
+    (otherwise the jobstep executor wraps it in `srun -n1` and the inner srun finds one node,
+    or waits for CPUs until the time limit). GPUs are requested per node (`gres`), one per
+    worker, with `tasks_per_gpu=0` so the plugin does not turn `tasks` into --ntasks-per-gpu.
+    `runtime` is the job's own timeout plus start-up slack, so that timeout fires first and is
+    recorded. `servers` are processes beside the workers with the same thread budget and no
+    GPU (tf-ps: its parameter servers and its chief): their cores are asked for too.
+    """
+    processes = workers * nodes + servers
+    tasks = min(nodes * tasks_per_node, processes)
+    res: dict[str, int | str] = {
+        "nodes": nodes,
+        "tasks": tasks,
+        "cpus_per_task": threads_per_worker * -(-processes // tasks),
+        "runtime": math.ceil(timeout_minutes) + 5,
+    }
+    if nodes > 1:
+        res["mpi"] = "srun"
+        if tasks_per_node > 1:
+            res["slurm_extra"] = f"--ntasks-per-node={tasks_per_node}"
+    if accelerator == "cuda":
+        res["gres"] = f"gpu:{workers}"
+        res["tasks_per_gpu"] = 0
+    return res
+
+
+#: Every resource key `slurm_request` may set (rules declare each, None where a job needs none).
+SLURM_RESOURCE_KEYS = (
+    "nodes",
+    "tasks",
+    "cpus_per_task",
+    "runtime",
+    "mpi",
+    "gres",
+    "tasks_per_gpu",
+    "slurm_extra",
+)
+
+
+def slurm_resources(spec: RunSpec, accelerator: str) -> dict[str, int | str]:
+    """The SLURM resources of a training run (see `slurm_request`)."""
+    return slurm_request(
+        spec.workers,
+        spec.nodes,
+        spec.threads_per_worker + spec.loader_workers,
+        accelerator,
+        spec.timeout_minutes,
+        tasks_per_node(spec),
+        spec.processes - spec.world_size,
+    )

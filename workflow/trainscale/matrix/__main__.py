@@ -1,0 +1,7 @@
+"""`python -m trainscale.matrix CONFIG...`: the same as `trainscale check CONFIG...`."""
+
+import sys
+
+from trainscale.plan.matrix import main
+
+sys.exit(main(prog="python -m trainscale.matrix"))

@@ -1,0 +1,450 @@
+"""The catalog: one row of facts per strategy and per model, and the rules that follow from them.
+
+Every other module reads a strategy's or a model's facts here: the matrix (what may run), the
+launcher (how it starts), the runners (which module trains it), aggregation and prediction (its
+communication volume), the figures (its colour) and the config schema (its name). Adding a
+strategy is one `Strategy` row here plus its runner. It imports no framework and nothing of
+trainscale but its model rows (catalog_models), so the Snakefile and scripts load fast.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from trainscale.plan.catalog_models import MODELS, Model, model  # noqa: F401  (the model rows)
+
+
+@dataclass(frozen=True)
+class Cell:
+    """What a constraint looks at: one matrix combination and the settings it runs under."""
+
+    strategy: str
+    model: str
+    dataset: str
+    workers: int
+    nodes: int
+    batch_size: int
+    batch_mode: str
+    precision: str
+    accelerator: str  # "cpu" or "cuda"
+    microbatches: int = 1
+    schedule: str = "gpipe"
+    input_side: int = 0  # smallest side of the data set's images
+    user_data: bool = False  # the user's image files (`datasets:`), decoded while training
+    resized: bool = False  # a built-in data set trained at another `image_size`
+
+    @property
+    def world(self) -> int:
+        return self.workers * self.nodes
+
+
+#: A constraint: the reason a user reads when `cell` cannot run, or None when it can.
+Constraint = Callable[[Cell], "str | None"]
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """One distributed-training strategy: how it runs, launches, communicates and is drawn."""
+
+    name: str
+    framework: str  # torch | tensorflow | horovod | deepspeed: its conda env and its family
+    runtime: str  # the library its workers train with: torch | tensorflow
+    runner: str | None  # module of trainscale.runners whose main(spec, out) trains it
+    launcher: str  # single-process | torchrun | tfrun | horovodrun (trainscale.launch.commands)
+    one_process: bool  # one process (which may drive several devices), else one per worker
+    multi_node: bool  # may span several nodes
+    one_device: bool  # one process on one device: workers = nodes = 1
+    needs_gpus: bool  # more than one worker only on GPUs
+    precisions: tuple[str, ...]
+    comm_pattern: str  # what travels between workers in one step
+    volume_factor: float | None  # v: a step's traffic in all-reduces of the gradient
+    collectives: str | None  # the library its gradient traffic goes through
+    colour: str  # in every figure; the row order is the strategies' order in figures
+    title: str  # how reasons name it
+    elastic: bool = False  # the world may shrink and grow back (Horovod elastic)
+    why_gpus: str = ""  # why it needs GPUs for more than one worker
+    exposed_unmeasured: str | None = None  # why its runs cannot switch gradient sync off
+    constraints: tuple[Constraint, ...] = ()  # its own rules, checked before the common ones
+    results_note: str = ""  # what a reader must know beside its results (tf-ps: asynchronous)
+
+
+def pipeline_batch(batch_size: int, mode: str, world: int) -> tuple[int, int]:
+    """(global, per-worker) batch of torch-pipeline: no data parallelism, so every stage sees
+    the whole global batch (`per_worker` mode: batch_size × stages, weak scaling)."""
+    gbs = batch_size * world if mode == "per_worker" else batch_size
+    return gbs, gbs
+
+
+# torch-pipeline's own constraints: one stage per worker, cut between the model's top-level
+# blocks; the global batch is split into `microbatches` equal micro-batches.
+
+
+def _pipeline_stages(c: Cell) -> str | None:
+    blocks = MODELS[c.model].blocks
+    if blocks < c.world:
+        return (
+            f"torch-pipeline: {c.model} has {blocks} blocks, too few for {c.world} pipeline "
+            "stages (one per worker)"
+        )
+    return None
+
+
+def _pipeline_microbatches(c: Cell) -> str | None:
+    gbs, _ = pipeline_batch(c.batch_size, c.batch_mode, c.world)
+    if gbs % c.microbatches:
+        return f"torch-pipeline: microbatches {c.microbatches} do not divide the batch of {gbs}"
+    if gbs // c.microbatches < 2 and MODELS[c.model].batchnorm:
+        return f"torch-pipeline: {c.model} has BatchNorm: needs micro-batches of at least 2"
+    return None
+
+
+def _pipeline_precision(c: Cell) -> str | None:
+    """fp16 would need a loss scaler whose skipped steps agree across stages; there is none."""
+    if c.precision not in STRATEGIES["torch-pipeline"].precisions:
+        return (
+            f"torch-pipeline: {c.precision} needs a loss scaler that skips steps on every stage "
+            "alike; use bf16"
+        )
+    return None
+
+
+def _arrays_only(why: str) -> Constraint:
+    """A strategy that trains on in-memory arrays only: the user's image files (`datasets:`),
+    decoded while training, are dropped from its cells with `why`."""
+
+    def rule(c: Cell) -> str | None:
+        if not c.user_data:
+            return None
+        return f"{c.strategy}: trains on in-memory arrays only; {c.dataset} is image files: {why}"
+
+    return rule
+
+
+def _lightning_data(c: Cell) -> str | None:
+    if c.user_data or c.resized:
+        return (
+            f"lightning-ddp: trains on the in-memory arrays at their stored size; {c.dataset} "
+            "is image files or resized by `image_size`, which Lightning's own DataLoader here "
+            "does not read: use torch-ddp"
+        )
+    return None
+
+
+def _lightning_fp16(c: Cell) -> str | None:
+    if c.precision == "fp16" and c.accelerator != "cuda":
+        return "lightning-ddp: Lightning silently runs fp16 as bf16 on CPU; use precision bf16"
+    return None
+
+
+def _pipeline_schedule(c: Cell) -> str | None:
+    if c.schedule == "1f1b" and c.microbatches < c.world:
+        return f"torch-pipeline: 1F1B needs microbatches ({c.microbatches}) ≥ stages ({c.world})"
+    return None
+
+
+def _ps_precision(c: Cell) -> str | None:
+    """tf-keras refuses mixed-precision policies under ParameterServerStrategy ("Mixed
+    precision is not supported with the tf.distribute.Strategy: ParameterServerStrategyV2")."""
+    if c.precision not in STRATEGIES["tf-ps"].precisions:
+        return (
+            f"tf-ps: {c.precision} is a mixed-precision policy, which tf-keras does not support "
+            "under ParameterServerStrategy; use fp32"
+        )
+    return None
+
+
+ALL_PRECISIONS = ("fp32", "fp16", "bf16")
+_KERAS_FIT = "TensorFlow: Keras model.fit under a tf.distribute strategy has no switch for its "
+_KERAS_FIT += "gradient all-reduce"
+_HOROVOD_KERAS_FIT = "Keras model.fit with Horovod's DistributedOptimizer has no switch for its "
+_HOROVOD_KERAS_FIT += "all-reduce"
+
+
+def _row(name: str, framework: str, runner: str, launcher: str, colour: str, **kw) -> Strategy:
+    """A strategy row with the defaults of a data-parallel strategy of one process per worker
+    across nodes: all precisions, a ring all-reduce of the gradient (v = 1)."""
+    facts = {
+        "runtime": "torch",
+        "one_process": False,
+        "multi_node": True,
+        "one_device": False,
+        "needs_gpus": False,
+        "precisions": ALL_PRECISIONS,
+        "comm_pattern": "all-reduce of the gradient",
+        "volume_factor": 1.0,
+        "collectives": "torch.distributed",
+        "title": name,
+    }
+    return Strategy(
+        name, framework, runner=runner, launcher=launcher, colour=colour, **(facts | kw)
+    )
+
+
+_ONE_NODE = {"one_process": True, "multi_node": False}
+_ONE_DEVICE = {
+    **_ONE_NODE,
+    "one_device": True,
+    "comm_pattern": "none",
+    "volume_factor": None,
+    "collectives": None,
+}
+_SHARDED = {"comm_pattern": "all-gather of parameters, reduce-scatter of gradients"}
+
+#: Every strategy, in the order of figures and tables.
+STRATEGIES: dict[str, Strategy] = {
+    s.name: s
+    for s in (
+        _row("torch", "torch", "pytorch", "single-process", "#0173b2", **_ONE_DEVICE),
+        _row(
+            "torch-dp",
+            "torch",
+            "pytorch",
+            "single-process",
+            "#de8f05",
+            **_ONE_NODE,
+            needs_gpus=True,
+            comm_pattern="scatter, replicate and gather inside forward",
+            volume_factor=None,
+            collectives=None,
+            title="torch-dp (nn.DataParallel)",
+            why_gpus="without them nn.DataParallel silently runs one replica in one process, "
+            "which is not parallel",
+            exposed_unmeasured="nn.DataParallel: scatter, replicate and gather run inside "
+            "forward, in one process; there is no synchronisation to switch off",
+        ),
+        _row("torch-ddp", "torch", "pytorch", "torchrun", "#029e73"),
+        _row(
+            "torch-fsdp", "torch", "pytorch", "torchrun", "#d55e00", **_SHARDED, volume_factor=1.5
+        ),
+        _row(
+            "torch-pipeline",
+            "torch",
+            "pipeline",
+            "torchrun",
+            "#cc78bc",
+            precisions=("fp32", "bf16"),
+            comm_pattern="activations and gradients between neighbouring stages",
+            volume_factor=None,
+            collectives=None,
+            exposed_unmeasured="pipeline parallelism: its communication is the activations and "
+            "gradients passed between stages, which the schedule needs; its cost is the "
+            "pipeline bubble",
+            constraints=(
+                _pipeline_stages,
+                _pipeline_microbatches,
+                _pipeline_precision,
+                _pipeline_schedule,
+                _arrays_only(
+                    "every stage would need the loader's batches in the same order, which the "
+                    "pipeline runner does not arrange"
+                ),
+            ),
+        ),
+        _row(
+            "tf",
+            "tensorflow",
+            "tf",
+            "single-process",
+            "#ca9161",
+            runtime="tensorflow",
+            **_ONE_DEVICE,
+        ),
+        # tf-mirrored with workers > 1 and no GPUs runs that many logical CPU devices in one
+        # process: kept (it exercises the strategy's code path); its metrics say device.logical
+        _row(
+            "tf-mirrored",
+            "tensorflow",
+            "tf",
+            "single-process",
+            "#fbafe4",
+            runtime="tensorflow",
+            **_ONE_NODE,
+            comm_pattern="all-reduce of the gradient between the process's devices",
+            volume_factor=1.0,
+            collectives="tf.distribute",
+            title="tf-mirrored (MirroredStrategy)",
+            exposed_unmeasured=_KERAS_FIT,
+        ),
+        _row(
+            "tf-multiworker",
+            "tensorflow",
+            "tf",
+            "tfrun",
+            "#949494",
+            runtime="tensorflow",
+            collectives="tf.distribute",
+            exposed_unmeasured=_KERAS_FIT,
+            constraints=(
+                _arrays_only(
+                    "its data auto-sharding would decode every global batch on every worker "
+                    "and keep its share; use tf-mirrored on one node or horovod-keras"
+                ),
+            ),
+        ),
+        # tf-ps: asynchronous by design; its traffic (each worker step pushes its gradient to
+        # the servers and pulls the variables back) is no multiple of a ring all-reduce
+        _row(
+            "tf-ps",
+            "tensorflow",
+            "tf_ps",
+            "tfrun",
+            "#7f3c8d",
+            runtime="tensorflow",
+            comm_pattern="each worker step pushes its gradient to the parameter servers and "
+            "pulls the variables back (asynchronous)",
+            volume_factor=None,
+            collectives=None,
+            title="tf-ps (ParameterServerStrategy)",
+            precisions=("fp32",),
+            constraints=(_ps_precision,),
+            exposed_unmeasured="ParameterServerStrategy: asynchronous, every worker step talks "
+            "to the parameter servers; there is no gradient synchronisation to switch off",
+            results_note="asynchronous training (ParameterServerStrategy): each worker step "
+            "applies its own gradient of global/workers samples on the parameter servers "
+            "without waiting for the other workers",
+        ),
+        _row(
+            "horovod-torch",
+            "horovod",
+            "horovod_torch",
+            "horovodrun",
+            "#ece133",
+            collectives="horovod",
+        ),
+        _row(
+            "horovod-keras",
+            "horovod",
+            "horovod_keras",
+            "horovodrun",
+            "#56b4e9",
+            runtime="tensorflow",
+            collectives="horovod",
+            exposed_unmeasured=_HOROVOD_KERAS_FIT,
+        ),
+        _row(
+            "horovod-torch-elastic",
+            "horovod",
+            "horovod_torch",
+            "horovodrun",
+            "#592f0d",
+            collectives="horovod",
+            elastic=True,
+            constraints=(
+                _arrays_only(
+                    "its loaders are split over a fixed set of ranks and cannot be re-split "
+                    "when the world shrinks or grows"
+                ),
+            ),
+        ),
+        _row(
+            "horovod-keras-elastic",
+            "horovod",
+            "horovod_keras",
+            "horovodrun",
+            "#1f4e79",
+            runtime="tensorflow",
+            collectives="horovod",
+            elastic=True,
+            exposed_unmeasured=_HOROVOD_KERAS_FIT,
+        ),
+        # DeepSpeed through torchrun, not the `deepspeed` launcher: that one always rendezvouses
+        # on port 29500 (runs side by side clash) and needs a hostfile for multi-node; torchrun
+        # gives free ports locally and the same srun form as torch-ddp across SLURM nodes.
+        _row("deepspeed-zero0", "deepspeed", "deepspeed_zero", "torchrun", "#a23582"),
+        _row("deepspeed-zero1", "deepspeed", "deepspeed_zero", "torchrun", "#3c3c3c"),
+        _row("deepspeed-zero2", "deepspeed", "deepspeed_zero", "torchrun", "#b8850a"),
+        _row(
+            "deepspeed-zero3",
+            "deepspeed",
+            "deepspeed_zero",
+            "torchrun",
+            "#006374",
+            **_SHARDED,
+            volume_factor=1.5,
+        ),
+        # PyTorch Lightning's Trainer(strategy="ddp") under torchrun (Lightning reads its
+        # environment); Lightning 2 has no Horovod strategy, so there is no row for that
+        _row(
+            "lightning-ddp",
+            "torch",
+            "lightning_ddp",
+            "torchrun",
+            "#792ee5",
+            exposed_unmeasured="Lightning's DDP forward is its training_step, whose gradient "
+            "synchronisation cannot be switched off from outside without timing Lightning itself",
+            constraints=(_lightning_fp16, _lightning_data),
+        ),
+    )
+}
+
+
+def strategy(name: str) -> Strategy:
+    """The row of strategy `name`; a KeyError names the known ones."""
+    try:
+        return STRATEGIES[name]
+    except KeyError:
+        raise KeyError(f"unknown strategy {name!r}; known: {', '.join(STRATEGIES)}") from None
+
+
+def names(**facts) -> tuple[str, ...]:
+    """The strategies whose rows have all of `facts` (e.g. runner="pytorch", one_process=False),
+    in catalog order."""
+    return tuple(
+        s.name for s in STRATEGIES.values() if all(getattr(s, k) == v for k, v in facts.items())
+    )
+
+
+def comm_volumes(collectives: str | None = None) -> dict[str, float]:
+    """strategy -> v for every strategy with a gradient traffic model; with `collectives`, only
+    those whose traffic goes through that library (the all-reduce benchmark measures
+    "torch.distributed")."""
+    return {
+        s.name: s.volume_factor
+        for s in STRATEGIES.values()
+        if s.volume_factor is not None and collectives in (None, s.collectives)
+    }
+
+
+def strategy_colours() -> dict[str, tuple[float, float, float]]:
+    """strategy -> RGB colour (0..1, as matplotlib takes it), in figure order."""
+    return {
+        s.name: tuple(int(s.colour[i : i + 2], 16) / 255 for i in (1, 3, 5))
+        for s in STRATEGIES.values()
+    }
+
+
+def exposed_unmeasured() -> dict[str, str]:
+    """strategy -> why its runs cannot measure exposed communication (they cannot switch their
+    gradient synchronisation off)."""
+    return {s.name: s.exposed_unmeasured for s in STRATEGIES.values() if s.exposed_unmeasured}
+
+
+def _placement(c: Cell) -> str | None:
+    """The rules of one-process strategies and of strategies that need GPUs."""
+    s = STRATEGIES[c.strategy]
+    if s.one_device and c.world > 1:
+        return f"{s.title} is one process on one device: needs workers=1, nodes=1"
+    if not s.multi_node and c.nodes > 1:
+        return f"{s.title} is one process on one node: needs nodes=1"
+    if s.needs_gpus and c.workers > 1 and c.accelerator != "cuda":
+        return f"{s.name} with workers>1 needs GPUs: {s.why_gpus}"
+    return None
+
+
+def _input_side(c: Cell) -> str | None:
+    need = MODELS[c.model].min_side
+    if c.input_side < need:
+        side = c.input_side
+        return f"{c.model} needs inputs of at least {need}×{need}; {c.dataset} is {side}×{side}"
+    return None
+
+
+def why_not(c: Cell) -> str | None:
+    """The reason the strategy or the model cannot run `c`, or None if they can: the strategy's
+    own constraints first, then where it may run, then the model's input size."""
+    for rule in (*STRATEGIES[c.strategy].constraints, _placement, _input_side):
+        reason = rule(c)
+        if reason:
+            return reason
+    return None

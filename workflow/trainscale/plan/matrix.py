@@ -1,0 +1,413 @@
+"""The experiment matrix: config -> frozen run specifications, and the checks of a config.
+
+`build_runs` is a pure function of the (schema-validated) config; each `RunSpec`
+(trainscale.plan.runspec) it returns is what a run is. Which combinations cannot run is the
+catalog's to say (`catalog.why_not`); this module adds what only the whole config knows: batch
+splits, exclusions, faults, steps per epoch. `trainscale check CONFIG` checks config
+files without running anything. This module imports neither torch nor TensorFlow, so the
+Snakefile stays fast.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import Counter
+from pathlib import Path
+
+from trainscale import data
+from trainscale.data import imagecheck, imagesets
+from trainscale.plan import catalog, speed_options
+from trainscale.plan.runspec import MATRIX_KEYS, ConfigError, Dropped, Fault, RunSpec
+
+#: Strategies this version can run: those with a runner.
+IMPLEMENTED: frozenset[str] = frozenset(s.name for s in catalog.STRATEGIES.values() if s.runner)
+
+
+def effective_lr(lr: float, scaling: str, global_batch: int, base_batch: int) -> float:
+    """Learning rate after the configured batch-size scaling rule."""
+    if scaling == "linear":
+        return lr * global_batch / base_batch
+    if scaling == "sqrt":
+        return lr * math.sqrt(global_batch / base_batch)
+    return lr
+
+
+def why_not(
+    values: dict,
+    accelerator: str,
+    microbatches: int = 1,
+    schedule: str = "gpipe",
+    info: data.DatasetInfo | None = None,
+) -> str | None:
+    """The reason a strategy or model cannot do this combination, or None if it can."""
+    shape = (info or data.info(values["dataset"])).shape
+    builtin = values["dataset"] in data.DATASETS
+    cell = catalog.Cell(
+        **{k: values[k] for k in ("strategy", "model", "dataset", "workers", "nodes")},
+        **{k: values[k] for k in ("batch_size", "batch_mode", "precision")},
+        accelerator=accelerator,
+        microbatches=microbatches,
+        schedule=schedule,
+        input_side=min(shape[1], shape[2]),
+        user_data=not builtin,
+        resized=builtin and tuple(shape) != tuple(data.info(values["dataset"]).shape),
+    )
+    return catalog.why_not(cell)
+
+
+pipeline_batch = catalog.pipeline_batch
+
+
+def _excluded(values: dict, exclude: list[dict]) -> bool:
+    return any(all(values.get(k) == v for k, v in rule.items()) for rule in exclude)
+
+
+def fault_for(values: dict, repeat: int, faults: list[dict]) -> Fault | None:
+    """The first configured fault whose `match` fits this run, if any."""
+    for f in faults:
+        if all({**values, "repeat": repeat}.get(k) == v for k, v in f["match"].items()):
+            return Fault(f["kind"], f.get("rank", 0), f.get("epoch", 1))
+    return None
+
+
+def _check_faults(faults: list[dict], runs: list[RunSpec]) -> None:
+    for i, f in enumerate(faults):
+        hit = [r for r in runs if r.fault is not None and fault_for(r.to_dict(), r.repeat, [f])]
+        if not hit:
+            raise ConfigError(
+                f"faults[{i}].match {f['match']} matches no run of the matrix; fix its values "
+                "or remove the entry"
+            )
+        for r in hit:
+            processes = 1 if catalog.STRATEGIES[r.strategy].one_process else r.world_size
+            if r.ps_tasks:  # tf-ps: only its coordinator (rank 0) runs Python training code
+                processes = 1
+            if r.fault.rank >= processes:
+                raise ConfigError(
+                    f"faults[{i}].rank {r.fault.rank} does not exist in {r.path} "
+                    f"({processes} processes); use a rank below {processes}"
+                )
+            if r.fault.epoch > r.epochs:
+                raise ConfigError(
+                    f"faults[{i}].epoch {r.fault.epoch} is after the last epoch ({r.epochs}); "
+                    "use an epoch between 1 and epochs"
+                )
+
+
+def batch_sizes(batch_size: int, mode: str, world: int) -> tuple[int, int]:
+    """(global, per-worker) batch for a batch mode; raises ConfigError if it does not split."""
+    if mode == "per_worker":
+        return batch_size * world, batch_size
+    if batch_size % world:
+        raise ConfigError(
+            f"matrix.batch_size {batch_size} in batch_mode 'global' does not split over "
+            f"{world} workers (workers × nodes); choose a multiple of {world} or add "
+            f"'exclude: [{{batch_size: {batch_size}, workers: …}}]' to matrix"
+        )
+    return batch_size, batch_size // world
+
+
+def build_runs(config: dict, accelerator: str = "cpu") -> tuple[list[RunSpec], list[Dropped]]:
+    """Expand a validated config into run specs (cartesian product minus exclusions).
+
+    `accelerator` is "cpu" or "cuda": what the workers will run on, used only to drop
+    combinations that cannot be parallel there (e.g. DataParallel without GPUs).
+    """
+    m = config["matrix"]
+    not_yet = [s for s in m["strategy"] if s not in IMPLEMENTED]
+    if not_yet:
+        raise ConfigError(
+            f"matrix.strategy: {', '.join(not_yet)} not implemented in this version of trainscale "
+            f"(available: {', '.join(sorted(IMPLEMENTED))}); remove it from matrix.strategy"
+        )
+    opt = config["optimizer"]
+    ds_fragment = config.get("deepspeed_config")
+    uses_deepspeed = any(catalog.strategy(s).framework == "deepspeed" for s in m["strategy"])
+    if uses_deepspeed and ds_fragment and not Path(ds_fragment).is_file():
+        raise ConfigError(
+            f"deepspeed_config: {ds_fragment} does not exist; give the path of a DeepSpeed "
+            "config fragment (JSON or YAML), relative to the directory Snakemake runs in, or "
+            "remove the key"
+        )
+    layout, compile_ = config.get("memory_format", "contiguous"), config.get("compile", False)
+    runs: list[RunSpec] = []
+    dropped: list[Dropped] = []
+    for combo in itertools.product(*(m[k] for k in MATRIX_KEYS)):
+        values = dict(zip(MATRIX_KEYS, combo, strict=True))
+        if _excluded(values, m.get("exclude", [])):
+            dropped.append(Dropped(values, "excluded by matrix.exclude"))
+            continue
+        pipe = values["strategy"] == "torch-pipeline"
+        mb, schedule = config.get("microbatches", 4), config.get("pipeline_schedule", "gpipe")
+        info = imagesets.info(values["dataset"], config)
+        reason = why_not(values, accelerator, mb, schedule, info) or speed_options.why_not(
+            values["strategy"], values["model"], layout, compile_
+        )
+        if reason:
+            dropped.append(Dropped(values, reason))
+            continue
+        world = values["workers"] * values["nodes"]
+        split = pipeline_batch if pipe else batch_sizes
+        gbs, pwbs = split(values["batch_size"], values["batch_mode"], world)
+        if pwbs < 2 and catalog.MODELS[values["model"]].batchnorm:
+            reason = f"{values['model']} has BatchNorm: needs at least 2 samples per worker"
+            dropped.append(Dropped(values, reason))
+            continue
+        samples = config.get("samples") if info.synthetic else None
+        limit = config.get("steps_per_epoch")
+        reason = _too_few_steps(values, samples or info.train_samples, world, pwbs, limit)
+        if reason:
+            dropped.append(Dropped(values, reason))
+            continue
+        lr = effective_lr(opt["lr"], config["lr_scaling"], gbs, config["base_batch_size"])
+        framework = catalog.STRATEGIES[values["strategy"]].framework
+        is_ds = framework == "deepspeed"
+        grad_accum = config.get("grad_accum", 1) if is_ds else 1
+        if pwbs % grad_accum:
+            raise ConfigError(
+                f"grad_accum {grad_accum} does not divide the per-worker batch {pwbs} of "
+                f"{values['strategy']} with batch_size {values['batch_size']} on {world} "
+                "workers; choose a grad_accum that divides it or exclude the cell"
+            )
+        # every field but the repeat's own, once per cell (a large study has thousands of runs)
+        cell = dict(
+            study=config["study"],
+            **values,
+            epochs=config["epochs"],
+            optimizer=opt["name"],
+            lr=lr,
+            base_lr=opt["lr"],
+            lr_scaling=config["lr_scaling"],
+            betas=tuple(opt["betas"]),
+            eps=opt["eps"],
+            weight_decay=opt["weight_decay"],
+            momentum=opt["momentum"],
+            global_batch_size=gbs,
+            per_worker_batch_size=pwbs,
+            world_size=world,
+            threads_per_worker=config["threads_per_worker"],
+            timeout_minutes=config["timeout_minutes"],
+            target_accuracy=config.get("target_accuracy"),
+            data_dir=config["data_dir"],
+            grad_accum=grad_accum,
+            deepspeed_config=ds_fragment if is_ds else None,
+            horovod_timeline=config.get("horovod_timeline", False) and framework == "horovod",
+            pipeline_schedule=schedule if pipe else None,
+            microbatches=mb if pipe else 1,
+            steps_per_epoch=limit,
+            samples=samples,
+            ps_tasks=config.get("ps_tasks", 1) if values["strategy"] == "tf-ps" else 0,
+            memory_format=layout,
+            compile=compile_,
+            **imagesets.run_fields(values["dataset"], config),
+        )
+        faults = config.get("faults", [])
+        for repeat in range(config["repeats"]):
+            runs.append(
+                RunSpec(
+                    **cell,
+                    repeat=repeat,
+                    seed=config["seed"] + repeat,
+                    fault=fault_for(values, repeat, faults),
+                )
+            )
+    if not runs:
+        raise ConfigError(
+            "the matrix is empty after exclusions and impossible combinations: "
+            + summary(runs, dropped)
+            + "; widen matrix or shorten matrix.exclude"
+        )
+    _check_faults(config.get("faults", []), runs)
+    return runs, dropped
+
+
+def _too_few_steps(
+    values: dict, samples: int, world: int, per_worker_batch: int, limit: int | None
+) -> str | None:
+    """Why a cell cannot run `steps_per_epoch` steps per epoch (its data set, scaled, has fewer
+    batches), or None. A cell that ran fewer steps than the others would time something else."""
+    if limit is None:
+        return None
+    n = samples * values["scale"]
+    ranks = 1 if values["strategy"] == "torch-pipeline" else world
+    full = n // ranks // per_worker_batch
+    if full >= limit:
+        return None
+    return (
+        f"steps_per_epoch {limit} is more than the {full} steps one epoch of "
+        f"{values['dataset']} has at this batch (raise scale or samples, or lower steps_per_epoch)"
+    )
+
+
+def summary(runs: list[RunSpec], dropped: list[Dropped]) -> str:
+    """One line: how many runs, and how many combinations were dropped for which reason."""
+    line = f"{len(runs)} runs"
+    if dropped:
+        reasons = Counter(d.reason for d in dropped)
+        parts = "; ".join(f"{n} × {r}" for r, n in reasons.most_common())
+        line += f", {len(dropped)} combinations dropped ({parts})"
+    return line
+
+
+def config_problems(config: dict, schema: dict) -> list[str]:
+    """Every place `config` breaks the config schema, one line each, for people: the key as
+    written in YAML (matrix.strategy[0]), the value, what is allowed, and a likely fix for a
+    typo ("did you mean ..."). Empty when the config is valid."""
+    import difflib
+
+    import jsonschema
+
+    def where(path) -> str:
+        out = ""
+        for p in path:
+            out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+        return out or "<top level>"
+
+    lines = []
+    validator = jsonschema.Draft202012Validator(schema)
+    for e in sorted(validator.iter_errors(config), key=lambda e: list(map(str, e.path))):
+        key = where(e.path)
+        if e.validator == "enum":
+            allowed = [str(v) for v in e.validator_value]
+            close = difflib.get_close_matches(str(e.instance), allowed, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            lines.append(f"{key}: {e.instance!r} is not one of {', '.join(allowed)}{hint}")
+        elif e.validator == "additionalProperties":
+            known = sorted(e.schema.get("properties", {}))
+            extra = sorted(set(e.instance) - set(known))
+            for k in extra:
+                close = difflib.get_close_matches(k, known, n=1)
+                hint = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(known)}"
+                where_k = f"{key}.{k}" if e.path else k
+                lines.append(f"{where_k}: unknown key; {hint}")
+        elif e.validator == "pattern":
+            lines.append(
+                f"{key}: {e.instance!r} has characters not allowed here (the value becomes a "
+                f"path or part of a command line); allowed: {e.validator_value}"
+            )
+        else:
+            lines.append(f"{key}: {e.message}")
+    return lines + imagecheck.problems(config)
+
+
+def fill_defaults(config: dict, schema: dict) -> None:
+    """Fill in the schema's defaults, in place, exactly as snakemake.utils.validate does (its
+    default-setting `properties` on the same Draft 2020-12 validator), from the schema already
+    read for `config_problems`: Snakemake's own validate reads the schema file again with the
+    pure-Python YAML reader and builds a reference registry for it, a tenth of a second of
+    every Snakemake start. Call after `config_problems` found none."""
+    import jsonschema
+
+    base = jsonschema.Draft202012Validator
+    check_properties = base.VALIDATORS["properties"]
+
+    def set_defaults(validator, properties, instance, subschema):
+        for name, prop in properties.items():
+            if "default" in prop:
+                instance.setdefault(name, prop["default"])
+        yield from check_properties(validator, properties, instance, subschema)
+
+    jsonschema.validators.extend(base, {"properties": set_defaults})(schema).validate(config)
+
+
+def gpu_count() -> int:
+    """NVIDIA GPUs on this host, from the driver's /proc entries (no CUDA import)."""
+    gpus = Path("/proc/driver/nvidia/gpus")
+    return sum(1 for _ in gpus.iterdir()) if gpus.is_dir() else 0
+
+
+def detect_accelerator(setting: str = "auto") -> str:
+    """Resolve config `accelerator`: 'auto' means 'cuda' when this host has NVIDIA GPUs."""
+    if setting != "auto":
+        return setting
+    return "cuda" if gpu_count() else "cpu"
+
+
+def capacity_problems(runs: list[RunSpec], accelerator: str, cpus: int, gpus: int) -> list[str]:
+    """What runs ask of this one machine that it does not have (for studies run here, not
+    through a cluster profile): several nodes, or more workers than GPUs or CPU cores (on CPU
+    a worker stands for a device and needs a core of its own)."""
+    problems = []
+    nodes = sorted({r.nodes for r in runs if r.nodes > 1})
+    if nodes:
+        problems.append(
+            f"matrix.nodes {nodes}: runs across nodes need a cluster; run with "
+            "--profile profiles/slurm (docs/slurm.md), or use nodes: [1] here"
+        )
+    have, unit = (gpus, "GPUs") if accelerator == "cuda" else (cpus, "CPU cores")
+    workers = sorted({r.workers for r in runs if r.workers > have})
+    if workers:
+        problems.append(
+            f"matrix.workers {workers}: this machine has {have} {unit}, and a worker needs one; "
+            f"use workers up to {have}, exclude those cells, or run on a cluster "
+            "(--profile profiles/slurm)"
+        )
+    return problems
+
+
+CONFIG_SCHEMA = Path(__file__).resolve().parents[2] / "schemas" / "config.schema.yaml"
+
+
+def check_file(path: str | Path, base: Path | None = None) -> list[str]:
+    """Problems of a config file as `snakemake --configfile` would meet them: laid over `base`
+    (the workflow's config.yaml unless it is that file) as trainscale.plan.overlay describes, with
+    the keys it inherits listed, and with the line of a YAML syntax error (Snakemake only says
+    the file is not valid YAML)."""
+    import os
+
+    import yaml
+
+    from trainscale.plan import overlay
+
+    base = overlay.BASE_CONFIG if base is None else base
+    try:
+        config = yaml.safe_load(Path(path).read_text())
+    except OSError as e:
+        return [f"{path}: cannot read it ({e.strerror})"]
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        return [f"{path}:{where}: not valid YAML: {getattr(e, 'problem', e)}"]
+    if not isinstance(config, dict):
+        return [f"{path}: a config is a mapping of keys (study:, matrix:, ...)"]
+    inherited: list = []
+    if base.is_file() and Path(path).resolve() != base.resolve():
+        base_config = yaml.safe_load(base.read_text()) or {}
+        unnamed = overlay.unnamed_study(config, [path], base_config.get("study"))
+        if unnamed:
+            return [unnamed]
+        inherited = overlay.inherited(base_config, config)
+        config = overlay.overlay(base_config, config)
+    schema = yaml.safe_load(CONFIG_SCHEMA.read_text())
+    problems = config_problems(config, schema)
+    if problems:
+        return [f"{path}: {p}" for p in problems]
+    fill_defaults(config, schema)  # as the workflow does
+    try:
+        runs, dropped = build_runs(config, detect_accelerator(config["accelerator"]))
+    except ConfigError as e:
+        return [f"{path}: {e}"]
+    print(f"{path}: study {config['study']!r}: {summary(runs, dropped)}")
+    if inherited:
+        print(f"  inherited from {os.path.relpath(base)}:")
+        print("\n".join(f"    {line}" for line in overlay.describe(inherited)))
+    return []
+
+
+def main(argv: list[str] | None = None, prog: str = "trainscale check") -> int:
+    """`trainscale check CONFIG...`: check study config files without running anything, each
+    laid over the workflow's config.yaml as `snakemake --configfile CONFIG` lays it."""
+    import argparse
+    import sys
+
+    p = argparse.ArgumentParser(prog=prog, description=main.__doc__.split(": ", 1)[1])
+    p.add_argument("configs", nargs="+", type=Path, metavar="CONFIG", help="a study config file")
+    p.add_argument(
+        "--base", type=Path, default=None, help="the config laid under each (default: config.yaml)"
+    )
+    args = p.parse_args(argv)
+    problems = [line for c in args.configs for line in check_file(c, args.base)]
+    for line in problems:
+        print(line, file=sys.stderr)
+    return 1 if problems else 0

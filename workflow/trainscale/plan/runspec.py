@@ -1,0 +1,156 @@
+"""A run specification: everything one training run needs, fixed before it starts.
+
+`RunSpec` is the single source of a run's output path (`RunSpec.path`), of the launcher's
+argument (`RunSpec.to_json`) and of the metrics' `spec` (`RunSpec.to_dict`): nothing downstream
+derives these again. `trainscale.plan.matrix` builds them from the config; the launcher, the runners
+and the aggregation read them. Imports neither torch nor TensorFlow.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import MISSING, asdict, dataclass, fields
+
+from trainscale.data import imagesets
+from trainscale.plan import catalog
+
+#: Matrix keys in path order. `repeat` follows them in the path.
+MATRIX_KEYS: tuple[str, ...] = (
+    "strategy",
+    "model",
+    "dataset",
+    "scale",
+    "batch_size",
+    "batch_mode",
+    "workers",
+    "nodes",
+    "precision",
+)
+
+
+#: A spec's JSON: sorted keys, no spaces. One encoder, made once: json.dumps with options
+#: builds a new one per call, and a dry-run writes one spec per run.
+_SPEC_JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
+
+
+class ConfigError(ValueError):
+    """A config that cannot become a run set; the message names the key and the fix."""
+
+
+@dataclass(frozen=True)
+class Fault:
+    """A fault injected on purpose (config `faults`): `kind` on rank `rank` in epoch `epoch`."""
+
+    kind: str
+    rank: int = 0
+    epoch: int = 1
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Everything one training run needs, fixed before it starts."""
+
+    study: str
+    strategy: str
+    model: str
+    dataset: str
+    scale: int
+    batch_size: int
+    batch_mode: str
+    workers: int
+    nodes: int
+    precision: str
+    repeat: int
+    seed: int
+    epochs: int
+    optimizer: str
+    lr: float
+    base_lr: float
+    lr_scaling: str
+    betas: tuple[float, float]
+    eps: float
+    weight_decay: float
+    momentum: float
+    global_batch_size: int
+    per_worker_batch_size: int
+    world_size: int
+    threads_per_worker: int
+    timeout_minutes: float
+    target_accuracy: float | None
+    data_dir: str
+    grad_accum: int = 1
+    deepspeed_config: str | None = None
+    fault: Fault | None = None
+    horovod_timeline: bool = False
+    pipeline_schedule: str | None = None
+    microbatches: int = 1
+    steps_per_epoch: int | None = None
+    samples: int | None = None
+    image_size: tuple[int, int] | None = None
+    image_source: imagesets.ImageSource | None = None
+    loader_workers: int = 0
+    ps_tasks: int = 0  # tf-ps: parameter servers (config ps_tasks); 0 for other strategies
+    memory_format: str = "contiguous"  # config memory_format (trainscale.plan.speed_options)
+    compile: bool = False  # config compile: torch.compile the model
+
+    @property
+    def processes(self) -> int:
+        """Processes the run starts, each with threads_per_worker threads: one per worker,
+        and for tf-ps its parameter servers and its coordinator (chief) besides."""
+        return self.world_size + (self.ps_tasks + 1 if self.ps_tasks else 0)
+
+    @property
+    def framework(self) -> str:
+        return catalog.STRATEGIES[self.strategy].framework
+
+    @property
+    def path(self) -> str:
+        """Run id and output sub-path: `key~value` segments, as Snakemake's Paramspace writes."""
+        parts = [f"{k}~{getattr(self, k)}" for k in MATRIX_KEYS]
+        return "/".join([*parts, f"repeat~{self.repeat}"])
+
+    @property
+    def cell(self) -> tuple:
+        """Every matrix value but the repeat: the unit that scaling tables group by."""
+        return tuple(getattr(self, k) for k in MATRIX_KEYS)
+
+    def to_dict(self) -> dict:
+        # field by field, not dataclasses.asdict: asdict deep-copies every value, and a dry-run
+        # serialises one spec per run (8,000 in a large study)
+        d = {name: getattr(self, name) for name in self.__dataclass_fields__}
+        d["betas"] = list(self.betas)
+        for nested in ("fault", "image_source"):
+            if d[nested] is not None:
+                d[nested] = asdict(d[nested])
+        return d
+
+    def to_json(self) -> str:
+        return _SPEC_JSON.encode(self.to_dict())
+
+    @classmethod
+    def from_dict(cls, d: dict) -> RunSpec:
+        names = {f.name for f in fields(cls)}
+        missing = {f.name for f in fields(cls) if f.default is MISSING} - set(d)
+        if missing:
+            raise ValueError(f"run spec lacks {sorted(missing)}")
+        kw = {k: d[k] for k in names if k in d}
+        kw["betas"] = tuple(kw["betas"])
+        if kw.get("fault"):
+            kw["fault"] = Fault(**kw["fault"])
+        if kw.get("image_size"):
+            kw["image_size"] = tuple(kw["image_size"])
+        if kw.get("image_source"):
+            kw["image_source"] = imagesets.ImageSource.from_dict(kw["image_source"])
+        return cls(**kw)
+
+    @classmethod
+    def from_json(cls, s: str) -> RunSpec:
+        return cls.from_dict(json.loads(s))
+
+
+@dataclass(frozen=True)
+class Dropped:
+    """A matrix combination that will not run, and why."""
+
+    values: dict
+    reason: str

@@ -1,0 +1,63 @@
+"""The PyTorch speed options of a study and where they apply: `memory_format` (channels_last:
+image batches and convolution weights laid out NHWC) and `compile` (`torch.compile` of the
+model). Both are top-level config keys, the same for every run of a study, so a study with
+them is compared with one without (trainscale.compare) to see what each buys.
+
+A cell whose strategy or model cannot take an option is dropped by the matrix with the reason
+given here, as the catalog's constraints drop theirs. Imports no framework.
+"""
+
+from __future__ import annotations
+
+from trainscale.plan import catalog
+
+MEMORY_FORMATS: tuple[str, ...] = ("contiguous", "channels_last")
+
+_FSDP = 'FSDP2 shards only contiguous parameters (fully_shard: "FSDP does not support '
+_FSDP += 'non-contiguous parameters yet")'
+_PIPELINE = "torch.distributed.pipelining sends each stage's activations as they are laid out, "
+_PIPELINE += 'and process-group sends take contiguous tensors only (gloo: "input tensor has to '
+_PIPELINE += 'be contiguous")'
+_DEEPSPEED = "DeepSpeed's engine broadcasts every parameter as a byte view, which a channels_last "
+_DEEPSPEED += 'weight cannot give ("self.stride(-1) must be 1 to view Float as Byte")'
+_HOROVOD = "Horovod's broadcast_parameters fails on channels_last weights (it takes contiguous "
+_HOROVOD += "tensors only)"
+
+#: strategy -> why `memory_format: channels_last` cannot run it (found by running each here,
+#: PyTorch 2.13, DeepSpeed 0.19, Horovod 0.28; besides every TensorFlow-runtime strategy)
+NO_CHANNELS_LAST: dict[str, str] = {
+    "torch-fsdp": _FSDP,
+    "torch-pipeline": _PIPELINE,
+    **dict.fromkeys(catalog.names(framework="deepspeed"), _DEEPSPEED),
+    **dict.fromkeys(catalog.names(runner="horovod_torch"), _HOROVOD),
+}
+
+#: strategy -> why `compile: true` cannot run it (besides every TensorFlow-runtime strategy)
+NO_COMPILE: dict[str, str] = {
+    "torch-dp": "nn.DataParallel runs its replicas' forwards in threads, which torch.compile "
+    "does not trace (it falls back to eager on several devices, pytorch#94636); use torch-ddp",
+}
+
+
+def why_not(strategy: str, model: str, memory_format: str, compile: bool) -> str | None:
+    """The reason `strategy` on `model` cannot run with these options, or None if it can."""
+    s = catalog.STRATEGIES[strategy]
+    if memory_format == "channels_last":
+        if s.runtime != "torch":
+            return (
+                f"{strategy}: memory_format channels_last is a PyTorch layout; Keras lays image "
+                "batches out channels-last (NHWC) already"
+            )
+        if strategy in NO_CHANNELS_LAST:
+            return f"{strategy}: memory_format channels_last: {NO_CHANNELS_LAST[strategy]}"
+        if len(catalog.MODELS[model].published_input) != 3:
+            return f"memory_format channels_last: {model} takes no (C, H, W) image input"
+    if compile:
+        if s.runtime != "torch":
+            return (
+                f"{strategy}: compile is torch.compile, a PyTorch option; Keras traces its "
+                "train step into a tf.function graph already"
+            )
+        if strategy in NO_COMPILE:
+            return f"{strategy}: compile: {NO_COMPILE[strategy]}"
+    return None

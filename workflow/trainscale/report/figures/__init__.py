@@ -1,0 +1,28 @@
+"""The study's figures, drawn with matplotlib in seaborn's style from the study's tables, never
+from raw files: the figure kinds, their registry, the facet engine and rendering in a pool.
+May import: analysis and every stage below it.
+"""
+
+# Figure objects, no pyplot state; from `trainscale.analysis.aggregate.Study` (scaling.csv, one
+# row per cell, and the per-epoch convergence table), so a figure shows exactly what the tables say.
+# - `registry`: the kinds (reports/figures.yaml) and the `@figure` decorator modules register with;
+# - `style`: colours (STRATEGY_COLOURS), labels and the theme;
+# - `facets`: the facet engine (grid, legend, the generic figure of error-bar lines);
+# - `select`: what a figure draws when its facets would exceed 12;
+# - `scaling`, `timing`, `throughput`, `accuracy`, `resources`: the figure kinds;
+# - `render`: drawing into PNG (and SVG) files, in a process pool.
+
+from __future__ import annotations
+
+from trainscale.report.figures import accuracy, resources, scaling, throughput, timing  # noqa: F401
+from trainscale.report.figures.registry import FIGURES, REGISTRY
+from trainscale.report.figures.render import Drawn, plan, render, render_all, why_absent
+
+_unregistered = sorted(set(FIGURES) - set(REGISTRY))
+if _unregistered:
+    raise ImportError(f"figures listed in reports/figures.yaml but not drawn: {_unregistered}")
+_ordered = {name: REGISTRY[name] for name in FIGURES}  # the order of figures.yaml
+REGISTRY.clear()
+REGISTRY.update(_ordered)
+
+__all__ = ["FIGURES", "REGISTRY", "Drawn", "plan", "render", "render_all", "why_absent"]

@@ -1,0 +1,136 @@
+"""Resource figures: peak memory per worker process, and the all-reduce benchmark's bus
+bandwidth against message size."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.ticker import FixedLocator, NullLocator
+
+from trainscale.analysis import aggregate
+from trainscale.analysis.aggregate import Study
+from trainscale.report.figures.facets import finish, grid, side_width
+from trainscale.report.figures.lined import draw_lines
+from trainscale.report.figures.registry import Kind, figure, ok_cells
+from trainscale.report.figures.style import header, sequential
+
+MIB = 2.0**20
+
+
+def _memory(study: Study) -> pd.DataFrame | str:
+    d = ok_cells(study, "peak_host_rss_bytes_mean")
+    if isinstance(d, str):
+        return d
+    host = d.assign(
+        kind="host RSS",
+        mib=d["peak_host_rss_bytes_mean"] / MIB,
+        mib_ci=d["peak_host_rss_bytes_ci95"] / MIB,
+    )
+    parts = [host]
+    dev = d[d["peak_device_bytes_mean"].notna()]
+    if len(dev):
+        parts.append(
+            dev.assign(
+                kind="device",
+                mib=dev["peak_device_bytes_mean"] / MIB,
+                mib_ci=dev["peak_device_bytes_ci95"] / MIB,
+            )
+        )
+    return pd.concat(parts, ignore_index=True)
+
+
+def _busbw(study: Study) -> pd.DataFrame | str:
+    c = study.collectives
+    if c is None or not len(c):
+        return (
+            "no all-reduce benchmark ran (no run has more than one worker, or "
+            "collectives.enabled is false)"
+        )
+    failed = aggregate.failed_collectives(c)
+    c = aggregate.measured_collectives(c)
+    if not len(c):
+        first = str(failed["error"].iloc[0]).splitlines()[0]
+        return f"the all-reduce benchmark could not run: {first}"
+    d = c.assign(
+        gbs=c["busbw_bytes_per_second"] / 1e9, gbs_p95=c["busbw_p95_bytes_per_second"] / 1e9
+    )
+    r = study.runs
+    if "model.params" in r and r["model.params"].notna().any():
+        d.attrs["gradients"] = (r.groupby("spec.model")["model.params"].max() * 4).to_dict()
+    return d
+
+
+@figure("memory", data=_memory, row=("model", "dataset"), col=("kind",))
+def draw_memory(d: pd.DataFrame, kind: Kind) -> Figure:
+    fig = draw_lines(d, kind)
+    for ax in fig.axes:
+        if ax.has_data():
+            ax.set_ylim(bottom=0)
+    return fig
+
+
+def size_label(b: float) -> str:
+    for unit, f in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if b >= f:
+            return f"{b / f:g} {unit}"
+    return f"{b:g} B"
+
+
+@figure("busbw", data=_busbw, col=("backend",))
+def draw_busbw(d: pd.DataFrame, kind: Kind) -> Figure:
+    """Bus bandwidth vs message size: one facet per backend, one colour per N."""
+    backends = sorted(d["backend"].unique())
+    shapes = d[["world_size", "workers", "nodes"]].drop_duplicates().sort_values("world_size")
+    label = {
+        (r.world_size, r.workers, r.nodes): f"N={r.world_size} ({r.workers}×{r.nodes} nodes)"
+        if r.nodes > 1
+        else f"N={r.world_size}"
+        for r in shapes.itertuples()
+    }
+    colours = dict(zip(label, sequential(len(label)), strict=False))
+    grads = d.attrs.get("gradients", {})
+    handles = [header("workers N")]
+    handles += [Line2D([], [], color=colours[k], marker="o", label=v) for k, v in label.items()]
+    if grads:
+        handles.append(Line2D([], [], color="0.35", linestyle=":", label="a model's gradient"))
+    fig, axes = grid(
+        [""],
+        backends,
+        sharey=False,
+        w=4.2,
+        h=2.8,
+        side=side_width([h.get_label() for h in handles]),
+    )
+    for ax, backend in zip(axes[0], backends, strict=True):
+        sub = d[d["backend"] == backend]
+        for key, s in sub.groupby(["world_size", "workers", "nodes"], sort=True):
+            s = s.sort_values("bytes")
+            ax.plot(s["bytes"], s["gbs"], color=colours[key], marker="o", markersize=3)
+            ax.fill_between(s["bytes"], s["gbs_p95"], s["gbs"], color=colours[key], alpha=0.2)
+        ax.set_xscale("log", base=2)
+        lo, hi = sub["bytes"].min(), sub["bytes"].max()
+        ticks = [2.0**k for k in range(int(np.log2(lo)), int(np.log2(hi)) + 1, 2)]
+        ax.xaxis.set_major_locator(FixedLocator(ticks))
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.set_xticklabels([size_label(t) for t in ticks])
+        for model, size in sorted(grads.items()):
+            if lo <= size <= hi:
+                ax.axvline(size, color="0.35", linestyle=":", linewidth=1.0)
+                ax.text(
+                    size,
+                    1.0,
+                    f" {model}",
+                    transform=ax.get_xaxis_transform(),
+                    fontsize=7,
+                    rotation=90,
+                    va="top",
+                    ha="left",
+                    color="0.3",
+                )
+        ax.set_yscale("log")  # small messages are latency-bound: orders of magnitude apart
+        ax.set_title(f"all_reduce, {backend}")
+        ax.set_xlabel("message size S")
+        ax.set_ylabel("bus bandwidth (GB/s)")
+    return finish(fig, kind.title, handles)

@@ -1,0 +1,113 @@
+"""The report's steps, one function each, shared by the two ways a report is made: the
+Snakemake rules (one step per rule, in workflow/scripts/) and `python -m trainscale.report`
+(`build`: every step in one process, figures drawn in a process pool while the tables and
+predictions are written). Both call these functions, so the two paths cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import pandas as pd
+
+from trainscale.analysis import metrics_tables, predict
+from trainscale.analysis.study import Study
+from trainscale.report import html as report
+
+
+def read(runs_dir: str | Path, name: str | None = None, jobs: int = 1) -> Study:
+    """The study of the metrics files under `runs_dir`, with the all-reduce benchmark where it
+    sits beside them (results/<study>/collectives)."""
+    paths = metrics_tables.metrics_paths(runs_dir)
+    # unnamed runs in results/<study>/runs are named after <study>
+    default = Path(runs_dir).resolve().parent.name if Path(runs_dir).name == "runs" else "study"
+    found = sorted((Path(runs_dir).parent / "collectives").rglob("*.json"))
+    return Study.build(paths, name, jobs, default_name=default, collectives=found)
+
+
+def figures(
+    study: Study,
+    out_dir: str | Path,
+    config: dict | None,
+    jobs: int = 1,
+    meanwhile: Callable[[], None] | None = None,
+    names: Sequence[str] | None = None,
+) -> dict:
+    """Every figure into out_dir (rule `figures`): PNG, and SVG with config `report.svg`;
+    {name: trainscale.report.figures.Drawn}."""
+    from trainscale.report.figures import render_all
+
+    svg, highlight = report.options(config)
+    return render_all(
+        study, out_dir, names, jobs=jobs, svg=svg, highlight=highlight, meanwhile=meanwhile
+    )
+
+
+def wants_predictions(runs: pd.DataFrame, config: dict | None) -> bool:
+    """Config `predict.enabled` (default true) and a multi-worker run (as common.smk's PREDICT)."""
+    enabled = ((config or {}).get("predict") or {}).get("enabled", True)
+    return bool(enabled and len(runs) and (runs["spec.world_size"] > 1).any())
+
+
+def predictions(
+    runs: pd.DataFrame,
+    coll: pd.DataFrame | None,
+    config: dict | None,
+    csv: str | Path,
+    check_csv: str | Path,
+    figures_dir: str | Path,
+) -> list[str]:
+    """predictions.csv, prediction_check.csv and the predicted-scaling figure (rule
+    `predictions`); the notes on what could not be predicted."""
+    from trainscale.report import predict_plot
+
+    predict_cfg = {"enabled": True, **((config or {}).get("predict") or {})}
+    coll = pd.DataFrame() if coll is None else coll
+    pred, check, notes = predict.predict_study(runs, coll, predict_cfg)
+    pred.to_csv(csv, index=False)
+    check.to_csv(check_csv, index=False)
+    predict_plot.draw(pred, figures_dir, svg=report.options(config)[0])
+    return notes
+
+
+def build(
+    runs_dir: str | Path,
+    out: str | Path,
+    name: str | None = None,
+    config: dict | None = None,
+    jobs: int = 1,
+) -> Study:
+    """Tables, figures, predictions and report.html in `out` from the metrics files under
+    `runs_dir`: the rules' steps in one process (`python -m trainscale.report`)."""
+    from trainscale.report import predict_plot
+
+    study = read(runs_dir, name=name, jobs=jobs)
+    out = Path(out)
+    fig_dir = out / "figures"
+    csv, check_csv = out / "predictions.csv", out / "prediction_check.csv"
+    predicting = wants_predictions(study.runs, config)
+
+    tables: dict = {}
+
+    def meanwhile() -> None:  # in this process while the pool draws the figures
+        study.write(out, jobs=jobs)
+        if predicting:
+            predictions(study.runs, study.collectives, config, csv, check_csv, fig_dir)
+        tables.update(report.tables_context(study, config))
+
+    drawn = figures(study, fig_dir, config, jobs=jobs, meanwhile=meanwhile)
+    predicted = None
+    if predicting:
+        png = fig_dir / f"{predict_plot.NAME}.png"
+        predicted = predict_plot.section(csv, check_csv, png)
+    report.write_html(
+        study,
+        out / "report.html",
+        fig_dir,
+        config=config,
+        drawn=drawn,
+        predicted=predicted,
+        tables=tables or None,
+    )
+    return study

@@ -1,0 +1,319 @@
+"""The report's tables as rows of formatted text: every number a person reads in report.html
+(summary, scaling table, communication, failed runs, environment), already formatted.
+
+report.html lists at most MAX_CELLS cells and MAX_RUNS failed runs or invalid files, and says
+how many more the CSV files hold: a study of 100,000 runs stays a page a person can read.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pandas as pd
+import yaml
+
+from trainscale.analysis import aggregate
+from trainscale.analysis.aggregate import Study, human
+from trainscale.plan import catalog
+
+#: Rows of the scaling and communication tables in report.html at most (one per cell).
+MAX_CELLS = 500
+#: Failed runs and invalid files listed in report.html at most (one per run).
+MAX_RUNS = 100
+
+# --------------------------------------------------------------------------------------------
+# numbers for people
+
+
+def cell_note(r) -> str:
+    """A table row's note: why its baseline is what it is, and what its strategy's results
+    need beside them (the catalog's `results_note`: tf-ps is asynchronous)."""
+    notes = [r.baseline_note if isinstance(r.baseline_note, str) else ""]
+    row = catalog.STRATEGIES.get(r.strategy)
+    notes.append(row.results_note if row else "")
+    return "; ".join(n for n in notes if n)
+
+
+def na(v) -> bool:
+    return v is None or (not isinstance(v, str) and pd.isna(v))
+
+
+def with_ci(mean, ci, unit: str = "") -> str:
+    """`12,700 ± 340 samples/s`: 3 significant digits, the 95% CI half-width when there is one."""
+    if na(mean):
+        return "–"
+    s = human(mean)
+    if not na(ci):
+        s += f" ± {human(ci)}"
+    return f"{s} {unit}".rstrip()
+
+
+def mib(v, ci=None) -> str:
+    if na(v):
+        return "–"
+    if v >= 2**30:
+        return with_ci(v / 2**30, None if na(ci) else ci / 2**30, "GiB")
+    return with_ci(v / 2**20, None if na(ci) else ci / 2**20, "MiB")
+
+
+def pct(v) -> str:
+    return "–" if na(v) else f"{human(100 * v)} %"
+
+
+def ratio(v) -> str:
+    return "–" if na(v) else f"{human(v)}×"
+
+
+# --------------------------------------------------------------------------------------------
+# context
+
+
+def _cell_label(r) -> str:
+    mode = "per-worker" if r.batch_mode == "per_worker" else "global"
+    return f"batch {r.batch_size} {mode}, scale {r.scale}, {r.precision}"
+
+
+def summary_rows(study: Study) -> list[dict]:
+    rows = []
+    for r in study.fastest.itertuples(index=False):
+        runner = "no other strategy ran at this N"
+        if isinstance(r.runner_up, str):
+            runner = (
+                f"{r.runner_up} ({human(r.runner_up_throughput)} samples/s): {pct(r.margin)} ahead"
+            )
+            if r.distinct is False:
+                runner += ", 95% CIs overlap"
+            elif r.distinct is True:
+                runner += ", CIs disjoint"
+        eff = f"{pct(r.efficiency)} {r.efficiency_kind}" if not na(r.efficiency) else "–"
+        rows.append(
+            {
+                "model": r.model,
+                "dataset": r.dataset,
+                "n": int(r.world_size),
+                "strategy": r.strategy,
+                "config": _cell_label(r) + (f", {r.nodes} nodes" if r.nodes != 1 else ""),
+                "throughput": with_ci(r.throughput_mean, r.throughput_ci95, "samples/s"),
+                "speedup": ratio(r.speedup),
+                "efficiency": eff,
+                "vs_single": ratio(r.speedup_vs_single),
+                "note": cell_note(r),
+                "runner_up": runner,
+                "oversubscribed": bool(r.oversubscribed),
+                "logical": bool(getattr(r, "logical", False)),
+                "runs": f"{r.ok}/{r.runs}",
+            }
+        )
+    return rows
+
+
+def scaling_rows(study: Study) -> list[dict]:
+    s = study.scaling
+    if not len(s):
+        return []
+    s = s.sort_values(
+        [
+            "model",
+            "dataset",
+            "scale",
+            "batch_size",
+            "batch_mode",
+            "precision",
+            "strategy",
+            "nodes",
+            "world_size",
+        ],
+        kind="stable",
+    )
+    rows = []
+    for r in s.itertuples(index=False):
+        tta = "–"
+        if not na(r.time_to_accuracy_seconds_mean) or not na(r.target_accuracy):
+            reached = int(r.time_to_accuracy_seconds_n)
+            tta = (
+                with_ci(r.time_to_accuracy_seconds_mean, r.time_to_accuracy_seconds_ci95, "s")
+                + f" ({reached}/{r.ok} reached)"
+            )
+        eff = "–" if na(r.efficiency) else f"{pct(r.efficiency)} {r.efficiency_kind}"
+        rows.append(
+            {
+                "strategy": r.strategy,
+                "model": r.model,
+                "dataset": r.dataset,
+                "scale": r.scale,
+                "batch": f"{r.batch_size} {r.batch_mode.replace('_', '-')}",
+                "n": f"{r.world_size}" + (f" ({r.workers}×{r.nodes})" if r.nodes > 1 else ""),
+                "precision": r.precision,
+                "runs": f"{r.ok}/{r.runs}",
+                "statuses": r.statuses,
+                "throughput": with_ci(r.throughput_mean, r.throughput_ci95),
+                "per_worker": with_ci(r.throughput_per_worker_mean, None),
+                "epoch1": with_ci(r.first_epoch_seconds_mean, r.first_epoch_seconds_ci95),
+                "steady": with_ci(r.steady_epoch_seconds_mean, r.steady_epoch_seconds_ci95),
+                "overhead": with_ci(
+                    r.first_epoch_overhead_seconds_mean, r.first_epoch_overhead_seconds_ci95
+                ),
+                "speedup": ratio(r.speedup),
+                "efficiency": eff,
+                "vs_single": ratio(r.speedup_vs_single)
+                + (
+                    f" ({r.single_best_strategy})"
+                    if isinstance(r.single_best_strategy, str) and not na(r.speedup_vs_single)
+                    else ""
+                ),
+                "accuracy": with_ci(r.test_accuracy_mean, r.test_accuracy_ci95),
+                "tta": tta,
+                "rss": mib(r.peak_host_rss_bytes_mean, r.peak_host_rss_bytes_ci95),
+                "device": mib(r.peak_device_bytes_mean, r.peak_device_bytes_ci95),
+                "note": cell_note(r),
+                "data_wait": pct(getattr(r, "data_wait_share_mean", None)),
+                "input_bound": bool(getattr(r, "input_bound", False)),
+                "oversubscribed": bool(r.oversubscribed),
+                "logical": bool(getattr(r, "logical", False)),
+                "failed": int(r.failed) > 0,
+            }
+        )
+    return rows
+
+
+def _seconds(v) -> str:
+    if na(v):
+        return "–"
+    return f"{human(v * 1e3)} ms" if v < 1 else f"{human(v)} s"
+
+
+def n_measured_collectives(study: Study) -> int:
+    c = study.collectives
+    return 0 if c is None else len(aggregate.measured_collectives(c))
+
+
+def failed_collective_rows(study: Study) -> list[dict]:
+    """All-reduce benchmarks that could not run, with why (recorded, never silently absent)."""
+    c = study.collectives
+    if c is None:
+        return []
+    return [
+        {
+            "backend": r.backend,
+            "shape": f"{r.workers} workers × {r.nodes} node(s)",
+            "first": str(r.error).splitlines()[0],
+            "error": str(r.error),
+        }
+        for r in aggregate.failed_collectives(c).itertuples(index=False)
+    ]
+
+
+def communication_rows(study: Study) -> list[dict]:
+    c = study.communication
+    if c is None or not len(c):
+        return []
+    rows = []
+    for r in c.sort_values(["model", "dataset", "strategy", "world_size"]).itertuples(index=False):
+        rows.append(
+            {
+                "strategy": r.strategy,
+                "model": r.model,
+                "dataset": r.dataset,
+                "batch": f"{r.batch_size} {r.batch_mode.replace('_', '-')}",
+                "n": f"{r.world_size}" + (f" ({r.workers}×{r.nodes})" if r.nodes > 1 else ""),
+                "precision": r.precision,
+                "backend": r.backend,
+                "gradient": mib(r.gradient_bytes),
+                "volume": f"{r.allreduce_volume:g}",
+                "busbw": "–"
+                if na(r.busbw_bytes_per_second)
+                else f"{human(r.busbw_bytes_per_second / 1e9)} GB/s",
+                "predicted": _seconds(r.predicted_comm_seconds),
+                "measured": _seconds(r.measured_step_seconds),
+                "share": pct(r.comm_share),
+                "efficiency": pct(r.efficiency),
+                "bound": pct(r.network_bound_efficiency),
+                "compute": _seconds(getattr(r, "measured_compute_seconds", None)),
+                "exposed": _seconds(getattr(r, "measured_exposed_seconds", None)),
+                "exposed_share": pct(getattr(r, "exposed_share", None)),
+                "exposed_method": str(getattr(r, "exposed_method", "") or ""),
+                "note": r.note if isinstance(r.note, str) else "",
+            }
+        )
+    return rows
+
+
+def failed_rows(study: Study) -> list[dict]:
+    """The first MAX_RUNS failed runs (by run path), with their errors."""
+    runs = study.runs
+    if not len(runs):
+        return []
+    failed = runs[runs["status"] != "ok"].sort_values("run").head(MAX_RUNS)
+    rows = []
+    for _, r in failed.iterrows():
+        err = r["error"] if isinstance(r["error"], str) else ""
+        lines = err.strip().splitlines()
+        rows.append(
+            {
+                "run": r["run"],
+                "status": r["status"],
+                "first": lines[0] if lines else "",
+                "error": err.strip(),
+                "oversubscribed": bool(r.get("oversubscribed")),
+            }
+        )
+    return rows
+
+
+def _values(series: pd.Series, split: bool = False) -> str:
+    """`a (3 runs); b (1 run)`: the distinct values of a column with their run counts."""
+    vals = series.dropna().astype(str)
+    if split:
+        vals = pd.Series([v for s in vals for v in s.split()])
+    c = Counter(vals)
+    if not c:
+        return "–"
+    if len(c) == 1:
+        return next(iter(c))
+    return "; ".join(f"{v} ({n} run{'s' if n != 1 else ''})" for v, n in sorted(c.items()))
+
+
+def environment(study: Study) -> list[tuple[str, str]]:
+    r = study.runs
+    if not len(r):
+        return []
+    out = [("hosts", _values(r.get("env.hostnames", pd.Series(dtype=object)), split=True))]
+    dev = r.get("device.kind", pd.Series(dtype=object)).fillna("?").astype(str)
+    name = r.get("device.name", pd.Series(dtype=object)).fillna("?").astype(str)
+    count = r.get("device.count", pd.Series(dtype=object))
+    count = count.map(lambda v: "?" if na(v) else str(int(v)))
+    ok = r["status"] == "ok"
+    devices = dev + " · " + name + " · " + count + " per run"
+    out.append(("devices (ok runs)", _values(devices[ok])))
+    for label, col in (
+        ("CPUs per node", "env.cpu_count"),
+        ("python", "env.python"),
+        ("trainscale", "env.trainscale"),
+        ("CUDA", "env.cuda"),
+        ("driver", "env.driver"),
+    ):
+        if col in r and r[col].notna().any():
+            v = r[col]
+            if col == "env.cpu_count":
+                v = v.dropna().astype(int)
+            out.append((label, _values(v)))
+    for col in sorted(c for c in r.columns if c.startswith("env.frameworks.")):
+        out.append((col.removeprefix("env.frameworks."), _values(r[col])))
+    if "env.slurm_job_id" in r and r["env.slurm_job_id"].notna().any():
+        out.append(("SLURM jobs", str(r["env.slurm_job_id"].nunique())))
+    if "launch.mode" in r:
+        out.append(("launch mode", _values(r["launch.mode"])))
+    if "env.start_utc" in r:
+        out.append(("runs between", f"{r['env.start_utc'].min()} and {r['env.end_utc'].max()}"))
+    return out
+
+
+def spec_values(study: Study) -> str:
+    """The study config as the runs' specs show it (when no config file is given)."""
+    r = study.runs
+    cols = sorted(c for c in r.columns if c.startswith("spec."))
+    seen = {}
+    for c in cols:
+        vals = sorted({str(v) for v in r[c].dropna()})
+        seen[c.removeprefix("spec.")] = vals[0] if len(vals) == 1 else vals
+    return yaml.safe_dump(seen, sort_keys=True, allow_unicode=True)

@@ -1,0 +1,97 @@
+"""The Keras loop's evaluation: loss and confusion matrix over the whole test set, accuracy
+and per-class figures derived from them (trainscale.measure.classes), as the PyTorch loop records
+them.
+
+The confusion is a Keras metric (`Confusion`) on a scoring model (`scorer`) that wraps the
+trained network and shares its weights: compiled apart from the training model, so the
+matrix costs nothing in training steps, only in evaluations. Its counts are a metric's
+sum-on-read variables, so under a tf.distribute strategy Keras sums them over replicas and
+workers as it does the loss; a worker that scores its own share outside any strategy
+(Horovod) sums them itself (`scores_of(..., all_sum)`).
+
+A plug-in's `evaluate` returns `scores_of(...)`'s dict; that is all a new Keras strategy
+needs to record `test.confusion` (and so `test.per_class_accuracy`).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+
+from collections.abc import Callable  # noqa: E402
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+import tf_keras as keras  # noqa: E402
+
+from trainscale.measure.classes import scores  # noqa: E402
+
+
+class Confusion(keras.metrics.Metric):
+    """Counts of (true class, argmax of the logits) pairs: rows true, columns predicted."""
+
+    def __init__(self, classes: int, name: str = "confusion", **kw) -> None:
+        super().__init__(name=name, **kw)
+        self.classes = classes
+        self.counts = self.add_weight(
+            name="counts", shape=(classes, classes), initializer="zeros", dtype=tf.float64
+        )
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        true = tf.reshape(tf.cast(y_true, tf.int64), [-1])
+        pred = tf.argmax(y_pred, axis=-1, output_type=tf.int64)
+        pairs = tf.math.confusion_matrix(true, pred, num_classes=self.classes, dtype=tf.float64)
+        return self.counts.assign_add(pairs)
+
+    def result(self):
+        return tf.identity(self.counts)
+
+    def reset_state(self) -> None:
+        self.counts.assign(tf.zeros_like(self.counts))
+
+    def get_config(self) -> dict:
+        return {**super().get_config(), "classes": self.classes}
+
+
+class Scorer(keras.Model):
+    """The trained network in inference mode, under its own compile (loss + confusion only)."""
+
+    def __init__(self, net: keras.Model) -> None:
+        super().__init__()
+        self.net = net
+
+    def call(self, x, training=False):
+        return self.net(x, training=False)
+
+
+def scorer(net: keras.Model, classes: int) -> keras.Model:
+    """A scoring model sharing `net`'s weights; build it in the scope `net` was built in."""
+    model = Scorer(net)
+    model.compile(
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=[Confusion(classes)],
+    )
+    return model
+
+
+def scores_of(
+    model: keras.Model,
+    dataset: tf.data.Dataset | None,
+    classes: int,
+    all_sum: Callable[[np.ndarray], np.ndarray] | None = None,
+) -> dict:
+    """The `test` block's accuracy, loss and confusion from `model.evaluate` (a `scorer`) over
+    `dataset`; `all_sum` adds this worker's [loss sum, counts...] to the other workers' where
+    each scores its own share outside a strategy (None: nothing to score here, zeros)."""
+    if dataset is not None:
+        res = model.evaluate(dataset, verbose=0, return_dict=True)
+        confusion = np.asarray(res["confusion"], dtype=np.float64)
+        loss_sum = float(res["loss"]) * confusion.sum()  # Keras' loss: the mean per sample
+    else:
+        confusion, loss_sum = np.zeros((classes, classes)), 0.0
+    if all_sum is not None:
+        total = all_sum(np.concatenate([[loss_sum], confusion.ravel()]))
+        loss_sum, confusion = float(total[0]), np.asarray(total[1:]).reshape(classes, classes)
+    return scores(confusion.tolist(), loss_sum)

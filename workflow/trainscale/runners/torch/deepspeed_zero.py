@@ -1,0 +1,259 @@
+"""DeepSpeed ZeRO stages 0-3 (`deepspeed-zero0` … `deepspeed-zero3`), launched by torchrun.
+
+A plug-in on the PyTorch loop (torch_loop.py): the same data, model, optimizer (a
+torch.optim client optimizer, so every strategy runs the identical update rule) and timed
+epochs as every PyTorch-family strategy; DeepSpeed owns the backward,
+the gradient reduction/partitioning and the step. gloo on CPU (DeepSpeed's CPU accelerator),
+NCCL on GPU. One optimizer step = `grad_accum` micro-batches of the per-worker batch.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+import yaml
+
+from trainscale.models import torch_models as models
+from trainscale.plan.matrix import RunSpec
+from trainscale.runners.torch.exposed import measure_exposed_communication
+from trainscale.runners.torch.torch_loop import Plugin, Shard, run
+from trainscale.runners.torch.torch_speed import compiled
+
+#: ds_config keys the study owns: a user fragment may not override them.
+STUDY_KEYS = (
+    "train_batch_size",
+    "train_micro_batch_size_per_gpu",
+    "gradient_accumulation_steps",
+    "optimizer",
+    "scheduler",
+)
+TIMERS = {"forward": "fwd", "backward": "bwd", "step": "step"}
+
+
+def stage(spec: RunSpec) -> int:
+    return int(spec.strategy.removeprefix("deepspeed-zero"))
+
+
+def merge(base: dict, over: dict) -> dict:
+    """Recursive dict merge: `over` wins, nested mappings are merged key by key."""
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def load_fragment(path: str | None) -> dict:
+    """The user's ds_config fragment (JSON or YAML); refuses keys the study owns."""
+    if not path:
+        return {}
+    text = Path(path).read_text()
+    frag = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
+    if not isinstance(frag, dict):
+        raise ValueError(f"deepspeed_config {path}: expected a mapping, got {type(frag).__name__}")
+    clash = [k for k in STUDY_KEYS if k in frag]
+    if clash:
+        raise ValueError(
+            f"deepspeed_config {path} sets {', '.join(clash)}: batch sizes and the optimizer "
+            "come from the study (matrix.batch_size, grad_accum, optimizer) so every strategy "
+            "trains alike; remove them from the fragment"
+        )
+    return frag
+
+
+def ds_config(spec: RunSpec, fragment: dict | None = None) -> dict:
+    """The ds_config for a run: batch sizes, ZeRO stage and precision from the spec."""
+    cfg = {
+        "train_batch_size": spec.global_batch_size,
+        "train_micro_batch_size_per_gpu": spec.per_worker_batch_size // spec.grad_accum,
+        "gradient_accumulation_steps": spec.grad_accum,
+        "zero_optimization": {"stage": stage(spec)},
+        # torch.optim.SGD is not on ZeRO's tested list; the update rule is the study's
+        "zero_allow_untested_optimizer": True,
+        "gradient_clipping": 0.0,
+        "bf16": {"enabled": spec.precision == "bf16"},
+        "fp16": {
+            "enabled": spec.precision == "fp16",
+            "loss_scale": 0,  # dynamic loss scaling
+            "initial_scale_power": 16,
+            "loss_scale_window": 1000,
+            "hysteresis": 2,
+            "min_loss_scale": 1,
+        },
+        # DeepSpeed times forward/backward/step itself (host timers on CPU, events on GPU) and
+        # logs one line per step; the runner averages them over the steady epochs.
+        "wall_clock_breakdown": True,
+        "steps_per_print": 2**31 - 1,
+    }
+    return merge(cfg, fragment or {})
+
+
+def zero_estimate_bytes(spec: RunSpec, net: torch.nn.Module) -> int:
+    """DeepSpeed's model-state memory estimate per device, no offload (stage 0: world 1)."""
+    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+
+    total = models.param_count(net)
+    per_node = spec.workers if stage(spec) else 1
+    nodes = spec.nodes if stage(spec) else 1
+    if stage(spec) == 3:
+        largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in net.modules())
+        _, dev, _ = estimate_zero3_model_states_mem_needs(
+            total, largest, per_node, nodes, cpu_offload=False, zero_init=False
+        )
+        return dev
+    _, dev = estimate_zero2_model_states_mem_needs(total, per_node, nodes, cpu_offload=False)
+    return dev
+
+
+#: A build lock older than this is a build that died (killed by a timeout or a cancelled job):
+#: torch's cpp_extension waits on a lock file with no limit, so every later run would hang.
+#: A real build of DeepSpeed's CPU ops takes a minute or two.
+STALE_LOCK_SECONDS = 600
+
+
+def clear_stale_build_locks(now: float | None = None) -> list[Path]:
+    """Remove the op-build locks under TORCH_EXTENSIONS_DIR left by a build that died (older
+    than STALE_LOCK_SECONDS), saying so on stderr; the locks removed."""
+    root = os.environ.get("TORCH_EXTENSIONS_DIR")
+    if not root:
+        return []
+    now = time.time() if now is None else now
+    removed = []
+    for lock in Path(root).glob("*/lock"):
+        try:
+            if now - lock.stat().st_mtime > STALE_LOCK_SECONDS:
+                lock.unlink()
+                removed.append(lock)
+        except FileNotFoundError:
+            continue
+    for lock in removed:
+        print(f"trainscale: removed {lock}, left by a build that died", file=sys.stderr)
+    return removed
+
+
+class ZeRO(Plugin):
+    """DeepSpeed's engine around the model and a torch.optim optimizer; one step is
+    `grad_accum` micro-batches, DeepSpeed steps the optimizer at the accumulation boundary."""
+
+    def connect(self, device: torch.device) -> None:
+        cuda = device.type == "cuda"
+        os.environ.setdefault("DS_ACCELERATOR", "cuda" if cuda else "cpu")  # before the import
+        clear_stale_build_locks()
+        import deepspeed
+        from deepspeed.accelerator import get_accelerator
+
+        self.deepspeed = deepspeed
+        self.frameworks = {"deepspeed": deepspeed.__version__}
+        t_init = time.perf_counter()
+        deepspeed.init_distributed(dist_backend=self.loop.backend)
+        self.init_seconds = time.perf_counter() - t_init
+        acc = get_accelerator()
+        if self.spec.precision == "fp16" and not acc.is_fp16_supported():
+            raise RuntimeError(
+                f"precision fp16 is not supported by DeepSpeed's {acc.device_name()} "
+                "accelerator on this machine; use bf16 or fp32 for this strategy here"
+            )
+        if self.spec.precision == "bf16" and not acc.is_bf16_supported():
+            raise RuntimeError(
+                f"precision bf16 is not supported by DeepSpeed's {acc.device_name()}"
+            )
+
+    def wrap(self, net: torch.nn.Module) -> None:
+        spec = self.spec
+        self.zero_estimate = zero_estimate_bytes(spec, net)
+        self.config = ds_config(spec, load_fragment(spec.deepspeed_config))
+        t_init = time.perf_counter()
+        self.engine, _, _, _ = self.deepspeed.initialize(
+            model=net, optimizer=self.loop.make_optimizer(net.parameters()), config=self.config
+        )
+        self.init_seconds += time.perf_counter() - t_init
+        if spec.compile:  # DeepSpeed's own: the module compiled in place, at its first call
+            self.engine.compile()
+        self.eval_model = self.net = self.engine
+        self.input_dtype = self.dtype
+        self.micro = spec.per_worker_batch_size // spec.grad_accum
+        self.breakdown_sum = dict.fromkeys(TIMERS, 0.0)
+        self.engine.train()
+
+    def losses_per_step(self) -> int:
+        return self.world_size * self.spec.grad_accum
+
+    def epoch_starts(self, epoch: int) -> None:
+        self.steady = epoch > 1  # DeepSpeed's own breakdown, over the steady epochs
+
+    def step(self, xs: torch.Tensor, ys: torch.Tensor) -> torch.Tensor:
+        lp, engine, m = self.loop, self.engine, self.micro
+        loss_sum = torch.zeros((), device=lp.device)
+        for x, y in zip(xs.split(m), ys.split(m), strict=True):
+            loss = F.cross_entropy(engine(x if self.dtype is None else x.to(self.dtype)).float(), y)
+            engine.backward(loss)
+            engine.step()
+            loss_sum += loss.detach()
+        if self.steady:
+            snap = engine.get_wall_clock_timers()
+            for k, name in TIMERS.items():
+                self.breakdown_sum[k] += snap.get(name, 0.0)
+        return loss_sum
+
+    def exposed(self, shard: Shard) -> dict:
+        lp, dtype = self.loop, self.dtype
+        replica = lp.build_model().to(lp.device)
+        replica = replica.to(dtype) if dtype else replica
+        return measure_exposed_communication(
+            "replica", lp.rec.epochs, compiled(replica, self.spec),
+            lp.make_optimizer(replica.parameters()),
+            lp.sample_batches(self.micro, dtype), lp.device,
+            grad_accum=self.spec.grad_accum,
+        )  # fmt: skip
+
+    def finish(self) -> None:
+        steady_steps = self.loop.steps * (self.spec.epochs - 1)
+        self.extra_memory = {"zero_estimate_bytes": self.zero_estimate}
+        self.extra_blocks = {
+            "deepspeed": {
+                "config": self.config,
+                "fragment": self.spec.deepspeed_config,
+                "init_seconds": self.init_seconds,
+                "breakdown_ms": {k: v / steady_steps for k, v in self.breakdown_sum.items()},
+            }
+        }
+
+    # Without teardown, as every torchrun worker here ends (Plugin.teardown): besides gloo's
+    # exit deadlock, DeepSpeed's CPU backend sometimes aborts in its atexit teardown
+    # ("terminate called without an active exception").
+
+
+def main(spec: RunSpec, out: str) -> None:
+    run(ZeRO, spec, out)
+
+
+def build_ops() -> None:
+    """Compile the ops DeepSpeed JIT-builds on first use into TORCH_EXTENSIONS_DIR, once, so
+    no run pays (or measures) the compile: the `deepspeed_ops` rule calls this."""
+    os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
+    clear_stale_build_locks()
+    import deepspeed.ops  # noqa: F401  (fills __compatible_ops__)
+    from deepspeed.accelerator import get_accelerator
+
+    names = ["ShareMemCommBuilder"] if get_accelerator().device_name() == "cpu" else []
+    for name in names:
+        builder = get_accelerator().create_op_builder(name)
+        if builder is None or not builder.is_compatible():
+            print(f"{name}: not compatible with this machine, DeepSpeed will not use it")
+            continue
+        t0 = time.perf_counter()
+        builder.load()
+        print(f"{name} ({builder.absolute_name()}): ready in {time.perf_counter() - t0:.1f} s")
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--build-ops"]:
+        raise SystemExit("usage: python -m trainscale.runners.torch.deepspeed_zero --build-ops")
+    build_ops()

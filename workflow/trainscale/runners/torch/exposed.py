@@ -1,0 +1,163 @@
+"""Exposed communication: how much of a multi-worker step is communication that the step waits
+for, measured rather than modelled.
+
+After the timed epochs (their evaluation and the memory peaks) every multi-worker
+PyTorch-family run takes `STEPS` extra optimizer steps with gradient synchronisation off, on
+the same batches, timed on rank 0 like the epochs' steps (device synchronised) and counted in
+no epoch or throughput figure. The weights and optimizer state are restored afterwards, so
+the run ends with the weights its epochs trained.
+Definitions (the `communication` block of metrics.json):
+
+- compute_seconds_per_step: the median of rank 0's wall seconds over the no-sync steps.
+- step_seconds_per_step: the mean over the steady epochs (2..E) of rank 0's median step time
+  (their `step_seconds_p50`): the synchronised step it is compared with.
+- exposed_seconds_per_step: max(0, step − compute): the part of a step spent waiting for
+  communication that computation did not hide.
+- method: how synchronisation was switched off: `ddp-no_sync` (DDP's `no_sync()`: no bucket
+  all-reduce), `fsdp-no-gradient-sync` (FSDP2 `set_requires_gradient_sync(False)`: no
+  reduce-scatter; its parameter all-gathers still run, and the optimizer step finds no sharded
+  gradient, so this compute leaves the optimizer out), `local-replica` (DeepSpeed ZeRO and
+  Horovod, which have no switch that leaves their step intact: DeepSpeed's `no_sync()` refuses
+  ZeRO-2/3 and forbids `step()`, and Horovod's hooks all-reduce during backward, so an identical
+  local copy of the model takes the same micro-batches and a plain torch.optim step; ZeRO's
+  partitioned update and DeepSpeed's own per-step bookkeeping are outside it and count as
+  exposed), or null with `note` saying why nothing was measured.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+
+import torch
+
+#: No-sync steps per multi-worker run (after the timed epochs, never in their figures).
+STEPS = 20
+
+
+def steady_step_seconds(epochs: list[dict]) -> float | None:
+    """Rank 0's synchronised step time: mean of the steady epochs' per-step medians."""
+    p50 = [e["step_seconds_p50"] for e in epochs[1:] if e.get("step_seconds_p50") is not None]
+    return sum(p50) / len(p50) if p50 else None
+
+
+def block(
+    epochs: list[dict], compute: float | None, method: str | None, note: str | None = None
+) -> dict:
+    """The `communication` block of metrics.json from the no-sync steps' median time."""
+    step = steady_step_seconds(epochs)
+    exposed = max(0.0, step - compute) if step is not None and compute is not None else None
+    return {
+        "compute_seconds_per_step": compute,
+        "step_seconds_per_step": step,
+        "exposed_seconds_per_step": exposed,
+        "method": method,
+        "steps": STEPS if compute is not None else 0,
+        "note": note,
+    }
+
+
+def time_steps(step: Callable[[int], None], device: torch.device) -> float:
+    """Median wall seconds of `STEPS` calls step(i), each ended by a device synchronisation."""
+    seconds = []
+    for i in range(STEPS):
+        t0 = time.perf_counter()
+        step(i)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        seconds.append(time.perf_counter() - t0)
+    return statistics.median(seconds)
+
+
+def batches_of(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    order: torch.Tensor,
+    size: int,
+    dtype: torch.dtype | None = None,
+    image_size: tuple[int, int] | None = None,
+) -> Callable[[int], tuple[torch.Tensor, torch.Tensor]]:
+    """batches(i): the i-th batch of `size` samples of this rank's last epoch order (wrapping),
+    resized to `image_size` as training fed them, inputs cast to `dtype` where the model's
+    parameters are in it (DeepSpeed bf16/fp16)."""
+    from trainscale.data.imagedata import resize_batch
+
+    count = max(1, len(order) // size)
+
+    def batches(i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        idx = order[(i % count) * size : (i % count + 1) * size]
+        xb = resize_batch(x[idx], image_size)
+        return (xb if dtype is None else xb.to(dtype)), y[idx]
+
+    return batches
+
+
+@contextmanager
+def weights_kept(model: torch.nn.Module, opt: torch.optim.Optimizer):
+    """Put back the parameters, buffers and optimizer state after the block: the no-sync
+    steps must not change what the run trained (final weights are compared by tests)."""
+    saved = [t.detach().clone() for t in (*model.parameters(), *model.buffers())]
+    state = {
+        p: {k: v.detach().clone() if torch.is_tensor(v) else v for k, v in s.items()}
+        for p, s in opt.state.items()
+    }
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for t, s in zip((*model.parameters(), *model.buffers()), saved, strict=True):
+                t.copy_(s)
+        opt.state.clear()
+        opt.state.update(state)
+        opt.zero_grad(set_to_none=True)
+
+
+def measure_exposed_communication(
+    kind: str,
+    epochs: list[dict],
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    batches: Callable[[int], tuple[torch.Tensor, torch.Tensor]],
+    device: torch.device,
+    dtype: torch.dtype | None = None,
+    scaler: torch.amp.GradScaler | None = None,
+    grad_accum: int = 1,
+) -> dict:
+    """The `communication` block of a multi-worker run (see the module docstring).
+
+    kind: `ddp` (model is DDP), `fsdp` (model is FSDP2-sharded), or `replica` (model and opt
+    are a local copy with no communication at all: DeepSpeed ZeRO, Horovod). batches(i) gives
+    the i-th micro-batch (x, y); a step is `grad_accum` of them and one optimizer step."""
+    import torch.nn.functional as F
+
+    def step(i: int) -> None:
+        opt.zero_grad(set_to_none=True)
+        for m in range(grad_accum):
+            x, y = batches(i * grad_accum + m)
+            with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+                loss = F.cross_entropy(model(x).float(), y) / grad_accum
+            (scaler.scale(loss) if scaler is not None else loss).backward()
+        if scaler is not None:
+            scaler.step(opt)
+            scaler.update()
+        else:
+            opt.step()
+
+    methods = {"ddp": "ddp-no_sync", "fsdp": "fsdp-no-gradient-sync", "replica": "local-replica"}
+    with weights_kept(model, opt):
+        if kind == "ddp":
+            with model.no_sync():
+                compute = time_steps(step, device)
+        elif kind == "fsdp":
+            model.set_requires_gradient_sync(False)
+            try:
+                compute = time_steps(step, device)
+            finally:
+                model.set_requires_gradient_sync(True)
+        elif kind == "replica":
+            compute = time_steps(step, device)
+        else:
+            raise ValueError(f"measure_exposed_communication: unknown kind {kind!r}")
+    return block(epochs, compute, methods[kind])

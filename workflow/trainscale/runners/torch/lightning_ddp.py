@@ -1,0 +1,355 @@
+"""`lightning-ddp`: PyTorch Lightning's `Trainer(strategy="ddp")`, launched by torchrun.
+
+Lightning reads torchrun's environment (its TorchElastic cluster environment), so it starts no
+processes of its own: each rank builds the Trainer with `devices=workers, num_nodes=nodes` and
+Lightning checks them against torchrun's world. What it trains is exactly `torch-ddp`'s run:
+
+- the same model (`trainscale.models.torch_models.build`, seeded the same), data tensors and
+  optimizer;
+- the same data order: `torch-ddp`'s DistributedSampler (same seed, epochs numbered from 1)
+  cut into per-worker batches here, so Lightning's own sampler injection is off;
+- the same steps per epoch and global batch; the loss as `torch-ddp` computes it.
+
+Lightning owns the loop; a Callback times it as the torch runners do: a barrier at every
+epoch's start and end (device synchronised), rank 0's per-step wall times, the fault hook half
+way through the epoch, the test set scored after the epoch outside the timed span. The record
+is built from the same parts as `torch-ddp`'s (metrics.Recorder, memory_block, environment).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import warnings
+
+import lightning
+import lightning.pytorch as pl
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from lightning.pytorch.strategies import DDPStrategy
+from torch.distributed.elastic.multiprocessing.errors import record
+from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data.distributed import DistributedSampler
+
+from trainscale import data
+from trainscale.measure import datawait, metrics
+from trainscale.measure.datawait import DataWait
+from trainscale.measure.device_usage import energy_once_per_device
+from trainscale.measure.memory import PhasePeaks, memory_block
+from trainscale.models import torch_models as models
+from trainscale.plan.matrix import RunSpec
+from trainscale.runners.common import (
+    Rank,
+    check_oversubscribed,
+    check_steps,
+    detect_rank,
+    evaluates,
+    fmt_rate,
+    maybe_fault,
+    steps_per_epoch,
+    write_ok,
+)
+from trainscale.runners.torch.exposed import block
+from trainscale.runners.torch.torch_parts import (
+    Indexable,
+    evaluate,
+    group_backend,
+    leave,
+    make_optimizer,
+    memory_eval_batches,
+    phase_peaks,
+    rank_device,
+    sync,
+    to_tensors,
+)
+from trainscale.runners.torch.torch_speed import laid_out, memory_format, model_facts
+
+
+def _all_sum(t: torch.Tensor) -> torch.Tensor:
+    dist.all_reduce(t)
+    return t
+
+
+#: trainscale precision -> Lightning's precision flag (autocast, as torch-ddp runs it)
+PRECISION = {"fp32": "32-true", "bf16": "bf16-mixed", "fp16": "16-mixed"}
+
+#: why the `communication` block is empty: Lightning's DDP forward is its training_step, so
+#: there is no no-sync compute step to time against its synchronised one
+NO_EXPOSED = (
+    "lightning-ddp: not measured; Lightning's DDP module runs its training_step, not a plain "
+    "forward, so the no-sync compute step of torch-ddp cannot be timed inside it"
+)
+
+# A loader over tensors already in memory needs no worker processes; Lightning says otherwise.
+warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+warnings.filterwarnings("ignore", message="Grad strides do not match bucket view strides")
+
+
+class ShardBatches(Sampler):
+    """torch-ddp's per-rank data order as a sampler of whole batches (index tensors).
+
+    Lightning calls `set_epoch` with its 0-based epoch before each epoch; torch-ddp numbers
+    its sampler's epochs from 1, so epoch e here is torch-ddp's epoch e + 1: the same order.
+    """
+
+    def __init__(self, spec: RunSpec, rk: Rank, n: int, steps: int, device: torch.device):
+        self.sampler = DistributedSampler(
+            Indexable(n * spec.scale),
+            num_replicas=rk.world_size,
+            rank=rk.rank,
+            shuffle=True,
+            seed=spec.seed,
+            drop_last=True,
+        )
+        self.n, self.steps, self.b, self.device = n, steps, spec.per_worker_batch_size, device
+        self.epoch = 1
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch + 1
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def __iter__(self):
+        self.sampler.set_epoch(self.epoch)
+        order = torch.tensor(list(self.sampler), device=self.device) % self.n  # scale folded
+        for step in range(self.steps):
+            yield order[step * self.b : (step + 1) * self.b]
+
+
+class InMemory(Dataset):
+    """The normalised training tensors; one item is one batch (an index tensor picks it)."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        self.x, self.y = x, y
+
+    def __getitem__(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.x[idx], self.y[idx]
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+
+class Classifier(pl.LightningModule):
+    """The trainscale model, its loss and optimizer as Lightning's hooks."""
+
+    def __init__(self, net: torch.nn.Module, spec: RunSpec) -> None:
+        super().__init__()
+        self.net, self.spec = net, spec
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int):
+        x, y = batch
+        return F.cross_entropy(self.net(x).float(), y)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return make_optimizer(self.spec, self.parameters())
+
+
+class EpochClock(pl.Callback):
+    """Barrier-timed epochs, step times, the fault hook and the test score, as torch-ddp has
+    them; each finished epoch goes into the Recorder."""
+
+    def __init__(self, run: LightningRun) -> None:
+        self.run = run
+        self.t_epoch = self.t_step = 0.0
+        self.step_seconds: list[float] = []
+        self.loss_sum = torch.zeros((), device=run.device)
+
+    def on_train_start(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
+        self.run.rec.training_starts()
+        self.run.gpu.start()
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
+        self.step_seconds = []
+        self.loss_sum = torch.zeros((), device=self.run.device)
+        self.run.barrier()
+        self.t_epoch = time.perf_counter()
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx: int) -> None:
+        if batch_idx == self.run.steps // 2:
+            maybe_fault(self.run.spec, self.run.rk.rank, trainer.current_epoch + 1)
+        self.t_step = time.perf_counter()
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx: int) -> None:
+        self.loss_sum += outputs["loss"].detach().float()
+        sync(self.run.device)
+        self.step_seconds.append(time.perf_counter() - self.t_step)
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
+        self.run.barrier()
+        seconds = time.perf_counter() - self.t_epoch
+        self.run.epoch_done(trainer.current_epoch + 1, seconds, self.loss_sum, self.step_seconds)
+
+
+class SizedWait(DataWait):
+    """DataWait over the DataLoader, with its length (Lightning sizes the epoch from it) and
+    its sampler (Lightning calls its set_epoch before each epoch, so the order is torch-ddp's).
+    Lightning's fetcher takes each batch synchronously: the time in next() is the data wait."""
+
+    def __len__(self) -> int:
+        return len(self._batches)
+
+    @property
+    def sampler(self):
+        return self._batches.sampler
+
+
+class LightningRun:
+    """One rank's run: data, model, the Trainer, and rank 0's record."""
+
+    def __init__(self, spec: RunSpec) -> None:
+        self.spec = spec
+        self.rec = metrics.Recorder(spec.to_dict())
+        self.rk = detect_rank()
+        torch.set_num_threads(spec.threads_per_worker)
+        self.device, shared = rank_device(self.rk.local_rank, self.rk.local_world_size)
+        self.cuda = self.device.type == "cuda"
+        self.backend = group_backend(self.device, shared)
+        if self.cuda:
+            torch.cuda.set_device(self.device)
+        arrays = data.load(spec.dataset, spec.data_dir, seed=spec.seed, samples=spec.samples)
+        self.synthetic, self.classes = arrays.info.synthetic, arrays.info.num_classes
+        self.train_x, self.train_y, self.test_x, self.test_y = to_tensors(arrays, self.device)
+        self.train_x, self.test_x = laid_out(self.train_x, spec), laid_out(self.test_x, spec)
+        n = len(self.train_y)
+        self.train_samples = n * spec.scale
+        self.steps = steps_per_epoch(
+            self.train_samples, self.rk.world_size, spec.per_worker_batch_size, spec.steps_per_epoch
+        )
+        check_steps(self.steps, spec.path, self.train_samples, spec.global_batch_size)
+        torch.manual_seed(spec.seed)  # the same fresh initial weights as torch-ddp's
+        self.net = models.build(spec.model, arrays.info.shape, arrays.info.num_classes)
+        self.net.to(self.device, memory_format=memory_format(spec))
+        self.batches = ShardBatches(spec, self.rk, n, self.steps, self.device)
+        uuid = torch.cuda.get_device_properties(self.device).uuid if self.cuda else None
+        self.uuid = str(uuid) if uuid is not None else None  # which GPU's counter it reads
+        reader = metrics.GpuMonitor.nvml_reader(self.device.index, uuid) if self.cuda else None
+        self.gpu = metrics.GpuMonitor(read=reader)
+        self.memory: PhasePeaks = phase_peaks(self.device)
+        self.test = {"accuracy": None, "loss": None}
+
+    def barrier(self) -> None:
+        sync(self.device)
+        dist.barrier()
+
+    def epoch_done(
+        self, epoch: int, seconds: float, loss_sum: torch.Tensor, step_seconds: list[float]
+    ) -> None:
+        spec, rk = self.spec, self.rk
+        dist.all_reduce(loss_sum)
+        train_loss = (loss_sum / (self.steps * rk.world_size)).item()
+        scored = evaluates(spec, self.synthetic, epoch)
+        if scored:
+            self.memory.evaluation_starts()
+            batches = memory_eval_batches(
+                self.test_x, self.test_y, rk.rank, rk.world_size, spec.per_worker_batch_size
+            )
+            self.test = evaluate(self.net, batches, self.device, self.classes, _all_sum)
+            self.memory.evaluation_ends()
+        e = self.rec.epoch(
+            seconds,
+            samples=self.steps * spec.global_batch_size,
+            steps=self.steps,
+            train_loss=train_loss,
+            step_seconds=step_seconds,
+            test_accuracy=self.test["accuracy"] if scored else None,
+            test_loss=self.test["loss"] if scored else None,
+        )
+        waits: list = [None] * rk.world_size
+        dist.all_gather_object(waits, self.waits.seconds)
+        e.update(datawait.epoch_fields(self.waits.seconds, waits))
+        if rk.is_main:
+            print(
+                f"epoch {epoch}/{spec.epochs}: {seconds:.3f} s, "
+                f"{fmt_rate(e['samples_per_second'])} samples/s, loss {train_loss:.4f}",
+                flush=True,
+            )
+
+    def trainer(self, out: str) -> pl.Trainer:
+        spec = self.spec
+        return pl.Trainer(
+            strategy=DDPStrategy(process_group_backend=self.backend),
+            accelerator="gpu" if self.cuda else "cpu",
+            devices=spec.workers,
+            num_nodes=spec.nodes,
+            precision=PRECISION[spec.precision],
+            max_epochs=spec.epochs,
+            use_distributed_sampler=False,  # the data order is torch-ddp's (ShardBatches)
+            callbacks=[EpochClock(self)],
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            num_sanity_val_steps=0,
+            default_root_dir=os.path.dirname(os.path.abspath(out)),
+        )
+
+    def fit(self, out: str) -> None:
+        loader = DataLoader(InMemory(self.train_x, self.train_y), sampler=self.batches,
+                            batch_size=None)  # fmt: skip
+        self.waits = SizedWait(loader)
+        module = Classifier(self.net, self.spec)
+        if self.spec.compile:  # as Lightning documents it: its training_step is compiled
+            module = torch.compile(module)
+        self.trainer(out).fit(module, train_dataloaders=self.waits)
+
+    def report(self, out: str) -> None:
+        """Every rank's memory peaks and host name gathered; rank 0 writes the record."""
+        utilization, energy = self.gpu.stop()
+        peaks = torch.tensor(self.memory.finish(), dtype=torch.float64, device=self.device)
+        gathered = [torch.zeros_like(peaks) for _ in range(self.rk.world_size)]
+        dist.all_gather(gathered, peaks)
+        per_rank = torch.stack(gathered).cpu()
+        usage: list = [None] * self.rk.world_size  # (host, GPU, energy, utilisation) per rank
+        dist.all_gather_object(usage, (metrics.hostname(), self.uuid, energy, utilization))
+        hosts = [u[0] for u in usage]
+        if self.cuda:
+            energy = energy_once_per_device([u[2] for u in usage], [u[:2] for u in usage])
+            utils = [u[3] for u in usage if u[3] is not None]
+            utilization = sum(utils) / len(utils) if utils else None
+        if self.rk.world_size > 1:
+            self.rec.communication = block(self.rec.epochs, None, None, NO_EXPOSED)
+        if not self.rk.is_main:
+            return
+        frameworks = {"torch": torch.__version__, "lightning": lightning.__version__}
+        env = metrics.environment(self.rec.start_utc, frameworks, hosts)
+        env["cuda"] = torch.version.cuda if self.cuda else None
+        env["driver"] = metrics.driver_version() if self.cuda else None
+        env["process_group_backend"] = self.backend
+        result = self.rec.record(
+            model={"params": models.param_count(self.net), **model_facts(self.net)},
+            data={"train_samples": self.train_samples, "test_samples": len(self.test_y)},
+            test=dict(self.test),
+            memory={
+                **memory_block(per_rank.max(0).values.tolist(), self.cuda),
+                "per_rank_host_rss_bytes": [int(v) for v in per_rank[:, 0].tolist()],
+                "per_rank_device_bytes": [int(v) for v in per_rank[:, 1].tolist()]
+                if self.cuda
+                else None,
+            },
+            device={
+                "kind": self.device.type,
+                "name": torch.cuda.get_device_name(self.device)
+                if self.cuda
+                else metrics.cpu_name(),
+                "count": self.spec.world_size,
+                "utilization_mean": utilization,
+                "energy_joules": energy,
+            },
+            env=env,
+            oversubscribed=check_oversubscribed(self.spec.workers, self.spec.threads_per_worker),
+            launch=metrics.launch_info(),
+        )
+        write_ok(out, result, result["test"]["accuracy"])
+
+
+@record
+def main(spec: RunSpec, out: str) -> None:
+    run = LightningRun(spec)
+    run.fit(out)
+    run.report(out)
+    leave()  # without the gloo teardown (see pytorch.leave), nor Lightning's atexit one

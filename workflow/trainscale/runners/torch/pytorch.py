@@ -1,0 +1,107 @@
+"""PyTorch: one process (`torch`), nn.DataParallel (`torch-dp`), DistributedDataParallel
+(`torch-ddp`) and fully sharded data parallelism (`torch-fsdp`, FSDP2 `fully_shard` over the
+model's blocks); the last two launched by torchrun, gloo on CPU, NCCL on GPU.
+
+Plug-ins on the PyTorch loop (torch_loop.py), which trains, times and records them.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from trainscale.models import torch_models as models
+from trainscale.plan import catalog
+from trainscale.plan.matrix import RunSpec
+from trainscale.runners.torch.exposed import measure_exposed_communication
+from trainscale.runners.torch.torch_loop import Plugin, Shard, run
+from trainscale.runners.torch.torch_speed import compiled
+
+# DDP warns when a 1-input-channel conv's weight gradient has other strides than its bucket
+# view; it costs one small copy per step, and the message would fill every log.
+warnings.filterwarnings("ignore", message="Grad strides do not match bucket view strides")
+
+#: strategies that run one process per worker under torchrun
+DISTRIBUTED = catalog.names(runner="pytorch", one_process=False)
+
+
+def shard(
+    net: torch.nn.Module, dtype: torch.dtype | None, compile: bool = False
+) -> torch.nn.Module:
+    """FSDP2: every top-level block with parameters is one shard unit (its parameters are
+    all-gathered just before it runs and freed after), the root takes the rest. `precision`
+    becomes the policy: parameters and compute in `dtype`, gradients reduced in fp32 so the
+    update matches DDP's; the optimizer keeps fp32 shards. With `compile`, each block's
+    forward is compiled after it is sharded, so FSDP's hooks (all-gather, reduce-scatter) run
+    eagerly around compiled blocks (compiling the sharded root, or a block with its hooks,
+    builds no graph: FSDP keeps TorchDynamo out of its hooks and all they call)."""
+    # imported here: torch.distributed.fsdp loads TorchDynamo and DTensor (~1 s), which only
+    # torch-fsdp uses, and every torch run would pay it at start
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32 if dtype else None)
+    for block in models.blocks(net):
+        if any(True for _ in block.parameters()):
+            fully_shard(block, mp_policy=policy)
+        if compile:
+            block.forward = torch.compile(block.forward)
+    fully_shard(net, mp_policy=policy)
+    return net
+
+
+class OneProcess(Plugin):
+    """`torch`: the model as it is; `torch-dp`: nn.DataParallel over `workers` GPUs."""
+
+    grouped = False
+
+    @property
+    def device_count(self) -> int:
+        return self.spec.workers
+
+    def wrap(self, net: torch.nn.Module) -> None:
+        spec, cuda = self.spec, self.loop.cuda
+        if spec.strategy == "torch-dp" and spec.workers > max(1, torch.cuda.device_count()):
+            raise RuntimeError(
+                f"torch-dp with workers={spec.workers} needs {spec.workers} GPUs, "
+                f"found {torch.cuda.device_count()}"
+            )
+        self.eval_model = net.to(self.loop.device)
+        self.model = compiled(net, spec)  # torch-dp takes no compile (speed_options)
+        if spec.strategy == "torch-dp":
+            ids = list(range(spec.workers)) if cuda else None
+            self.model = torch.nn.DataParallel(net, device_ids=ids)
+        self.opt = self.loop.make_optimizer(self.model.parameters())
+        self.scaler = torch.amp.GradScaler(self.loop.device.type, enabled=spec.precision == "fp16")
+
+
+class DataParallel(Plugin):
+    """`torch-ddp`: DDP's bucketed all-reduce; `torch-fsdp`: FSDP2 shards (`shard`). With
+    `compile`, DDP wraps the compiled model (its backward is one compiled graph, so DDP's
+    bucket all-reduces start when it ends); FSDP2 compiles each sharded block's forward."""
+
+    def wrap(self, net: torch.nn.Module) -> None:
+        lp = self.loop
+        self.fsdp = self.spec.strategy == "torch-fsdp"
+        self.eval_model = self.net = net.to(lp.device)
+        if self.fsdp:
+            self.model = shard(net, self.dtype, self.spec.compile)
+            self.dtype = None  # FSDP casts parameters and inputs itself: no autocast
+        else:
+            step_net = compiled(net, self.spec)  # torch.compile(DDP(net)) here traces nothing
+            self.model = DDP(step_net, device_ids=[lp.device.index] if lp.cuda else None)
+        self.opt = lp.make_optimizer(self.model.parameters())
+        self.scaler = torch.amp.GradScaler(lp.device.type, enabled=self.spec.precision == "fp16")
+
+    def exposed(self, shard: Shard) -> dict:
+        lp = self.loop
+        return measure_exposed_communication(
+            "fsdp" if self.fsdp else "ddp", lp.rec.epochs, self.model, self.opt,
+            lp.sample_batches(shard.batch), lp.device,
+            self.dtype, self.scaler,
+        )  # fmt: skip
+
+
+def main(spec: RunSpec, out: str) -> None:
+    run(DataParallel if spec.strategy in DISTRIBUTED else OneProcess, spec, out)

@@ -1,0 +1,452 @@
+"""The one training loop of every PyTorch-family strategy: torch, torch-dp, torch-ddp and
+torch-fsdp (pytorch.py), torch-pipeline (pipeline.py), deepspeed-zero0..3
+(deepspeed_zero.py), horovod-torch and horovod-torch-elastic (horovod_torch.py).
+
+The loop owns everything that must be done alike for the figures to compare: set-up (rank,
+device, threads, seeds, data), the sharded data order, the barrier-timed epochs with the fault
+hook half-way through each, evaluation, the gather of every rank's peak memory, utilisation
+and energy, and the record rank 0 writes. So every runner of the family records the same keys.
+A strategy is a `Plugin` on it: it joins its process group, wraps the model, takes a step,
+scores the test set, adds its own record blocks and tears down, in the style of its
+framework's own tutorial (DistributedSampler shards, rank 0 writes). Every rank runs the same
+number of steps, so no rank ever waits in a collective for one that stopped on its own clock.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import time
+from collections.abc import Iterator
+from typing import NamedTuple
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.elastic.multiprocessing.errors import record
+from torch.utils.data.distributed import DistributedSampler
+
+from trainscale import data
+from trainscale.data import imagedata, imagesets
+from trainscale.measure import datawait, metrics
+from trainscale.measure.device_usage import CpuUsage, energy_once_per_device
+from trainscale.measure.memory import memory_block
+from trainscale.models import torch_models as models
+from trainscale.plan.matrix import RunSpec
+from trainscale.runners.common import (
+    Rank,
+    check_oversubscribed,
+    check_steps,
+    detect_rank,
+    evaluates,
+    fmt_rate,
+    maybe_fault,
+    steps_per_epoch,
+    write_ok,
+)
+from trainscale.runners.torch.exposed import batches_of
+from trainscale.runners.torch.torch_parts import (
+    DTYPES,
+    Indexable,
+    evaluate,
+    group_backend,
+    leave,
+    loader_eval_batches,
+    make_optimizer,
+    memory_eval_batches,
+    phase_peaks,
+    rank_device,
+    sync,
+    to_tensors,
+)
+from trainscale.runners.torch.torch_speed import (
+    compiled_graphs,
+    laid_out,
+    memory_format,
+    weight_layout,
+)
+
+
+class Shard(NamedTuple):
+    """One epoch's data for this rank: sample indices (scale folded; None on user data, whose
+    loader draws the order), the rank's batch, the steps every rank takes and the samples one
+    step trains over all ranks."""
+
+    order: torch.Tensor | None
+    batch: int
+    steps: int
+    step_samples: int
+
+
+class Plugin:
+    """A strategy on the loop. The defaults are torchrun's with torch.distributed (gloo on
+    CPU, NCCL on GPU) and a plain autocast + GradScaler step of `self.model`; a plug-in
+    overrides what its framework does differently."""
+
+    #: one process per worker in a process group (False: one process, no collectives)
+    grouped = True
+    #: data-parallel replicas' share of the global batch: "worker" (per-worker batch) or
+    #: "global" (every rank walks every batch, as a pipeline's stages do)
+    batch_of = "worker"
+
+    def __init__(self, loop: Loop) -> None:
+        self.loop, self.spec = loop, loop.spec
+        self.dtype = DTYPES[self.spec.precision]
+        self.frameworks: dict[str, str] = {}
+        self.extra_blocks: dict = {}  # record blocks the plug-in adds (pipeline, deepspeed...)
+        self.extra_memory: dict = {}  # entries it adds to the memory block
+
+    # --- the process group -----------------------------------------------------------------
+    def rank(self) -> Rank:
+        return detect_rank()
+
+    def connect(self, device: torch.device) -> None:
+        if self.grouped:
+            nccl = self.loop.backend == "nccl"
+            dist.init_process_group(self.loop.backend, device_id=device if nccl else None)
+
+    def barrier(self) -> None:
+        if self.grouped:
+            dist.barrier()
+
+    def all_sum(self, t: torch.Tensor) -> torch.Tensor:
+        if self.grouped:
+            dist.all_reduce(t)
+        return t
+
+    def all_gather(self, t: torch.Tensor) -> torch.Tensor:
+        """Every rank's `t`, stacked in rank order."""
+        if not self.grouped:
+            return t.unsqueeze(0)
+        parts = [torch.zeros_like(t) for _ in range(self.loop.rk.world_size)]
+        dist.all_gather(parts, t)
+        return torch.stack(parts)
+
+    def gather_object(self, obj: object) -> list:
+        if not self.grouped:
+            return [obj]
+        out: list = [None] * self.loop.rk.world_size
+        dist.all_gather_object(out, obj)
+        return out
+
+    @property
+    def world_size(self) -> int:
+        return self.loop.rk.world_size
+
+    @property
+    def device_count(self) -> int:
+        return self.spec.world_size
+
+    # --- the model and its step ------------------------------------------------------------
+    def wrap(self, net: torch.nn.Module) -> None:
+        """Make `self.model` (what steps), `self.eval_model` (what is scored) and `self.opt`
+        from the freshly seeded model `net`."""
+        raise NotImplementedError
+
+    def shard(self, epoch: int) -> Shard:
+        lp = self.loop
+        if lp.loader is not None:  # user data: the loader's sampler or shards order it
+            return Shard(None, lp.batch, lp.steps, self.spec.global_batch_size)
+        data_parallel = self.batch_of == "worker"  # else one replica: every rank, every batch
+        sampler = DistributedSampler(
+            Indexable(lp.train_samples), num_replicas=lp.rk.world_size if data_parallel else 1,
+            rank=lp.rk.rank if data_parallel else 0, shuffle=True, seed=self.spec.seed,
+            drop_last=True,
+        )  # fmt: skip
+        sampler.set_epoch(epoch)
+        order = torch.tensor(list(sampler), device=lp.device) % lp.n
+        return Shard(order, lp.batch, lp.steps, self.spec.global_batch_size)
+
+    #: losses one step adds to the summed loss over all ranks (the epoch's mean divides by it)
+    def losses_per_step(self) -> int:
+        return self.world_size
+
+    def epoch_starts(self, epoch: int) -> None:
+        """Called before each epoch's order is drawn (DeepSpeed starts its breakdown here)."""
+
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """One optimizer step on this batch (on the device); returns the detached loss (a 0-d
+        tensor, not read here: reading it would wait for the device every step)."""
+        if self.dtype is None:  # no autocast context to enter (it costs per step); FSDP's
+            loss = F.cross_entropy(self.model(x).float(), y)  # policy may still cast
+        else:
+            with torch.autocast(self.loop.device.type, dtype=self.dtype):
+                loss = F.cross_entropy(self.model(x).float(), y)
+        self.opt.zero_grad(set_to_none=True)
+        if self.scaler.is_enabled():
+            self.scaler.scale(loss).backward()
+            self.scaler.step(self.opt)
+            self.scaler.update()
+        else:
+            loss.backward()
+            self.opt.step()
+        return loss.detach()
+
+    def evaluate(self, batch: int) -> dict:
+        """The `test` block's accuracy, loss and confusion (torch_parts.evaluate)."""
+        lp = self.loop
+        return evaluate(
+            self.eval_model, lp.test_batches(batch), lp.device, lp.info.num_classes,
+            self.all_sum, getattr(self, "input_dtype", None),
+        )  # fmt: skip
+
+    # --- after the epochs ------------------------------------------------------------------
+    def train(self) -> None:
+        """Every epoch, in order (Horovod elastic runs them under its own driver)."""
+        for epoch in range(1, self.spec.epochs + 1):
+            self.loop.epoch(epoch)
+
+    def exposed(self, shard: Shard) -> dict | None:
+        """The `communication` block (exposed.py), or None where there is none."""
+        return None
+
+    def finish(self) -> None:
+        """Fill `extra_blocks`/`extra_memory` (on every rank: may be a collective)."""
+
+    def teardown(self) -> None:
+        if self.grouped:
+            leave()
+
+
+class Loop:
+    """One run: `run()` sets up, trains every epoch through the plug-in and writes the record."""
+
+    def __init__(self, spec: RunSpec, plugin: type[Plugin]) -> None:
+        self.spec = spec
+        self.rec = metrics.Recorder(spec.to_dict())
+        self.plugin = plugin(self)
+        self.test: dict = {"accuracy": None, "loss": None}
+
+    def set_up(self) -> None:
+        spec, p = self.spec, self.plugin
+        self.rk = p.rank()
+        torch.set_num_threads(spec.threads_per_worker)
+        self.device, shared = rank_device(self.rk.local_rank, self.rk.local_world_size)
+        self.cuda = self.device.type == "cuda"
+        self.backend = group_backend(self.device, shared) if p.grouped else None
+        if self.cuda:
+            torch.cuda.set_device(self.device)
+        p.connect(self.device)
+        per_worker = p.batch_of == "worker"
+        self.batch = spec.per_worker_batch_size if per_worker else spec.global_batch_size
+        replicas = spec.world_size if per_worker else 1
+        self.loader = None
+        if spec.image_source is None:
+            arrays = data.load(spec.dataset, spec.data_dir, seed=spec.seed, samples=spec.samples)
+            shape = imagesets.spec_info(spec.to_dict()).shape  # image_size resizes per batch
+            self.info = dataclasses.replace(arrays.info, shape=shape)
+            self.train_x, self.train_y, self.test_x, self.test_y = to_tensors(arrays, self.device)
+            self.train_x, self.test_x = laid_out(self.train_x, spec), laid_out(self.test_x, spec)
+            self.n = len(self.train_y)
+            self.train_samples = self.n * spec.scale
+            full = steps_per_epoch(self.train_samples, replicas, self.batch, spec.steps_per_epoch)
+        else:  # the user's images, decoded while training (trainscale.data.imagedata)
+            self.info = imagesets.spec_info(spec.to_dict())
+            rank = self.rk.rank if per_worker else 0
+            self.loader, self.test_loader = imagedata.loaders(
+                spec, rank, replicas, self.cuda, self.batch
+            )
+            self.train_samples = self.loader.steps * self.batch * replicas
+            full = self.loader.steps
+            if spec.steps_per_epoch is not None:
+                full = min(full, spec.steps_per_epoch)
+        self.steps = full
+        check_steps(self.steps, spec.path, self.train_samples, spec.global_batch_size)
+        torch.manual_seed(spec.seed)  # same fresh initial weights on every rank and repeat
+        net = self.build_model()
+        self.params = models.param_count(net)
+        p.wrap(net)
+        self.layout = weight_layout(net)  # as wrapping left it (ZeRO flattens, FSDP shards)
+        del net  # a pipeline stage keeps only its blocks
+        self.memory = phase_peaks(self.device)
+        uuid = torch.cuda.get_device_properties(self.device).uuid if self.cuda else None
+        self.uuid = str(uuid) if uuid is not None else None  # which GPU's counter this rank reads
+        read = metrics.GpuMonitor.nvml_reader(self.device.index, uuid) if self.cuda else None
+        self.gpu = metrics.GpuMonitor(read=read)
+        self.cpu = None if self.cuda else CpuUsage(spec.threads_per_worker, self.rk.local_rank == 0)
+
+    def build_model(self) -> torch.nn.Module:
+        """The run's model as `models.build` makes it from the current seed, in the run's
+        memory format (trainscale.runners.torch.torch_speed)."""
+        net = models.build(self.spec.model, self.info.shape, self.info.num_classes)
+        return net.to(memory_format=memory_format(self.spec))
+
+    def make_optimizer(self, params) -> torch.optim.Optimizer:
+        return make_optimizer(self.spec, params)
+
+    def batches(self, shard: Shard, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """This rank's batches of the epoch, on the device: the in-memory tensors indexed by
+        the shard's order (resized where `image_size` asks), or the loader's decoded images."""
+        dev, size = self.device, self.spec.image_size
+        if self.loader is None:
+            order, b = shard.order, shard.batch
+            for step in range(shard.steps):
+                idx = order[step * b : (step + 1) * b]
+                x = imagedata.resize_batch(self.train_x[idx], size)
+                yield laid_out(x, self.spec), self.train_y[idx]  # a no-op unless resized
+            return
+        for x, y in itertools.islice(self.loader.epoch(epoch), shard.steps):
+            yield laid_out(x.to(dev, non_blocking=True), self.spec), y.to(dev, non_blocking=True)
+
+    def test_batches(self, batch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """This rank's test batches as (x, y, counted) for torch_parts.evaluate: equally many
+        on every rank (a sharded model's forward is a collective)."""
+        if self.loader is None:
+            x, y, size = self.test_x, self.test_y, self.spec.image_size
+            return memory_eval_batches(x, y, self.rk.rank, self.plugin.world_size, batch, size)
+        return loader_eval_batches(
+            self.test_loader.epoch(1), self.device, self.plugin.all_sum, self.info.shape
+        )
+
+    def sample_batches(self, size: int, dtype: torch.dtype | None = None):
+        """batches(i) of `size` samples for the no-sync steps (exposed.py): the last
+        epoch's order in memory; on user data a few freshly decoded batches, cycled."""
+        if self.loader is None:
+            return batches_of(
+                self.train_x, self.train_y, self.last_shard.order, size, dtype,
+                self.spec.image_size,
+            )  # fmt: skip
+        drawn = list(self.batches(self.last_shard._replace(steps=2), self.spec.epochs + 1))
+        xs = torch.cat([x for x, _ in drawn])
+        ys = torch.cat([y for _, y in drawn])
+        return batches_of(xs, ys, torch.arange(len(ys), device=self.device), size, dtype)
+
+    def epoch(self, epoch: int) -> dict:
+        """One barrier-timed epoch over this rank's shard, then its evaluation; its record."""
+        spec, p, dev = self.spec, self.plugin, self.device
+        p.epoch_starts(epoch)
+        shard = self.last_shard = p.shard(epoch)
+        steps = shard.steps
+        batches = datawait.DataWait(self.batches(shard, epoch))
+        losses, step_seconds = [], []  # summed after the timed epoch: no per-step add
+        sync(dev)
+        p.barrier()
+        if self.cpu:
+            self.cpu.span_starts()
+        t_epoch = time.perf_counter()
+        for step, (x, y) in enumerate(batches):
+            if step == steps // 2:
+                maybe_fault(spec, self.rk.rank, epoch)
+            t_step = time.perf_counter()
+            losses.append(p.step(x, y))
+            sync(dev)
+            step_seconds.append(time.perf_counter() - t_step)
+        sync(dev)
+        p.barrier()
+        seconds = time.perf_counter() - t_epoch
+        if self.cpu:
+            self.cpu.span_ends()
+        loss_sum = torch.stack(losses).float().sum() if losses else torch.zeros((), device=dev)
+        waits = p.gather_object(batches.seconds)  # every rank's wait, after the timed span
+        train_loss = (p.all_sum(loss_sum) / (steps * p.losses_per_step())).item()
+        scored = evaluates(spec, self.info.synthetic, epoch)
+        if scored:
+            self.memory.evaluation_starts()
+            self.test.update(p.evaluate(shard.batch))
+            self.memory.evaluation_ends()
+        e = self.rec.epoch(
+            seconds,
+            samples=steps * shard.step_samples,
+            steps=steps,
+            train_loss=train_loss,
+            step_seconds=step_seconds,
+            test_accuracy=self.test["accuracy"] if scored else None,
+            test_loss=self.test["loss"] if scored else None,
+        )
+        e.update(datawait.epoch_fields(batches.seconds, waits))
+        if self.rk.is_main:
+            print(
+                f"epoch {epoch}/{spec.epochs}: {seconds:.3f} s, {p.world_size} workers, "
+                f"{fmt_rate(e['samples_per_second'])} samples/s, loss {train_loss:.4f}, "
+                f"data wait {batches.seconds:.3f} s",
+                flush=True,
+            )
+        return e
+
+    def samples(self) -> dict:
+        """The record's train and test sample counts (user data: counted in its files)."""
+        if self.loader is None:
+            return {"train_samples": self.train_samples, "test_samples": len(self.test_y)}
+        source = self.spec.image_source
+        return {s + "_samples": imagesets.count(source, s) for s in ("train", "test")}
+
+    def usage(self) -> tuple[float | None, float | None]:
+        """This rank's (utilisation %, energy J) over training: NVML on a GPU, else the CPU
+        busy share and RAPL energy of the timed epochs (trainscale.measure.device_usage)."""
+        gpu = self.gpu.stop()
+        return gpu if self.cuda else self.cpu.result()
+
+    def gather(self) -> tuple[torch.Tensor, float | None, float | None, list]:
+        """Every rank's peaks (rows of PhasePeaks.finish), the mean utilisation and summed
+        energy over ranks (None where no rank measured one) and every rank's host name."""
+        util, energy = self.usage()
+        row = self.memory.finish() + [math.nan if v is None else v for v in (util, energy)]
+        rows = self.plugin.all_gather(torch.tensor(row, dtype=torch.float64, device=self.device))
+        rows = rows.cpu()
+        utils = [v for v in rows[:, 4].tolist() if not math.isnan(v)]
+        energies = [None if math.isnan(v) else v for v in rows[:, 5].tolist()]
+        devices = self.plugin.gather_object((metrics.hostname(), self.uuid))
+        return (
+            rows[:, :4],
+            sum(utils) / len(utils) if utils else None,
+            energy_once_per_device(energies, devices),
+            [host for host, _ in devices],
+        )
+
+    def report(self, out: str) -> None:
+        """The gathers, the plug-in's extra measurements and blocks, and rank 0's record."""
+        p, cuda = self.plugin, self.cuda
+        graphs = {"compiled_graphs": compiled_graphs()}  # before the no-sync steps compile more
+        per_rank, utilization, energy, hosts = self.gather()
+        if p.world_size > 1:  # after the timed epochs and the peaks; in none of their figures
+            comm = p.exposed(self.last_shard)
+            if comm is not None:
+                self.rec.communication = comm
+        p.finish()
+        if not self.rk.is_main:
+            return
+        env = metrics.environment(
+            self.rec.start_utc, {"torch": torch.__version__, **p.frameworks}, hosts
+        )
+        env["cuda"] = torch.version.cuda if cuda else None
+        env["driver"] = metrics.driver_version() if cuda else None
+        env["process_group_backend"] = self.backend
+        memory = {
+            **memory_block(per_rank.max(0).values.tolist(), cuda),
+            "per_rank_host_rss_bytes": [int(v) for v in per_rank[:, 0].tolist()],
+            "per_rank_device_bytes": [int(v) for v in per_rank[:, 1].tolist()] if cuda else None,
+            **p.extra_memory,
+        }
+        result = self.rec.record(
+            model={"params": self.params, "memory_format": self.layout, **graphs},
+            data=self.samples(),
+            test=dict(self.test),
+            memory=memory,
+            device={
+                "kind": self.device.type,
+                "name": torch.cuda.get_device_name(self.device) if cuda else metrics.cpu_name(),
+                "count": p.device_count,
+                "utilization_mean": utilization,
+                "energy_joules": energy,
+            },
+            env=env,
+            oversubscribed=check_oversubscribed(
+                self.spec.workers, self.spec.threads_per_worker + self.spec.loader_workers
+            ),
+            launch=metrics.launch_info(),
+            **p.extra_blocks,
+        )
+        write_ok(out, result, result["test"]["accuracy"])
+
+
+@record
+def run(plugin: type[Plugin], spec: RunSpec, out: str) -> None:
+    """Train `spec` with the strategy `plugin` and write its metrics to `out` (rank 0)."""
+    loop = Loop(spec, plugin)
+    loop.set_up()
+    loop.rec.training_starts()
+    loop.gpu.start()
+    loop.plugin.train()
+    loop.report(out)
+    loop.plugin.teardown()

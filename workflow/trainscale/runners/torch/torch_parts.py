@@ -1,0 +1,195 @@
+"""What every PyTorch-family runner shares besides the loop (torch_loop.py): the
+precisions, the in-memory tensors, the optimizer, the sampler's length, evaluation, the peak
+memory of each phase, the device sync and the torchrun exit.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Iterable, Iterator
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from trainscale import data
+from trainscale.measure.classes import scores
+from trainscale.measure.memory import PhasePeaks
+from trainscale.plan.matrix import RunSpec
+
+DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def leave() -> None:
+    """End a torchrun worker once every rank is done, without the process-group teardown.
+
+    Tearing down a gloo group can deadlock at exit: a gloo worker thread frees the last
+    collective's tensors while holding the group's lock and waits for the GIL, while the main
+    thread holds the GIL and waits for that lock in ~ProcessGroupGloo (seen here as 2-rank
+    runs hanging after their metrics were written). The results are written; leave."""
+    dist.barrier()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def rank_device(local_rank: int, local_world_size: int) -> tuple[torch.device, bool]:
+    """The device this rank trains on, and whether another rank of this node shares it.
+
+    Ranks take the node's visible GPUs in turn (local rank modulo their count), so a run of
+    more ranks than GPUs still starts: two ranks on one GPU is how the multi-rank CUDA code
+    paths run on a one-GPU machine (`make gpu-check`). The caller must then not use NCCL,
+    which refuses two ranks on one device."""
+    if not torch.cuda.is_available():
+        return torch.device("cpu"), False
+    visible = torch.cuda.device_count()
+    return torch.device(f"cuda:{local_rank % visible}"), local_world_size > visible
+
+
+def group_backend(device: torch.device, shared: bool) -> str:
+    """torch.distributed's backend for ranks on `device`: NCCL where each rank has a GPU of
+    its own, gloo on CPU and where ranks share a GPU (gloo reduces CUDA tensors too)."""
+    return "nccl" if device.type == "cuda" and not shared else "gloo"
+
+
+def sync(device: torch.device) -> None:
+    """Wait for queued device work, so wall-clock time covers it (no-op on CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def phase_peaks(device: torch.device) -> PhasePeaks:
+    """Training's and evaluation's peak memory apart: host RSS, and allocated device memory on
+    a GPU (torch's peak counter, reset with the host's at every evaluation's start and end)."""
+    if device.type != "cuda":
+        return PhasePeaks()
+    return PhasePeaks(
+        lambda: torch.cuda.max_memory_allocated(device),
+        lambda: torch.cuda.reset_peak_memory_stats(device),
+    )
+
+
+def to_tensors(arrays: data.Arrays, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """Normalised float32 images and int64 labels, held in memory (on the GPU if there is one)
+    so that feeding a step is one index operation, never a bottleneck."""
+    mean = torch.tensor(arrays.mean).view(1, -1, 1, 1)
+    std = torch.tensor(arrays.std).view(1, -1, 1, 1)
+
+    def images(x: np.ndarray) -> torch.Tensor:
+        t = torch.from_numpy(x).float().div_(arrays.x_max).sub_(mean).div_(std)
+        return t.to(device)
+
+    return (
+        images(arrays.train_x),
+        torch.from_numpy(arrays.train_y).to(device),
+        images(arrays.test_x),
+        torch.from_numpy(arrays.test_y).to(device),
+    )
+
+
+def make_optimizer(spec: RunSpec, params) -> torch.optim.Optimizer:
+    if spec.optimizer == "adam":
+        return torch.optim.Adam(
+            params, lr=spec.lr, betas=spec.betas, eps=spec.eps, weight_decay=spec.weight_decay
+        )
+    return torch.optim.SGD(
+        params, lr=spec.lr, momentum=spec.momentum, weight_decay=spec.weight_decay
+    )
+
+
+class Indexable:
+    """A length for DistributedSampler: the training set replicated `scale` times."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+
+def tally(totals: torch.Tensor, out: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> None:
+    """Add one batch's weighted loss sum and confusion counts (row = true class, column =
+    argmax) into `totals` = [loss sum, confusion k×k flattened], on the device: no sync."""
+    k = out.shape[1]
+    totals[0] += (F.cross_entropy(out, y, reduction="none").double() * w).sum()
+    totals[1:] += torch.bincount(y * k + out.argmax(1), weights=w.double(), minlength=k * k)
+
+
+def scored(totals: torch.Tensor, classes: int) -> dict:
+    """The `test` block's accuracy, loss and confusion from summed `tally` totals."""
+    t = totals.cpu()
+    return scores(t[1:].view(classes, classes).tolist(), t[0].item())
+
+
+def memory_eval_batches(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    rank: int,
+    world: int,
+    batch: int,
+    image_size: tuple[int, int] | None = None,
+) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """An in-memory test set's batches for `evaluate`: this rank's stride, in batches of the
+    training's per-worker batch, resized to `image_size` as training fed them. Every rank
+    yields equally many equal-sized batches (the last stride is padded with a repeated sample
+    whose `counted` weight is 0)."""
+    from trainscale.data.imagedata import resize_batch
+
+    n = len(y)
+    per_rank = -(-n // world)
+    idx = rank + world * torch.arange(per_rank, device=y.device)
+    counted = (idx < n).double()
+    idx = idx.clamp(max=n - 1)
+    for i in range(0, per_rank, batch):
+        sel = idx[i : i + batch]
+        yield resize_batch(x[sel], image_size), y[sel], counted[i : i + batch]
+
+
+def loader_eval_batches(
+    batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+    device: torch.device,
+    all_sum: Callable[[torch.Tensor], torch.Tensor],
+    shape: tuple[int, ...],
+) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """A test loader's batches (trainscale.data.imagedata) for `evaluate`, moved to the device.
+    Ranks may hold a batch more or less, so before each batch the ranks count who still has
+    one; a rank that ran out repeats its last batch (or a blank one) with weight 0 until all
+    have, so every rank joins every forward (a collective with sharded parameters)."""
+    it = iter(batches)
+    last = (torch.zeros(1, *shape, device=device), torch.zeros(1, dtype=torch.int64, device=device))
+    while True:
+        got = next(it, None)
+        if all_sum(torch.tensor([float(got is not None)], device=device)).item() == 0:
+            return
+        if got is None:
+            yield last[0], last[1], torch.zeros(len(last[1]), dtype=torch.float64, device=device)
+            continue
+        last = (got[0].to(device, non_blocking=True), got[1].to(device, non_blocking=True))
+        yield last[0], last[1], torch.ones(len(last[1]), dtype=torch.float64, device=device)
+
+
+@torch.no_grad()
+def evaluate(
+    model: torch.nn.Module,
+    batches: Iterable[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+    device: torch.device,
+    classes: int,
+    all_sum: Callable[[torch.Tensor], torch.Tensor],
+    input_dtype: torch.dtype | None = None,
+) -> dict:
+    """Test accuracy, mean loss and the confusion matrix (trainscale.measure.classes.scores); each
+    rank scores its `batches` (x, y, counted weight: `memory_eval_batches` or
+    `loader_eval_batches`, which give every rank equally many, since with sharded parameters
+    (ZeRO-3, FSDP) each forward is a collective that all ranks must join; a batch no larger
+    than a training step's), then the ranks' sums are added in one collective (`all_sum`: the
+    strategy's sum over ranks, returning the sum)."""
+    model.eval()
+    totals = torch.zeros(1 + classes * classes, dtype=torch.float64, device=device)
+    for xb, yb, w in batches:
+        xb = xb if input_dtype is None else xb.to(input_dtype)
+        tally(totals, model(xb).float(), yb, w)
+    totals = all_sum(totals)
+    model.train()
+    return scored(totals, classes)

@@ -63,7 +63,7 @@ import yaml
 
 import trainscale
 from trainscale.data import imagesets
-from trainscale.measure import classes, datawait
+from trainscale.measure import classes, datawait, flops
 from trainscale.measure.device_usage import (  # noqa: F401  (runners call metrics.GpuMonitor)
     GpuMonitor,
 )
@@ -334,6 +334,7 @@ class Recorder:
             rec["communication"] = self.communication or not_measured_communication(
                 self.spec["strategy"]
             )
+        rec["flops"] = flops.block(parts.get("flops"), rec["throughput"])
         rec["test"] = classes.per_class_block(rec["test"], self.spec)
         if imagesets.spec_info(self.spec).synthetic:  # random labels: accuracy means nothing
             rec["test"] = classes.per_class_block({"accuracy": None, "loss": None}, self.spec)
@@ -400,6 +401,7 @@ def empty_record(spec: dict, status: str, error: str | None) -> dict:
         "oversubscribed": False,
         "wall_seconds": None,
         "launch": {"command": None, "mode": None, "exit_code": None},
+        "flops": flops.block(None, None),
     }
 
 

@@ -44,20 +44,20 @@ class Builders(dict[str, Callable]):
 
         return register
 
-    def checked(
-        self, name: str, in_shape: tuple[int, ...], num_classes: int
-    ) -> tuple[int, int, int]:
-        """(C, H, W) of `in_shape` as ints, after checking the arguments of a `build`: a
-        model this table builds, a positive (C, H, W) and at least one class (else
-        ValueError naming the argument)."""
+    def checked(self, name: str, in_shape: tuple[int, ...], num_classes: int) -> tuple[int, ...]:
+        """`in_shape` as ints, after checking the arguments of a `build`: a model this table
+        builds, a positive (C, H, W) for an image model or (context,) for a token model, and
+        at least one class (the vocabulary of a token model); else ValueError naming the
+        argument."""
         if name not in self:
             raise ValueError(f"unknown model {name!r}; choose one of: {', '.join(catalog.MODELS)}")
-        if len(in_shape) != 3 or any(int(d) < 1 for d in in_shape):
-            raise ValueError(f"in_shape must be (C, H, W) with positive sizes, got {in_shape!r}")
+        tokens = catalog.MODELS[name].input == "tokens"
+        want = "(context,)" if tokens else "(C, H, W)"
+        if len(in_shape) != (1 if tokens else 3) or any(int(d) < 1 for d in in_shape):
+            raise ValueError(f"in_shape must be {want} with positive sizes, got {in_shape!r}")
         if num_classes < 1:
             raise ValueError(f"num_classes must be >= 1, got {num_classes}")
-        c, h, w = (int(d) for d in in_shape)
-        return c, h, w
+        return tuple(int(d) for d in in_shape)
 
     def check_complete(self) -> None:
         """Raise ImportError naming the catalog models this framework has no builder of."""

@@ -22,6 +22,7 @@ module imports TensorFlow and tf-keras, never torch.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import os
@@ -35,6 +36,7 @@ import tensorflow as tf  # noqa: E402
 import tf_keras as keras  # noqa: E402
 from tf_keras import layers  # noqa: E402
 
+from trainscale.models import keras_gpt  # noqa: E402
 from trainscale.models.builders import VGG19_STAGES, Builders  # noqa: E402
 from trainscale.plan import catalog  # noqa: E402
 
@@ -47,14 +49,18 @@ Shape = tuple[int, int, int]
 _BUILDERS = Builders("Keras")
 
 
-def build(name: str, in_shape: Shape, num_classes: int) -> keras.Model:
+def build(name: str, in_shape: tuple[int, ...], num_classes: int) -> keras.Model:
     """A freshly initialised Keras model; call `keras.utils.set_random_seed` first.
 
     ``in_shape`` is (C, H, W) as in `trainscale.models.torch_models.build`; the model takes
-    (N, H, W, C).
+    (N, H, W, C). A token model (a GPT: trainscale.models.keras_gpt) takes (context,), its
+    classes being its vocabulary, and (N, context) ids.
     Raises ValueError when the input is too small for the model, as the PyTorch zoo does.
     """
-    c, h, w = _BUILDERS.checked(name, in_shape, num_classes)
+    shape = _BUILDERS.checked(name, in_shape, num_classes)
+    if catalog.MODELS[name].input == "tokens":
+        return _BUILDERS[name](shape[0], num_classes)
+    c, h, w = shape
     global _seq
     _seq = itertools.count(1)
     inputs = keras.Input(shape=(h, w, c), name="images")
@@ -348,5 +354,8 @@ def _googlenet(x, num_classes: int):
     x = layers.Dropout(0.2)(layers.GlobalAveragePooling2D()(x))
     return layers.Dense(num_classes, name=_name("dense"), **_normal(0.01, fan_in=x.shape[-1]))(x)
 
+
+for _gpt_name in (m.name for m in catalog.MODELS.values() if m.gpt):
+    _BUILDERS.builds(_gpt_name)(functools.partial(keras_gpt.build, _gpt_name))
 
 _BUILDERS.check_complete()

@@ -7,7 +7,8 @@ never changes the parameter count, so the torchvision architectures keep their p
 googlenet 6,624,904). torchvision cannot be installed beside this torch build, so the
 definitions live here, written from the papers and torchvision's documented layouts.
 
-Every model returns raw logits: the training loop applies ``CrossEntropyLoss``.
+Every model returns raw logits: the training loop applies ``CrossEntropyLoss``. The GPTs
+(token models) are built by trainscale.models.gpt, the same flat shape: embedding, blocks, head.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from trainscale.models import gpt
 from trainscale.models.builders import VGG19_STAGES, Builders
 from trainscale.plan import catalog
 
@@ -29,15 +31,16 @@ Shape = tuple[int, int, int]
 _BUILDERS = Builders("PyTorch")
 
 
-def build(name: str, in_shape: Shape, num_classes: int) -> nn.Sequential:
+def build(name: str, in_shape: tuple[int, ...], num_classes: int) -> nn.Sequential:
     """A freshly initialised model; seed torch first for reproducible weights.
 
-    ``in_shape`` is (C, H, W). The seed models size their first linear layer from H and W and
-    raise ValueError when the input is too small for them; the torchvision models end in
-    adaptive pooling, so a too-small input only fails at forward time.
+    ``in_shape`` is (C, H, W) for an image model, (context,) for a token model, whose classes
+    are its vocabulary. The seed models size their first linear layer from H and W and raise
+    ValueError when the input is too small for them; the torchvision models end in adaptive
+    pooling, so a too-small input only fails at forward time.
     """
-    c, h, w = _BUILDERS.checked(name, in_shape, num_classes)
-    return _BUILDERS[name]((c, h, w), num_classes)
+    shape = _BUILDERS.checked(name, in_shape, num_classes)
+    return _BUILDERS[name](shape, num_classes)
 
 
 def param_count(model: nn.Module) -> int:
@@ -356,5 +359,14 @@ def _he_init_convs(model: nn.Module) -> None:
             if m.bias is not None:
                 nn.init.zeros_(m.bias)
 
+
+def _gpt_builder(name: str) -> None:
+    @_BUILDERS.builds(name)
+    def _build(in_shape: tuple[int], vocab: int) -> nn.Sequential:
+        return gpt.build(name, in_shape[0], vocab)
+
+
+for _gpt_name in (m.name for m in catalog.MODELS.values() if m.gpt):
+    _gpt_builder(_gpt_name)
 
 _BUILDERS.check_complete()

@@ -31,6 +31,7 @@ class Cell:
     microbatches: int = 1
     schedule: str = "gpipe"
     input_side: int = 0  # smallest side of the data set's images
+    data_input: str = "image"  # what the data set holds: "image" or "tokens" (Model.input)
     user_data: bool = False  # the user's image files (`datasets:`), decoded while training
     resized: bool = False  # a built-in data set trained at another `image_size`
 
@@ -432,6 +433,17 @@ def _placement(c: Cell) -> str | None:
     return None
 
 
+def _input_kind(c: Cell) -> str | None:
+    eats = MODELS[c.model].input
+    if eats != c.data_input:
+        what = {"image": "images", "tokens": "token ids"}
+        return (
+            f"{c.model} trains on {what[eats]}; {c.dataset} holds {what[c.data_input]}: "
+            f"pair it with a data set of {what[eats]}"
+        )
+    return None
+
+
 def _input_side(c: Cell) -> str | None:
     need = MODELS[c.model].min_side
     if c.input_side < need:
@@ -442,8 +454,8 @@ def _input_side(c: Cell) -> str | None:
 
 def why_not(c: Cell) -> str | None:
     """The reason the strategy or the model cannot run `c`, or None if they can: the strategy's
-    own constraints first, then where it may run, then the model's input size."""
-    for rule in (*STRATEGIES[c.strategy].constraints, _placement, _input_side):
+    own constraints first, then where it may run, then what the model eats and its input size."""
+    for rule in (*STRATEGIES[c.strategy].constraints, _placement, _input_kind, _input_side):
         reason = rule(c)
         if reason:
             return reason

@@ -54,6 +54,7 @@ from trainscale.runners.common import (  # noqa: E402
     steps_per_epoch,
     write_ok,
 )
+from trainscale.runners.tensorflow import keras_flops  # noqa: E402
 from trainscale.runners.tensorflow.keras_data import (  # noqa: E402
     eval_dataset,
     nhwc,
@@ -373,15 +374,18 @@ def run(plugin: KerasStrategy, out: str) -> None:
     # every worker process's peaks, utilisation, energy and host, on rank 0 in rank order
     gathered = plugin.gather([*memory.finish(), utilization, energy], metrics.hostname())
     if plugin.final_rank(p) == 0:
-        result = record(plugin, p, rec, model, gathered, test, train_samples, test_samples)
+        counts = (info, out, train_samples, test_samples)
+        result = record(plugin, p, rec, model, gathered, test, counts)
         write_ok(out, result, test["accuracy"] if not synthetic else "n/a")
     plugin.teardown()
 
 
-def record(plugin, p: Placement, rec, model, gathered, test, train_samples, test_samples) -> dict:
+def record(plugin, p: Placement, rec, model, gathered, test, counts: tuple) -> dict:
     """The metrics record from rank 0's epochs and every worker's gathered figures: peak memory
-    the max over workers (and each one's, in rank order), energy summed, utilisation averaged."""
+    the max over workers (and each one's, in rank order), energy summed, utilisation averaged;
+    `counts` is (data set info, the record's path, train samples, test samples)."""
     spec = plugin.spec
+    info, out, train_samples, test_samples = counts
     rows = [r for r, _ in gathered]
     peaks = [max(r[i] for r in rows) for i in range(4)]
     utils = [r[4] for r in rows if r[4] is not None]
@@ -399,7 +403,11 @@ def record(plugin, p: Placement, rec, model, gathered, test, train_samples, test
         name = metrics.cpu_name()
         if p.logical:  # so that every table showing the device says what it was
             name += f" (as {p.replicas} logical devices)"
+    devices = len(gathered) * p.replicas
     return rec.record(
+        flops=keras_flops.counted(
+            spec, info.shape, info.num_classes, name if p.gpu else None, out, devices
+        ),
         model={"params": keras_models.param_count(model)},
         data={"train_samples": train_samples, "test_samples": test_samples},
         test=dict(test),
@@ -411,7 +419,7 @@ def record(plugin, p: Placement, rec, model, gathered, test, train_samples, test
         device={
             "kind": "cuda" if p.gpu else "cpu",
             "name": name,
-            "count": len(gathered) * p.replicas,
+            "count": devices,
             "logical": p.logical,
             "utilization_mean": sum(utils) / len(utils) if utils else None,
             "energy_joules": sum(energies) if energies else None,

@@ -47,6 +47,7 @@ from trainscale.models import keras_models  # noqa: E402
 from trainscale.plan import catalog  # noqa: E402
 from trainscale.plan.matrix import RunSpec, gpu_count  # noqa: E402
 from trainscale.runners import common  # noqa: E402
+from trainscale.runners.tensorflow import keras_flops  # noqa: E402
 from trainscale.runners.tensorflow.keras_data import nhwc, normaliser  # noqa: E402
 from trainscale.runners.tensorflow.keras_loop import POLICIES, make_optimizer  # noqa: E402
 from trainscale.runners.tensorflow.tf import at_node_addrs  # noqa: E402
@@ -347,6 +348,9 @@ def main(spec: RunSpec, out: str) -> None:
     if gpus:
         env["driver"] = metrics.driver_version()
     result = rec.record(
+        flops=keras_flops.counted(
+            spec, arrays.info.shape, arrays.info.num_classes, None, out, spec.world_size
+        ),
         model={"params": keras_models.param_count(model)},
         data={"train_samples": train_samples, "test_samples": len(arrays.test_y)},
         test={k: None if synthetic else v for k, v in test.items()},

@@ -50,6 +50,7 @@ from trainscale.runners.common import (
     steps_per_epoch,
     write_ok,
 )
+from trainscale.runners.torch import flop_count
 from trainscale.runners.torch.exposed import block
 from trainscale.runners.torch.torch_parts import (
     Indexable,
@@ -213,6 +214,7 @@ class LightningRun:
             torch.cuda.set_device(self.device)
         arrays = data.load(spec.dataset, spec.data_dir, seed=spec.seed, samples=spec.samples)
         self.synthetic, self.classes = arrays.info.synthetic, arrays.info.num_classes
+        self.shape = arrays.info.shape
         self.train_x, self.train_y, self.test_x, self.test_y = to_tensors(arrays, self.device)
         self.train_x, self.test_x = laid_out(self.train_x, spec), laid_out(self.test_x, spec)
         n = len(self.train_y)
@@ -320,7 +322,11 @@ class LightningRun:
         env["cuda"] = torch.version.cuda if self.cuda else None
         env["driver"] = metrics.driver_version() if self.cuda else None
         env["process_group_backend"] = self.backend
+        counted = flop_count.counted(
+            self.spec, self.shape, self.classes, self.device, out, self.spec.world_size
+        )
         result = self.rec.record(
+            flops=counted,
             model={"params": models.param_count(self.net), **model_facts(self.net)},
             data={"train_samples": self.train_samples, "test_samples": len(self.test_y)},
             test=dict(self.test),

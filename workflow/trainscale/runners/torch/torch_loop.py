@@ -45,6 +45,7 @@ from trainscale.runners.common import (
     steps_per_epoch,
     write_ok,
 )
+from trainscale.runners.torch import flop_count
 from trainscale.runners.torch.exposed import batches_of
 from trainscale.runners.torch.torch_parts import (
     DTYPES,
@@ -418,7 +419,11 @@ class Loop:
             "per_rank_device_bytes": [int(v) for v in per_rank[:, 1].tolist()] if cuda else None,
             **p.extra_memory,
         }
+        counted = flop_count.counted(
+            self.spec, self.info.shape, self.info.num_classes, self.device, out, p.device_count
+        )
         result = self.rec.record(
+            flops=counted,
             model={"params": self.params, "memory_format": self.layout, **graphs},
             data=self.samples(),
             test=dict(self.test),

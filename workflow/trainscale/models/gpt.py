@@ -1,0 +1,127 @@
+"""GPT in PyTorch: a decoder-only transformer of the shape nanoGPT and GPT-2 use.
+
+Pre-norm blocks (LayerNorm, causal self-attention, LayerNorm, GELU MLP of width 4C), learned
+position embeddings, the LM head tied to the token embedding, no bias anywhere and no dropout.
+Attention is `F.scaled_dot_product_attention(..., is_causal=True)`, so each backend picks its
+fused kernel (flash attention on a GPU that has it).
+
+Why a flat `nn.Sequential` (embedding, block 1..L, head): as for the image models, pipeline
+stages are cut between top-level blocks and FSDP shards per block (`torch_models.blocks`). The
+head registers the embedding's matrix as its own weight (as nanoGPT and Hugging Face's GPT-2
+tie them), so `parameters()` counts it once and ZeRO-3 gathers it for either module; a
+sharding that splits the two ends into different units must leave them to one (the root).
+
+Parameter count, bias-free, with the head tied: V·C + T·C + L·(12·C² + 2·C) + C for
+vocabulary V, context T, L layers of width C. GPT-2's published counts (124,439,808 for the
+124M model at V = 50,257, T = 1,024) add the biases this shape leaves out: 11·C per layer
+and C for the final norm (tests/test_gpt.py checks all four sizes). nanoGPT's "number of
+parameters" is the same count without the position table (T·C), as is `non_embedding`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from trainscale.plan import catalog
+
+
+class Embedding(nn.Module):
+    """Token plus learned position embedding of ids (B, T) -> (B, T, C)."""
+
+    def __init__(self, vocab: int, context: int, width: int) -> None:
+        super().__init__()
+        self.tokens = nn.Embedding(vocab, width)
+        self.positions = nn.Embedding(context, width)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(ids.shape[1], device=ids.device)
+        return self.tokens(ids) + self.positions(pos)
+
+
+class SelfAttention(nn.Module):
+    """Causal multi-head self-attention: q, k, v from one projection, then the output one."""
+
+    def __init__(self, width: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(width, 3 * width, bias=False)
+        self.proj = nn.Linear(width, width, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = self.qkv(x).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(y.transpose(1, 2).contiguous().view(b, t, c))
+
+
+class MLP(nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(width, 4 * width, bias=False)
+        self.act = nn.GELU(approximate="tanh")  # GPT-2's GELU
+        self.proj = nn.Linear(4 * width, width, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(self.act(self.fc(x)))
+
+
+class Block(nn.Module):
+    """x + attn(ln(x)), then x + mlp(ln(x))."""
+
+    def __init__(self, width: int, heads: int) -> None:
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(width, bias=False)
+        self.attn = SelfAttention(width, heads)
+        self.ln_2 = nn.LayerNorm(width, bias=False)
+        self.mlp = MLP(width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class Head(nn.Module):
+    """Final LayerNorm, then logits (B, T, V) through the token embedding's matrix (tied)."""
+
+    def __init__(self, embedding: Embedding, width: int) -> None:
+        super().__init__()
+        self.ln_f = nn.LayerNorm(width, bias=False)
+        self.weight = embedding.tokens.weight  # the same Parameter: tied
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(self.ln_f(x), self.weight)
+
+
+def build(name: str, context: int, vocab: int) -> nn.Sequential:
+    """GPT `name` (a catalog row with `gpt` dimensions) for `context` tokens and `vocab` ids,
+    initialised as GPT-2 (normal 0.02; residual projections 0.02/√(2L))."""
+    layers, heads, width = catalog.MODELS[name].gpt
+    if context < 1 or vocab < 1:
+        raise ValueError(f"{name}: context and vocab must be positive, got {context}, {vocab}")
+    emb = Embedding(vocab, context, width)
+    net = nn.Sequential(emb, *(Block(width, heads) for _ in range(layers)), Head(emb, width))
+    for module_name, p in net.named_parameters():
+        if p.dim() >= 2:
+            residual = module_name.endswith("proj.weight")
+            std = 0.02 / math.sqrt(2 * layers) if residual else 0.02
+            nn.init.normal_(p, mean=0.0, std=std)
+    return net
+
+
+def non_embedding(net: nn.Module) -> int:
+    """Parameters without the position table: nanoGPT's count, and N in 6·N per token."""
+    return sum(p.numel() for p in net.parameters()) - net[0].positions.weight.numel()
+
+
+def analytic_flops_per_token(name: str, context: int, vocab: int) -> float:
+    """Training FLOPs per token, PaLM's appendix B: 6·N + 12·L·H·Q·T, with N the parameters
+    without the position table (the head's matmul is counted through the tied embedding),
+    L layers, H heads, Q = C/H the head width and T the context."""
+    layers, heads, width = catalog.MODELS[name].gpt
+    n = vocab * width + layers * (12 * width * width + 2 * width) + width
+    return 6.0 * n + 12.0 * layers * heads * (width // heads) * context

@@ -1,0 +1,59 @@
+"""The `flops` block of a Keras run (definitions: trainscale.measure.flops).
+
+Keras has no FLOP counter of its own that counts a training step the way PyTorch's does, and
+every Keras model here has a PyTorch twin with the same layers and parameter count
+(trainscale.models.keras_models, keras_gpt), so a Keras run takes its twin's count:
+`method` says "torch twin: flop_counter". Where torch cannot be imported (the conda env of
+the TensorFlow runs has none) the count is null and `method` says why. The peak is the
+datasheet's for a GPU in the table, else a matrix multiply timed with TensorFlow on this
+host at the run's threads and dtype.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import tensorflow as tf
+
+from trainscale.measure import flops, metrics
+from trainscale.plan.runspec import RunSpec
+
+TF_DTYPES = {"fp32": tf.float32, "bf16": tf.bfloat16, "fp16": tf.float16}
+
+
+def _twin_count(spec: RunSpec, shape: tuple[int, ...], classes: int) -> tuple[float | None, str]:
+    try:
+        from trainscale.runners.torch import flop_count
+    except ImportError as e:  # no torch in this environment
+        return None, f"not counted: the torch twin cannot be imported here ({e})"
+    return flop_count.per_sample(spec.model, shape, classes), "torch twin: flop_counter"
+
+
+def counted(spec: RunSpec, shape: tuple[int, ...], classes: int, gpu_name: str | None,
+            out: str | Path, devices: int) -> dict:  # fmt: skip
+    """The runner's part of the `flops` block: the twin's count and the devices' peak."""
+    per_sample, method = _twin_count(spec, shape, classes)
+    peak = flops.datasheet_peak(gpu_name, spec.precision) if gpu_name else None
+    source, name = "datasheet", gpu_name or metrics.cpu_name()
+    if peak is None:
+        side, dtype = flops.GEMM_SIDE, TF_DTYPES[spec.precision]
+        a = tf.random.normal((side, side), dtype=tf.float32)
+        a = tf.cast(a, dtype)
+        matmul = tf.function(lambda: tf.matmul(a, a))
+        threads = tf.config.threading.get_intra_op_parallelism_threads() or os.cpu_count()
+        key = f"{'cuda' if gpu_name else 'cpu'}:{name}:{spec.precision}:threads={threads}:tf"
+        peak = flops.measured_peak(
+            flops.peaks_dir(spec.path, out),
+            metrics.hostname(),
+            key,
+            lambda: flops.gemm_flops_per_second(lambda: matmul().numpy(), side, lambda: None),
+        )
+        source = "measured"
+    return {
+        "per_sample": per_sample,
+        "method": method,
+        "peak_per_second": peak * devices,
+        "peak_source": source,
+        "peak_device": name,
+    }

@@ -1,0 +1,81 @@
+"""What the `flops` block needs from PyTorch: the FLOPs of one training sample, counted on the
+meta device, and the devices' peak (datasheet, or a GEMM timed on this host). The definitions
+are trainscale.measure.flops'."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
+
+from trainscale.measure import flops, metrics
+from trainscale.models import gpt
+from trainscale.models import torch_models as models
+from trainscale.plan import catalog
+from trainscale.plan.runspec import RunSpec
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def per_sample(model: str, shape: tuple[int, ...], classes: int) -> float:
+    """FLOPs of forward, loss and backward of `model` on one sample of `shape` (a (C, H, W)
+    image, or (context,) token ids whose classes are the vocabulary), on the meta device."""
+    tokens = catalog.MODELS[model].input == "tokens"
+    with torch.device("meta"):
+        net = models.build(model, shape, classes)
+        if tokens:
+            x = torch.zeros(1, *shape, dtype=torch.long)
+            y = torch.zeros(1, *shape, dtype=torch.long)
+        else:
+            x, y = torch.zeros(1, *shape), torch.zeros(1, dtype=torch.long)
+    counter = FlopCounterMode(display=False)
+    with counter:
+        out = net(x)
+        F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1)).backward()
+    return float(counter.get_total_flops())
+
+
+def device_peak(spec: RunSpec, device: torch.device, out: str | Path) -> tuple[float, str, str]:
+    """(peak FLOP/s of one device at the run's precision, its source, the device's name)."""
+    dtype = DTYPES[spec.precision]
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        tf32 = torch.backends.cuda.matmul.allow_tf32
+        peak = flops.datasheet_peak(name, spec.precision, tf32=tf32)
+        if peak is not None:
+            return peak, "datasheet", name
+    else:
+        name = metrics.cpu_name()
+    side = flops.GEMM_SIDE
+    a = torch.randn(side, side, device=device).to(dtype)
+    b = torch.randn(side, side, device=device).to(dtype)
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    threads = torch.get_num_threads()
+    key = f"{device.type}:{name}:{spec.precision}:threads={threads}"
+    measured = flops.measured_peak(
+        flops.peaks_dir(spec.path, out),
+        metrics.hostname(),
+        key,
+        lambda: flops.gemm_flops_per_second(lambda: a @ b, side, sync),
+    )
+    return measured, "measured", name
+
+
+def counted(spec: RunSpec, shape: tuple[int, ...], classes: int, device: torch.device,
+            out: str | Path, devices: int) -> dict:  # fmt: skip
+    """The runner's part of the `flops` block (trainscale.measure.flops.block adds the rest)."""
+    row = catalog.MODELS[spec.model]
+    block = {"per_sample": per_sample(spec.model, shape, classes), "method": "flop_counter"}
+    if row.gpt:
+        block["analytic_per_sample"] = (
+            gpt.analytic_flops_per_token(spec.model, shape[0], classes) * shape[0]
+        )
+    peak, source, name = device_peak(spec, device, out)
+    block.update(peak_per_second=peak * devices, peak_source=source, peak_device=name)
+    return block

@@ -34,6 +34,11 @@ once (in `trainscale.analysis.cells` and, for communication.csv, `trainscale.ana
   `data_wait_share` (steady epochs' data wait of the slowest rank over their seconds);
   `input_bound` when it is above `datawait.INPUT_BOUND_SHARE` (10 %): the input pipeline, not
   the workers, limits the cell.
+- MFU (model FLOPs utilisation): the mean over the cell's ok runs of metrics `flops.mfu`, the
+  run's achieved model FLOP/s (FLOPs of one training sample, counted, × throughput) over the
+  peak FLOP/s of its devices at its precision: the vendor's datasheet figure, or on CPU a
+  matrix multiply timed on the host ("measured peak"); for a GPT the count is also given by
+  PaLM's analytic 6·N + 12·L·H·Q·T per token (trainscale.measure.flops defines each).
 - fastest: per model, dataset and N, the cell with the highest mean throughput; the runner-up
   is the best cell of another strategy, and `distinct` says whether their 95% CIs are disjoint.
   Cells on logical CPU devices (`device.logical`) are never ranked: a code-path check. Predicted

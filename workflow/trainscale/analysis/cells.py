@@ -33,6 +33,7 @@ METRICS = {
     "peak_host_rss_bytes": "memory.peak_host_rss_bytes",
     "peak_device_bytes": "memory.peak_device_bytes",
     "data_wait_share": "data_wait_share",
+    "mfu": "flops.mfu",
 }
 
 

@@ -60,12 +60,14 @@ def summary_text(
                 ahead = f"; {human(100 * r.margin)} % ahead of {r.runner_up}"
                 if r.distinct is False:
                     ahead += " (CIs overlap)"
+            mfu_mean = getattr(r, "mfu_mean", None)
+            mfu = f", MFU {human(100 * mfu_mean)} %" if pd.notna(mfu_mean) else ""
             flag = " [oversubscribed]" if r.oversubscribed else ""
             flag += " [logical CPU devices: a code-path check, not a speed-up]" if r.logical else ""
             lines.append(
                 f"  {r.model} on {r.dataset}, N={r.world_size}: {r.strategy} "
                 f"(batch {r.batch_size} {r.batch_mode}, scale {r.scale}, {r.precision}) "
-                f"{human(r.throughput_mean)}{ci} samples/s, {eff}{ahead}{flag}"
+                f"{human(r.throughput_mean)}{ci} samples/s, {eff}{mfu}{ahead}{flag}"
             )
     logical = scaling[(scaling["ok"] > 0) & scaling["logical"].astype(bool)] if len(fast) else fast
     if len(logical):

@@ -161,6 +161,7 @@ def scaling_rows(study: Study) -> list[dict]:
                     if isinstance(r.single_best_strategy, str) and not na(r.speedup_vs_single)
                     else ""
                 ),
+                "mfu": pct(getattr(r, "mfu_mean", None)),
                 "accuracy": with_ci(r.test_accuracy_mean, r.test_accuracy_ci95),
                 "tta": tta,
                 "rss": mib(r.peak_host_rss_bytes_mean, r.peak_host_rss_bytes_ci95),

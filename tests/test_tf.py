@@ -194,10 +194,11 @@ def _spec(**kw):
     [
         {"name": "adam", "lr": 0.01},
         {"name": "adam", "lr": 0.01, "weight_decay": 0.1},
+        {"name": "adamw", "lr": 0.01, "weight_decay": 0.1},
         {"name": "sgd", "lr": 0.1, "momentum": 0.9},
         {"name": "sgd", "lr": 0.1, "momentum": 0.9, "weight_decay": 0.05},
     ],
-    ids=["adam", "adam-l2", "sgd-momentum", "sgd-l2"],
+    ids=["adam", "adam-l2", "adamw", "sgd-momentum", "sgd-l2"],
 )
 def test_keras_optimizer_follows_pytorch_step_for_step(optimizer):
     """Gradients kept away from zero: there Keras' Adam adds epsilon to sqrt(v) before the bias
@@ -208,8 +209,9 @@ def test_keras_optimizer_follows_pytorch_step_for_step(optimizer):
     w0 = np.linspace(-1, 1, 6).astype(np.float32)
     target = w0 + np.float32(2.0)
     wt = torch.tensor(w0, requires_grad=True)
-    topt = torch.optim.Adam if spec.optimizer == "adam" else torch.optim.SGD
-    kw = {"betas": spec.betas, "eps": spec.eps} if spec.optimizer == "adam" else {}
+    adams = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
+    topt = adams.get(spec.optimizer, torch.optim.SGD)
+    kw = {"betas": spec.betas, "eps": spec.eps} if spec.optimizer in adams else {}
     if spec.optimizer == "sgd":
         kw["momentum"] = spec.momentum
     topt = topt([wt], lr=spec.lr, weight_decay=spec.weight_decay, **kw)

@@ -204,14 +204,21 @@ def set_threads(spec: RunSpec, replicas: int) -> None:
 
 
 def make_optimizer(spec: RunSpec) -> keras.optimizers.Optimizer:
-    """torch.optim.Adam / SGD with the spec's hyper-parameters.
+    """torch.optim.Adam / AdamW / SGD with the spec's hyper-parameters.
 
-    PyTorch's weight_decay is an L2 term added to the gradient (not AdamW's decoupled decay,
-    which is what Keras' `weight_decay` means), so it is added here, after the gradients of all
-    replicas are aggregated. Keras' Adam applies epsilon to sqrt(v) before bias correction
-    (Kingma & Ba's "epsilon hat"); with eps = 1e-7 the two forms differ below float32 noise.
+    AdamW's decoupled decay is Keras' AdamW `weight_decay` (both shrink the weights by
+    lr · weight_decay each step, apart from the gradient). PyTorch's Adam and SGD weight_decay
+    is an L2 term added to the gradient (not the decoupled decay that Keras' `weight_decay`
+    means), so it is added here, after the gradients of all replicas are aggregated. Keras'
+    Adam applies epsilon to sqrt(v) before bias correction (Kingma & Ba's "epsilon hat");
+    with eps = 1e-7 the two forms differ below float32 noise.
     """
     wd = spec.weight_decay
+    if spec.optimizer == "adamw":
+        return keras.optimizers.AdamW(
+            learning_rate=spec.lr, weight_decay=wd, beta_1=spec.betas[0], beta_2=spec.betas[1],
+            epsilon=spec.eps,
+        )  # fmt: skip
     if spec.optimizer == "adam":
         base = keras.optimizers.Adam
         kw = {"beta_1": spec.betas[0], "beta_2": spec.betas[1], "epsilon": spec.eps}

@@ -90,8 +90,11 @@ def to_tensors(arrays: data.Arrays, device: torch.device) -> tuple[torch.Tensor,
 
 
 def make_optimizer(spec: RunSpec, params) -> torch.optim.Optimizer:
-    if spec.optimizer == "adam":
-        return torch.optim.Adam(
+    """Adam (L2 weight decay added to the gradient), AdamW (decoupled weight decay, the usual
+    transformer optimizer) or SGD, from the spec; DeepSpeed and Horovod wrap this one too."""
+    if spec.optimizer in ("adam", "adamw"):
+        adam = torch.optim.Adam if spec.optimizer == "adam" else torch.optim.AdamW
+        return adam(
             params, lr=spec.lr, betas=spec.betas, eps=spec.eps, weight_decay=spec.weight_decay
         )
     return torch.optim.SGD(

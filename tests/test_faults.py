@@ -108,7 +108,7 @@ def test_sigkill_while_writing_metrics_never_leaves_a_partial_file(tmp_path):
     src.write_text(json.dumps(rec))
     whole = len(json.dumps(rec, indent=1, sort_keys=True))
     writer = (
-        "import json, sys; from trainscale import metrics\n"
+        "import json, sys; from trainscale.measure import metrics\n"
         f"r = json.load(open({str(src)!r}))\n"
         "print('ready', flush=True)\n"
         f"while True: metrics.write({str(out)!r}, r)\n"

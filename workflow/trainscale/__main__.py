@@ -17,6 +17,8 @@ import importlib
 import sys
 from typing import NamedTuple
 
+import trainscale
+
 
 class Command(NamedTuple):
     module: str  # its `main(argv, prog) -> int` does the work
@@ -49,6 +51,7 @@ def parser() -> argparse.ArgumentParser:
         "Studies run with snakemake; these commands check, report and compare them.",
         epilog="`trainscale COMMAND --help` lists a command's options.",
     )
+    p.add_argument("--version", action="version", version=f"trainscale {trainscale.__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", title="commands")
     for name, cmd in COMMANDS.items():
         # the command's own parser reads everything after its name, --help included

@@ -106,4 +106,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     print(f"ok: {args.name} is ready under {args.data_dir}")
     return 0
-

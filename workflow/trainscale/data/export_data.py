@@ -124,7 +124,8 @@ def export(
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "trainscale export-data") -> int:
-    """`trainscale export-data NAME DATA_DIR OUT`: a built-in data set as image folders and shards."""
+    """`trainscale export-data NAME DATA_DIR OUT`: a built-in data set as image folders and
+    shards."""
     p = argparse.ArgumentParser(prog=prog, description=__doc__)
     p.add_argument("name", choices=EXPORTABLE, help="the built-in data set to export")
     p.add_argument("data_dir", help="where the built-in data set's files are (config data_dir)")

@@ -4,8 +4,9 @@ trainscale.data.imagedata).
 JPEG folders: file names and labels listed once (trainscale.data.imagesets), then tf.data reads,
 decodes (`decode_image`, JPEG or PNG), resizes to cover `image_size`, crops the centre and
 normalises in a parallel map, batches and prefetches (AUTOTUNE). WebDataset shards: the same
-webdataset pipeline as PyTorch's (trainscale.data.imagedecode.shard_samples, split over ranks) yields
-the encoded bytes through `from_generator`, and tf.data decodes them in the same parallel map.
+webdataset pipeline as PyTorch's (trainscale.data.imagedecode.shard_samples, split over ranks)
+yields the encoded bytes through `from_generator`, and tf.data decodes them in the same parallel
+map.
 
 `loader_workers` is the parallel map's width (0: decoded one at a time, on tf.data's own
 thread); tf.data runs it on threads of the training process, not in separate processes.

@@ -69,8 +69,8 @@ class RankRead:
     """What one rank reads of a user data set: the images at `size` (H, W) in batches of
     `batch_size` (the per-worker batch), its share as rank `rank` of `world_size` data-parallel
     ranks, decoded by `loader_workers` (processes for PyTorch, parallel calls for tf.data).
-    The PyTorch loaders (trainscale.data.imagedata) and the tf.data ones (trainscale.data.imagedata_tf)
-    take it alike, for the training and the test split."""
+    The PyTorch loaders (trainscale.data.imagedata) and the tf.data ones
+    (trainscale.data.imagedata_tf) take it alike, for the training and the test split."""
 
     source: ImageSource
     size: tuple[int, int]

@@ -132,7 +132,9 @@ def rank_windows(count: int, rank: int, world: int, seed: int, epoch: int) -> np
     return order[rank:usable:world]
 
 
-def window_batch(ids: np.ndarray, windows: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+def window_batch(
+    ids: np.ndarray, windows: np.ndarray, seq_len: int
+) -> tuple[np.ndarray, np.ndarray]:
     """(inputs, targets), each (len(windows), seq_len) int64: window w is ids[w·T : w·T + T]
     and its targets the same shifted by one."""
     starts = windows.astype(np.int64) * seq_len

@@ -228,6 +228,7 @@ _WINNER = [
     *(k for k in MATRIX_KEYS if k not in ("model", "dataset")),  # the cell's keys
     "throughput_mean",
     "throughput_ci95",
+    "mfu_mean",
     "speedup",
     "efficiency",
     "efficiency_kind",
@@ -249,7 +250,8 @@ def fastest(scaling: pd.DataFrame) -> pd.DataFrame:
     if not len(s):
         return pd.DataFrame(columns=[*cols, "strategy"])
     s = s.sort_values([*cols, "throughput_mean"], ascending=[True] * 3 + [False], kind="stable")
-    win = s.drop_duplicates(cols)[[*cols, *_WINNER]]
+    # MFU is absent from a scaling table made before records counted FLOPs
+    win = s.drop_duplicates(cols)[[*cols, *(c for c in _WINNER if c in s.columns)]]
     # the runner-up: the best cell of another strategy in the same group
     others = s.merge(win[[*cols, "strategy"]], on=cols, suffixes=("", "_win"))
     others = others[others["strategy"] != others["strategy_win"]].drop_duplicates(cols)

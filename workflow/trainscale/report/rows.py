@@ -96,6 +96,7 @@ def summary_rows(study: Study) -> list[dict]:
                 "throughput": with_ci(r.throughput_mean, r.throughput_ci95, "samples/s"),
                 "speedup": ratio(r.speedup),
                 "efficiency": eff,
+                "mfu": pct(getattr(r, "mfu_mean", None)),
                 "vs_single": ratio(r.speedup_vs_single),
                 "note": cell_note(r),
                 "runner_up": runner,

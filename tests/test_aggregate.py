@@ -14,7 +14,7 @@ import pytest
 
 from trainscale.analysis import aggregate, metrics_tables
 from trainscale.analysis.study import Study, write_csv
-from trainscale.measure import metrics
+from trainscale.measure import flops, metrics
 from trainscale.plan.matrix import RunSpec, build_runs
 
 from conftest import base_config
@@ -107,6 +107,12 @@ def ok_record(
         },
     )
     rec["env"]["frameworks"] = {"torch": "2.13.0+cpu"}
+    peak = 1e11 * spec.world_size  # a measured peak of 100 GFLOP/s per worker
+    rec["flops"] = flops.block(
+        {"per_sample": 2e6, "method": "flop_counter", "peak_per_second": peak,
+         "peak_source": "measured", "peak_device": "test cpu"},
+        rec["throughput"],
+    )  # fmt: skip
     return rec
 
 

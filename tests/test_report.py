@@ -40,6 +40,7 @@ FIGURES = (
     "throughput",
     "speedup",
     "efficiency",
+    "mfu",
     "efficiency_heatmap",
     "epoch_time",
     "warmup",

@@ -13,7 +13,7 @@ from matplotlib.figure import Figure
 
 from trainscale.analysis.aggregate import Study
 from trainscale.report.figures.facets import TOP, finish, grid, reference_handle
-from trainscale.report.figures.lined import draw_lines
+from trainscale.report.figures.lined import draw_lines, lines_figure
 from trainscale.report.figures.registry import Kind, figure, ok_cells
 from trainscale.report.figures.style import MAKO, labels, relative_luminance
 
@@ -68,6 +68,16 @@ def draw_efficiency(d: pd.DataFrame, kind: Kind) -> Figure:
 
     d = d.assign(efficiency_pct=100 * d["efficiency"])
     return draw_lines(d, kind, ref=ref, legend_extra=[reference_handle("ideal: 100 %", "--")])
+
+
+def _mfu(study: Study) -> pd.DataFrame | str:
+    d = ok_cells(study, "mfu_mean")
+    if isinstance(d, str):
+        return d
+    return d.assign(mfu_pct=100 * d["mfu_mean"], mfu_ci_pct=100 * d["mfu_ci95"])
+
+
+lines_figure("mfu", data=_mfu, row=("model",), col=("dataset",))
 
 
 @figure(

@@ -56,6 +56,8 @@ def test_check_fails_on_a_bad_study_naming_the_key(tmp_path):
 def test_an_unknown_command_is_refused():
     p = trainscale("bogus")
     assert p.returncode == 2 and "invalid choice: 'bogus'" in p.stderr
+    p = trainscale("--bogus")
+    assert p.returncode == 2 and "unrecognized arguments: --bogus" in p.stderr
 
 
 def test_report_and_compare_still_run_as_modules(tmp_path):

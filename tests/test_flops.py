@@ -82,3 +82,18 @@ def test_peaks_live_beside_the_study(tmp_path):
     assert flops.peaks_dir(run, out) == (tmp_path / "results" / "s" / "peaks").resolve()
     elsewhere = tmp_path / "x" / "metrics.json"
     assert flops.peaks_dir(run, elsewhere) == (tmp_path / "x" / "peaks").resolve()
+
+
+def test_peak_is_the_datasheets_for_a_listed_gpu_else_measured(tmp_path):
+    def gemm() -> float:
+        raise AssertionError("a listed GPU needs no measurement")
+
+    assert flops.peak("NVIDIA A100-SXM4-80GB", "bf16", "k", tmp_path, "h", gemm) == (
+        312 * T,
+        "datasheet",
+    )
+    assert flops.peak("Tesla V100-SXM2-32GB", "bf16", "v", tmp_path, "h", lambda: 5.0) == (
+        5.0,
+        "measured",
+    )  # no bf16 units: measured
+    assert flops.peak(None, "fp32", "cpu", tmp_path, "h", lambda: 7.0) == (7.0, "measured")

@@ -284,6 +284,10 @@ def test_study_runs_every_tf_strategy_beside_pytorch(study):
     assert "trainscale.launch.tfrun --nproc=2" in study["tf-multiworker"]["launch"]["command"]
     assert "TF_USE_LEGACY_KERAS=1" in study["tf"]["launch"]["command"]
     assert "TF_USE_LEGACY_KERAS" not in study["torch"]["launch"]["command"]
+    flops = study["tf"]["flops"]  # Keras takes its torch twin's count (keras_flops)
+    assert flops["method"] == "torch twin: flop_counter"
+    assert flops["per_sample"] == study["torch"]["flops"]["per_sample"] > 0
+    assert flops["peak_source"] == "measured" and 0 < flops["mfu"] <= 1
     results = study["_dir"]["results"]
     rows = list(csv.DictReader((results / "runs.csv").open()))
     assert {r["spec.strategy"] for r in rows} == set(STRATEGIES)

@@ -108,6 +108,11 @@ def test_every_runner_of_the_family_writes_the_same_keys(
         assert sum(map(sum, test["confusion"])) == rec["data"]["test_samples"], strategy
         assert len(test["per_class_accuracy"]) == 10, strategy
         assert test["class_names"] == [str(k) for k in range(10)], strategy
+        # MFU (trainscale.measure.flops): counted FLOPs × throughput over a measured CPU peak
+        f = rec["flops"]
+        assert f["per_sample"] > 0 and f["method"] == "flop_counter", strategy
+        assert f["achieved_per_second"] == pytest.approx(f["per_sample"] * rec["throughput"])
+        assert f["peak_source"] == "measured" and 0 < f["mfu"] <= 1, strategy
 
 
 def test_cpu_busy_share_is_cpu_time_over_wall_time_and_threads():

@@ -64,8 +64,10 @@ def main(argv: list[str] | None = None) -> int:
     p = parser()
     args, rest = p.parse_known_args(argv)
     if args.command is None:
+        if rest:
+            p.error(f"unrecognized arguments: {' '.join(rest)}; give a COMMAND first")
         p.print_help()
-        return 0 if not rest else 2
+        return 0
     module = importlib.import_module(COMMANDS[args.command].module)
     return module.main(rest, prog=f"trainscale {args.command}")
 

@@ -122,6 +122,18 @@ def measured_peak(cache_dir: Path, host: str, key: str, measure: Callable[[], fl
     return float(known[key])
 
 
+def peak(gpu_name: str | None, precision: str, key: str, cache_dir: Path, host: str,
+         gemm: Callable[[], float], tf32: bool = False) -> tuple[float, str]:  # fmt: skip
+    """One device's peak FLOP/s and its source: the datasheet's for a GPU with a row (and the
+    precision in it), else `gemm()` (a matrix multiply's best rate on this device) measured
+    once per `host` and `key` and kept in `cache_dir`."""
+    if gpu_name is not None:
+        listed = datasheet_peak(gpu_name, precision, tf32=tf32)
+        if listed is not None:
+            return listed, "datasheet"
+    return measured_peak(cache_dir, host, key, gemm), "measured"
+
+
 def block(counted: dict | None, throughput: float | None) -> dict:
     """The record's `flops` block from what the runner counted (per_sample, method,
     analytic_per_sample, peak_per_second, peak_source, peak_device) and the run's steady

@@ -34,22 +34,18 @@ def counted(spec: RunSpec, shape: tuple[int, ...], classes: int, gpu_name: str |
             out: str | Path, devices: int) -> dict:  # fmt: skip
     """The runner's part of the `flops` block: the twin's count and the devices' peak."""
     per_sample, method = _twin_count(spec, shape, classes)
-    peak = flops.datasheet_peak(gpu_name, spec.precision) if gpu_name else None
-    source, name = "datasheet", gpu_name or metrics.cpu_name()
-    if peak is None:
-        side, dtype = flops.GEMM_SIDE, TF_DTYPES[spec.precision]
-        a = tf.random.normal((side, side), dtype=tf.float32)
-        a = tf.cast(a, dtype)
+    name = gpu_name or metrics.cpu_name()
+
+    def gemm() -> float:
+        side = flops.GEMM_SIDE
+        a = tf.cast(tf.random.normal((side, side), dtype=tf.float32), TF_DTYPES[spec.precision])
         matmul = tf.function(lambda: tf.matmul(a, a))
-        threads = tf.config.threading.get_intra_op_parallelism_threads() or os.cpu_count()
-        key = f"{'cuda' if gpu_name else 'cpu'}:{name}:{spec.precision}:threads={threads}:tf"
-        peak = flops.measured_peak(
-            flops.peaks_dir(spec.path, out),
-            metrics.hostname(),
-            key,
-            lambda: flops.gemm_flops_per_second(lambda: matmul().numpy(), side, lambda: None),
-        )
-        source = "measured"
+        return flops.gemm_flops_per_second(lambda: matmul().numpy(), side, lambda: None)
+
+    threads = tf.config.threading.get_intra_op_parallelism_threads() or os.cpu_count()
+    key = f"{'cuda' if gpu_name else 'cpu'}:{name}:{spec.precision}:threads={threads}:tf"
+    peak, source = flops.peak(gpu_name, spec.precision, key, flops.peaks_dir(spec.path, out),
+                              metrics.hostname(), gemm)  # fmt: skip
     return {
         "per_sample": per_sample,
         "method": method,

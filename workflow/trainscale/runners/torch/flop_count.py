@@ -14,8 +14,7 @@ from trainscale.models import gpt
 from trainscale.models import torch_models as models
 from trainscale.plan import catalog
 from trainscale.plan.runspec import RunSpec
-
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+from trainscale.runners.torch.torch_parts import DTYPES
 
 
 def per_sample(model: str, shape: tuple[int, ...], classes: int) -> float:
@@ -35,32 +34,21 @@ def per_sample(model: str, shape: tuple[int, ...], classes: int) -> float:
 
 def device_peak(spec: RunSpec, device: torch.device, out: str | Path) -> tuple[float, str, str]:
     """(peak FLOP/s of one device at the run's precision, its source, the device's name)."""
-    dtype = DTYPES[spec.precision]
-    if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-        tf32 = torch.backends.cuda.matmul.allow_tf32
-        peak = flops.datasheet_peak(name, spec.precision, tf32=tf32)
-        if peak is not None:
-            return peak, "datasheet", name
-    else:
-        name = metrics.cpu_name()
-    side = flops.GEMM_SIDE
-    a = torch.randn(side, side, device=device).to(dtype)
-    b = torch.randn(side, side, device=device).to(dtype)
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+    name = gpu or metrics.cpu_name()
 
-    def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+    def gemm() -> float:
+        side, dtype = flops.GEMM_SIDE, DTYPES[spec.precision] or torch.float32
+        a = torch.randn(side, side, device=device).to(dtype)
+        b = torch.randn(side, side, device=device).to(dtype)
+        sync = (lambda: torch.cuda.synchronize(device)) if gpu else (lambda: None)
+        return flops.gemm_flops_per_second(lambda: a @ b, side, sync)
 
-    threads = torch.get_num_threads()
-    key = f"{device.type}:{name}:{spec.precision}:threads={threads}"
-    measured = flops.measured_peak(
-        flops.peaks_dir(spec.path, out),
-        metrics.hostname(),
-        key,
-        lambda: flops.gemm_flops_per_second(lambda: a @ b, side, sync),
-    )
-    return measured, "measured", name
+    key = f"{device.type}:{name}:{spec.precision}:threads={torch.get_num_threads()}"
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    peak, source = flops.peak(gpu, spec.precision, key, flops.peaks_dir(spec.path, out),
+                              metrics.hostname(), gemm, tf32=tf32)  # fmt: skip
+    return peak, source, name
 
 
 def counted(spec: RunSpec, shape: tuple[int, ...], classes: int, device: torch.device,

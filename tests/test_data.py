@@ -93,7 +93,8 @@ def test_info_covers_every_dataset():
     for name in data.DATASETS:
         meta = data.info(name)
         assert meta.name == name
-        assert len(meta.shape) == 3
+        assert len(meta.shape) == (3 if meta.input == "image" else 0)  # tokens: (seq_len,)
+        assert (meta.input == "tokens") == (name in data.TOKEN_SETS)
         assert meta.synthetic == name.startswith("synthetic-")
         assert bool(meta.files) == (name in ("mnist", "cifar10"))
     assert data.info("synthetic-imagenet").shape == (3, 224, 224)

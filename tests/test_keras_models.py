@@ -39,6 +39,8 @@ IMAGE_MODELS = tuple(m for m in models.MODELS if catalog.MODELS[m].input == "ima
 SHAPES: dict[tuple, str] = {}
 for _name in data.DATASETS:
     _i = data.info(_name)
+    if _i.input != "image":
+        continue
     SHAPES.setdefault((_i.shape, _i.num_classes), _name)
 
 PAIRS = [

@@ -79,6 +79,7 @@ from trainscale.analysis.cells import (
     fastest,
     scaling_frame,
     t975,
+    with_seq_len,
 )
 from trainscale.analysis.comm_model import (
     COLLECTIVE_COLUMNS,
@@ -139,4 +140,5 @@ __all__ = [
     "study_name",
     "summary_text",
     "t975",
+    "with_seq_len",
 ]

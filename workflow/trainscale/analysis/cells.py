@@ -86,8 +86,15 @@ def ci95(values: Sequence[float]) -> tuple[float, float, float]:
     return float(x.mean()), std, float(t975(n) * std / math.sqrt(n)) if n > 1 else math.nan
 
 
+def with_seq_len(table: pd.DataFrame, column: str = "spec.seq_len") -> pd.DataFrame:
+    """`table` with its seq_len column, 0 (an image run) where a table made before the axis
+    existed has none."""
+    return table if column in table else table.assign(**{column: 0})
+
+
 def _cells_of(runs: pd.DataFrame) -> pd.DataFrame:
     """The runs table reduced to cell keys and the per-run metrics that scaling.csv averages."""
+    runs = with_seq_len(runs)
     d = pd.DataFrame({k: runs[f"spec.{k}"] for k in CELL})
     d["world_size"] = runs["spec.world_size"]
     d["global_batch_size"] = runs.get("spec.global_batch_size", np.nan)

@@ -201,6 +201,7 @@ def _read_valid(paths: Sequence[str]) -> tuple[list[dict], Invalid]:
             invalid.append((p, str(e).removeprefix(f"{p}: ")))  # the path is listed beside it
             continue
         rec["run"] = run_id(p)
+        rec["spec"].setdefault("seq_len", 0)  # written before the axis: an image run
         records.append(rec)
     return records, invalid
 

@@ -62,7 +62,7 @@ VOLUME = catalog.comm_volumes()
 #: What a family shares: every matrix value but workers and nodes.
 FAMILY = aggregate.BASELINE
 PREDICTION_COLUMNS = [
-    *FAMILY[:6],
+    *(k for k in FAMILY if k != "precision"),
     "precision",
     "world_size",
     "nodes",
@@ -103,6 +103,7 @@ def observations(runs: pd.DataFrame) -> pd.DataFrame:
         r = r[~r["device.logical"].map(lambda v: v is True or str(v).lower() == "true")]
     if not len(r):
         return pd.DataFrame()
+    r = aggregate.with_seq_len(r)
     d = pd.DataFrame({k: r[f"spec.{k}"] for k in FAMILY})
     d["world_size"] = r["spec.world_size"].astype(int)
     d["nodes"] = r["spec.nodes"].astype(int)

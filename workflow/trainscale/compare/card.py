@@ -42,7 +42,16 @@ from trainscale.plan.matrix import MATRIX_KEYS
 SCHEMA_ID = "trainscale.scaling-card/1"
 SCHEMA_PATH = Path(__file__).resolve().parents[2] / "schemas" / "scaling-card.schema.yaml"
 #: A card's groups: strategy × model × precision, and what else must match to compare by N.
-GROUP = ["strategy", "model", "precision", "dataset", "scale", "batch_size", "batch_mode"]
+GROUP = [
+    "strategy",
+    "model",
+    "precision",
+    "dataset",
+    "seq_len",
+    "scale",
+    "batch_size",
+    "batch_mode",
+]
 #: Spec keys that are not study-wide settings: they name the cell or the repeat, follow from
 #: the cell (world size, batch per worker, the scaled learning rate), or are a local path.
 NOT_CONFIG = {

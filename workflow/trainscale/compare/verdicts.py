@@ -92,7 +92,7 @@ def cells_of(card: dict) -> dict[tuple, dict]:
     out = {}
     for g in card["scaling"]:
         for p in g["by_n"]:
-            values = {**{k: g[k] for k in ts_card.GROUP}, "workers": p["workers"]}
+            values = {**{k: g.get(k, 0) for k in ts_card.GROUP}, "workers": p["workers"]}
             values["nodes"] = p["nodes"]
             out[tuple(values[k] for k in CELL)] = p
     return out

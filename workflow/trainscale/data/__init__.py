@@ -29,6 +29,7 @@ from trainscale.data.catalogue import (
     CIFAR_RECORDS_PER_FILE,
     DATASETS,
     SOURCES,
+    TOKEN_SETS,
     Arrays,
     DataError,
     DatasetInfo,
@@ -43,6 +44,7 @@ __all__ = [
     "CIFAR_RECORDS_PER_FILE",
     "DATASETS",
     "SOURCES",
+    "TOKEN_SETS",
     "Arrays",
     "DataError",
     "DatasetInfo",
@@ -66,6 +68,8 @@ def load(name: str, data_dir: str | Path, seed: int = 0, samples: int | None = N
     range. Any problem raises DataError naming the file.
     """
     meta = info(name)
+    if meta.input == "tokens":
+        raise ValueError(f"{name} holds token ids: trainscale.data.tokens reads it, not load()")
     root = Path(data_dir)
     if meta.synthetic:
         return synthetic_arrays(meta, seed, samples)

@@ -20,7 +20,11 @@ DATASETS: tuple[str, ...] = (
     "synthetic-mnist",
     "synthetic-cifar10",
     "synthetic-imagenet",
+    "synthetic-tokens",
+    "shakespeare",
 )
+#: Built-in sets of token ids (DatasetInfo.input "tokens"); the rest hold images.
+TOKEN_SETS: tuple[str, ...] = ("synthetic-tokens", "shakespeare")
 
 
 class DataError(Exception):
@@ -29,15 +33,18 @@ class DataError(Exception):
 
 @dataclass(frozen=True)
 class DatasetInfo:
-    """Static facts about a dataset, known without reading any file."""
+    """Static facts about a dataset, known without reading any file. A token set's sample is
+    a window of seq_len ids, a matrix axis: its `shape` is (seq_len,) once a run fixes it,
+    () before; its classes are its vocabulary and its sample counts are token counts."""
 
     name: str
-    shape: tuple[int, int, int]  # (C, H, W)
+    shape: tuple[int, ...]  # (C, H, W) of an image; (seq_len,) or () for tokens
     num_classes: int
     train_samples: int
     test_samples: int
     synthetic: bool
     files: tuple[str, ...]  # relative to data_dir; empty when nothing is read from disk
+    input: str = "image"  # "image" or "tokens": what a model must eat (catalog Model.input)
 
 
 @dataclass
@@ -101,6 +108,14 @@ _INFO: dict[str, DatasetInfo] = {
     "synthetic-imagenet": DatasetInfo(
         "synthetic-imagenet", (3, 224, 224), 1000, 1280, 256, True, ()
     ),
+    # Random ids over GPT-2's vocabulary padded to a multiple of 64 (nanoGPT's 50,304): 2^20
+    # training tokens (`samples` sets the windows instead), no evaluation, like the images.
+    "synthetic-tokens": DatasetInfo(
+        "synthetic-tokens", (), 50_304, 1 << 20, 1 << 16, True, (), "tokens"
+    ),
+    # The byte-level corpus that ships in the package (trainscale.data.tokens): 1,036,481
+    # bytes of Shakespeare, the last tenth the validation split.
+    "shakespeare": DatasetInfo("shakespeare", (), 256, 932_832, 103_649, False, (), "tokens"),
 }
 
 # Usual normalisation constants (of x / 255), as used by torchvision examples.

@@ -16,6 +16,7 @@ import tarfile
 from pathlib import Path
 
 from trainscale import data
+from trainscale.data import tokensets
 from trainscale.data.imagesets import (
     BUILTIN_KEYS,
     FORMATS,
@@ -41,6 +42,9 @@ def problems(config: dict) -> list[str]:
         if not isinstance(entry, dict):
             continue
         key = f"datasets.{name}"
+        if entry.get("format") == tokensets.FORMAT and name not in data.DATASETS:
+            out.extend(tokensets.problems(name, entry, key, name in used))
+            continue
         found = _entry_problems(name, entry, key)
         if not found and name in used and name not in data.DATASETS:
             found = _file_problems(entry, key)
@@ -64,7 +68,8 @@ def _unknown_names(config: dict, datasets: dict) -> list[str]:
         out.append(
             f"matrix.dataset[{i}]: {name!r} is not one of {', '.join(data.DATASETS)}, nor a "
             f"name under datasets:{hint} (to train on your own images, add "
-            f"datasets.{name}: {{format, train, test, image_size}}; docs/data.md)"
+            f"datasets.{name}: {{format, train, test, image_size}}, or your token files with "
+            f"datasets.{name}: {{format: tokens, train, test, vocab_size}}; docs/data.md)"
         )
     return out
 

@@ -23,6 +23,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from trainscale import data
+from trainscale.data import tokensets
 
 FORMATS: tuple[str, ...] = ("imagefolder", "webdataset")
 #: File endings the readers take as images (Pillow and tf.io.decode_image read them all).
@@ -155,7 +156,7 @@ def source_of(name: str, config: dict) -> ImageSource | None:
     """The frozen ImageSource of a user data set (paths made absolute, from the directory
     Snakemake runs in), or None for a built-in one."""
     entry = (config.get("datasets") or {}).get(name)
-    if name in data.DATASETS or entry is None:
+    if name in data.DATASETS or entry is None or entry["format"] == tokensets.FORMAT:
         return None
     if entry["format"] == "imagefolder":
         classes = len(folder_classes(entry["train"]))
@@ -173,8 +174,8 @@ def source_of(name: str, config: dict) -> ImageSource | None:
 
 def run_fields(name: str, config: dict) -> dict:
     """The RunSpec fields of a data set: `image_size` (None: as stored), `image_source` (None:
-    built-in, in memory) and `loader_workers` (loader processes beside each training worker;
-    0 for built-in sets, which need none)."""
+    built-in, in memory), `loader_workers` (loader processes beside each training worker;
+    0 for built-in sets, which need none) and `token_source` (the user's token files)."""
     entry = (config.get("datasets") or {}).get(name) or {}
     size = entry.get("image_size")
     source = source_of(name, config)
@@ -182,7 +183,9 @@ def run_fields(name: str, config: dict) -> dict:
         "image_size": tuple(size) if size else None,
         "image_source": source,
         "loader_workers": config.get("loader_workers", 0) if source else 0,
-    }
+        "token_source": tokensets.source_of(name, config) if tokensets.is_tokens(name, config)
+        else None,
+    }  # fmt: skip
 
 
 def info(name: str, config: dict) -> data.DatasetInfo:
@@ -191,6 +194,8 @@ def info(name: str, config: dict) -> data.DatasetInfo:
     `steps_per_epoch` needs them, else 0: counting a million files at every parse is slow)."""
     entry = (config.get("datasets") or {}).get(name) or {}
     size = entry.get("image_size")
+    if tokensets.is_tokens(name, config):
+        return tokensets.info(name, tokensets.source_of(name, config))
     if name in data.DATASETS:
         base = data.info(name)
         return dataclasses.replace(base, shape=(base.shape[0], *size)) if size else base
@@ -204,6 +209,13 @@ def info(name: str, config: dict) -> data.DatasetInfo:
 def spec_info(spec: dict) -> data.DatasetInfo:
     """data.info for a run spec (RunSpec.to_dict()): what a runner, the metrics or a rule ask
     about its data set without the config at hand."""
+    if spec.get("seq_len"):  # tokens: (seq_len,), the vocabulary as the classes
+        base = data.info(spec["dataset"]) if spec["dataset"] in data.DATASETS else None
+        if spec.get("token_source") is None and base is not None:
+            return dataclasses.replace(base, shape=(spec["seq_len"],))
+        vocab = spec["token_source"]["vocab_size"]
+        return data.DatasetInfo(spec["dataset"], (spec["seq_len"],), vocab, 0, 0, False, (),
+                                tokensets.FORMAT)  # fmt: skip
     size, source = spec.get("image_size"), spec.get("image_source")
     if source is None:
         base = data.info(spec["dataset"])
@@ -213,9 +225,18 @@ def spec_info(spec: dict) -> data.DatasetInfo:
 
 def data_block(spec: dict) -> dict:
     """The metrics' `data` fields that say what was trained on: `format` (imagefolder,
-    webdataset, or memory for built-in arrays), `input_shape` ([C, H, W] as trained) and
-    `loader_workers`."""
+    webdataset, tokens for the user's token files, or memory for built-in arrays),
+    `input_shape` ([C, H, W] as trained; [seq_len] for tokens) and `loader_workers`; for
+    tokens also `seq_len` and `vocab_size`."""
     source = spec.get("image_source")
+    if spec.get("seq_len"):
+        return {
+            "format": tokensets.FORMAT if spec.get("token_source") else "memory",
+            "input_shape": [spec["seq_len"]],
+            "loader_workers": 0,
+            "seq_len": spec["seq_len"],
+            "vocab_size": spec_info(spec).num_classes,
+        }
     return {
         "format": source["format"] if source else "memory",
         "input_shape": list(spec_info(spec).shape),
@@ -234,6 +255,8 @@ def count(source: ImageSource, split: str) -> int:
 def shape_name(spec: dict) -> str:
     """A name for the data set's shape a job without the config can read back (`info_of`):
     the data set's own name when it is a built-in at its own size, else C×H×W×classes."""
+    if spec.get("seq_len"):  # tokens: seq_len × vocabulary
+        return f"{spec['seq_len']}x{spec_info(spec).num_classes}"
     if spec.get("image_source") is None and spec.get("image_size") is None:
         return spec["dataset"]
     i = spec_info(spec)
@@ -241,9 +264,14 @@ def shape_name(spec: dict) -> str:
 
 
 def info_of(name: str) -> data.DatasetInfo:
-    """data.info for a `shape_name`: a built-in's, or shape and classes read from C×H×W×K."""
+    """data.info for a `shape_name`: a built-in's, or shape and classes read from C×H×W×K
+    (T×V for tokens)."""
     if name in data.DATASETS:
         return data.info(name)
+    parts = name.split("x")
+    if len(parts) == 2 and all(v.isdigit() for v in parts):
+        t, v = (int(p) for p in parts)
+        return data.DatasetInfo(name, (t,), v, 0, 0, False, (), tokensets.FORMAT)
     try:
         c, h, w, k = (int(v) for v in name.split("x"))
     except ValueError:

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
+from trainscale.data import catalogue
+
 CORPUS = Path(__file__).resolve().parent / "corpus" / "shakespeare.txt.gz"
 BYTE_VOCAB = 256
 VALIDATION_SHARE = 0.1
@@ -33,12 +35,40 @@ VALIDATION_SHARE = 0.1
 LLMC_HEADER_INTS = 256
 LLMC_MAGIC = {20240520: np.uint16, 20240801: np.uint32}
 LLMC_VERSION = {20240520: 1, 20240801: 7}  # llm.c's dev/data/data_common.py: GPT-2, LLaMA 3
-#: ids a pre-flight check reads to find the largest (evenly spaced over the file)
-SAMPLE_IDS = 100_000
+#: a pre-flight check reads every id of a file up to this many (32 MiB of uint16, tens of
+#: milliseconds), else SAMPLE_CHUNKS runs of SAMPLE_RUN ids evenly spaced over it
+SCAN_IDS = 1 << 24
+SAMPLE_CHUNKS, SAMPLE_RUN = 64, 1 << 16
+
+
+#: test tokens scored per evaluation at most (the split's first ones): nanoGPT scores 200
+#: batches; a held-out file of a billion tokens would otherwise take longer than training
+EVAL_TOKENS = 1 << 20
 
 
 class TokenDataError(ValueError):
     """A token file that cannot be trained on; the message names the key and the fix."""
+
+
+@dataclass(frozen=True)
+class TokenSource:
+    """The user's token files (config `datasets: {NAME: {format: tokens, ...}}`), paths
+    absolute; frozen into the run spec."""
+
+    train: str
+    test: str
+    vocab_size: int
+    dtype: str = "uint16"
+    header: str | None = None  # "llmc" | "none" | None: told by llm.c's magic
+    format: str = "tokens"
+
+    @classmethod
+    def from_dict(cls, d: dict) -> TokenSource:
+        return cls(d["train"], d["test"], int(d["vocab_size"]), d.get("dtype", "uint16"),
+                   d.get("header"))  # fmt: skip
+
+    def split(self, split: str, where: str = "datasets") -> TokenFile:
+        return open_tokens(getattr(self, split), self.dtype, self.header, f"{where}.{split}")
 
 
 @lru_cache(maxsize=1)
@@ -99,17 +129,19 @@ def open_tokens(path: str | Path, dtype: str = "uint16", header: str | None = No
     return TokenFile(path, kind, 0, size // kind.itemsize)
 
 
-def check(tokens: TokenFile, vocab_size: int, need: int, where: str) -> list[str]:
-    """Why `tokens` cannot train a model of `vocab_size` ids with `need` tokens per step over
-    all ranks (one batch per rank, plus the last target), or [] when it can."""
+def check(tokens: TokenFile, vocab_size: int, need: int, where: str,
+          vocab_key: str = "vocab_size") -> list[str]:  # fmt: skip
+    """Why `tokens` cannot train a model of `vocab_size` ids (the config key `vocab_key`) with
+    `need` tokens per step over all ranks (one batch per rank, plus the last target), or []."""
     problems = []
     ids = tokens.ids()
-    step = max(1, len(ids) // SAMPLE_IDS)
-    largest = int(ids[::step].max()) if len(ids) else -1
+    largest = largest_id(ids)
     if largest >= vocab_size:
         problems.append(
-            f"{where}: {tokens.path} holds id {largest}, not below vocab_size {vocab_size}; "
-            "set vocab_size to the tokenizer's vocabulary (50257 for GPT-2's)"
+            f"{where}: {tokens.path} holds id {largest}, not below {vocab_key} {vocab_size}; "
+            f"set {vocab_key} to the tokenizer's vocabulary (50257 for GPT-2's, 50304 padded "
+            "as nanoGPT trains it), or check `dtype:` (a uint32 file read as uint16 shows "
+            "wrong ids)"
         )
     if len(ids) < need:
         problems.append(
@@ -117,6 +149,76 @@ def check(tokens: TokenFile, vocab_size: int, need: int, where: str) -> list[str
             f"needs ({need}); use fewer workers, a smaller batch_size or seq_len, or more tokens"
         )
     return problems
+
+
+def split_ids(
+    dataset: str, source: TokenSource | None, split: str, seed: int = 0,
+    synthetic_tokens: int = 0, vocab: int = BYTE_VOCAB,
+) -> np.ndarray:  # fmt: skip
+    """The ids of one split ("train" or "test") of a token set: the user's file (memory-mapped),
+    the shipped corpus, or `synthetic_tokens` seeded random ids below `vocab`."""
+    if source is not None:
+        return source.split(split).ids()
+    if dataset == "shakespeare":
+        return byte_corpus()[0 if split == "train" else 1]
+    rng = np.random.default_rng([seed, split == "test"])
+    return rng.integers(0, vocab, synthetic_tokens, dtype=np.uint32)
+
+
+def spec_ids(spec, split: str) -> np.ndarray:
+    """The ids of one split of a run's token set (`spec`: a RunSpec): its files, the corpus, or
+    synthetic ids (`samples` windows when the config sets it, else the set's own count)."""
+    info = catalogue.info(spec.dataset) if spec.token_source is None else None
+    vocab = info.num_classes if info else spec.token_source.vocab_size
+    synthetic = spec.samples * spec.seq_len + 1 if spec.samples else 0
+    if info is not None and info.synthetic and not synthetic:
+        synthetic = info.train_samples if split == "train" else info.test_samples
+    return split_ids(spec.dataset, spec.token_source, split, spec.seed, synthetic, vocab)
+
+
+class TrainWindows:
+    """One rank's training batches of a token split: (inputs, targets) int64 arrays of
+    (batch, seq_len), from its share of every epoch's seeded window order (`rank_windows`),
+    the split replicated `scale` times as the image sets are."""
+
+    def __init__(self, ids: np.ndarray, seq_len: int, batch: int, rank: int, world: int,
+                 seed: int, scale: int = 1) -> None:  # fmt: skip
+        self.ids, self.seq_len, self.batch = ids, seq_len, batch
+        self.rank, self.world, self.seed = rank, world, seed
+        self.windows = window_count(len(ids), seq_len)
+        self.count = self.windows * scale
+        self.steps = self.count // world // batch
+
+    def epoch(self, epoch: int):
+        mine = rank_windows(self.count, self.rank, self.world, self.seed, epoch) % self.windows
+        for step in range(self.steps):
+            yield window_batch(self.ids, mine[step * self.batch : (step + 1) * self.batch],
+                               self.seq_len)  # fmt: skip
+
+
+class EvalWindows:
+    """One rank's test batches: the first EVAL_TOKENS of the split as windows in order, every
+    world-th from `rank` (ranks may hold one window more or less; the loop's evaluation pads)."""
+
+    def __init__(self, ids: np.ndarray, seq_len: int, batch: int, rank: int, world: int) -> None:
+        self.ids, self.seq_len, self.batch = ids, seq_len, batch
+        self.windows = window_count(min(len(ids), EVAL_TOKENS + 1), seq_len)
+        self.mine = np.arange(rank, self.windows, world)
+
+    def epoch(self, epoch: int = 1):
+        for i in range(0, len(self.mine), self.batch):
+            yield window_batch(self.ids, self.mine[i : i + self.batch], self.seq_len)
+
+
+def largest_id(ids: np.ndarray) -> int:
+    """The largest id of a file: of all of it up to SCAN_IDS, else of an evenly spaced sample
+    of runs (a file of billions of tokens is not read at every `snakemake -n`); -1 if empty."""
+    if len(ids) == 0:
+        return -1
+    if len(ids) <= SCAN_IDS:
+        return int(ids.max())
+    starts = np.linspace(0, len(ids) - SAMPLE_RUN, SAMPLE_CHUNKS).astype(np.int64)
+    return max(int(ids[s : s + SAMPLE_RUN].max()) for s in starts)
 
 
 def window_count(tokens: int, seq_len: int) -> int:

@@ -15,6 +15,7 @@ WebDataset; none for synthetic data, whose random labels make accuracy meaningle
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 CIFAR10_NAMES: tuple[str, ...] = (
@@ -49,6 +50,16 @@ def scores(confusion: Sequence[Sequence[float]], loss_sum: float) -> dict:
         raise ValueError("the confusion matrix counts no test sample")
     correct = sum(row[i] for i, row in enumerate(counts))
     return {"accuracy": correct / total, "loss": loss_sum / total, "confusion": counts}
+
+
+def token_scores(loss_sum: float, correct: float, tokens: float) -> dict:
+    """The `test` block of a token set, from sums over every scored next-token prediction:
+    next-token accuracy (argmax = the next id), mean cross-entropy per token, and perplexity =
+    exp(mean loss). No confusion: a vocabulary of 50,304 would make it 2.5 billion counts."""
+    if tokens == 0:
+        raise ValueError("the evaluation scored no token")
+    loss = loss_sum / tokens
+    return {"accuracy": correct / tokens, "loss": loss, "perplexity": math.exp(min(loss, 700))}
 
 
 def per_class_accuracy(confusion: Sequence[Sequence[int]]) -> list[float | None]:

@@ -314,6 +314,7 @@ class Recorder:
             "samples": samples,
             "steps": steps,
             "samples_per_second": samples / seconds,
+            **self._tokens(samples / seconds),
             "train_loss": train_loss,
             "step_seconds_p50": percentile(step_seconds, 50),
             "step_seconds_p95": percentile(step_seconds, 95),
@@ -322,6 +323,10 @@ class Recorder:
         }
         self.epochs.append(e)
         return e
+
+    def _tokens(self, samples_per_second: float) -> dict:
+        seq_len = self.spec.get("seq_len") or 0
+        return {"tokens_per_second": samples_per_second * seq_len} if seq_len else {}
 
     def record(self, **parts: Any) -> dict:
         """The whole metrics record for a finished run; `parts` fill the measured blocks."""
@@ -365,10 +370,16 @@ def derived(epochs: list[dict], world_size: int, target_accuracy: float | None) 
     }
 
 
+def tokens_per_second(throughput: float | None, seq_len: int) -> float | None:
+    """Steady tokens/s over all workers on token data (throughput × seq_len); None on images."""
+    return throughput * seq_len if throughput is not None and seq_len else None
+
+
 def ok_record(spec: dict, epochs: list[dict], target_accuracy: float | None) -> dict:
     base = empty_record(spec, "ok", None)
     base["epochs"] = epochs
     base.update(derived(epochs, spec["world_size"], target_accuracy), **datawait.derived(epochs))
+    base["tokens_per_second"] = tokens_per_second(base["throughput"], spec.get("seq_len") or 0)
     return base
 
 
@@ -386,6 +397,7 @@ def empty_record(spec: dict, status: str, error: str | None) -> dict:
         "steady_epoch_seconds": None,
         "throughput": None,
         "throughput_per_worker": None,
+        "tokens_per_second": None,
         "setup_seconds": None,
         "test": {"accuracy": None, "loss": None, **dict.fromkeys(classes.PER_CLASS_KEYS)},
         "time_to_accuracy_seconds": None,

@@ -446,7 +446,7 @@ def _input_kind(c: Cell) -> str | None:
 
 def _input_side(c: Cell) -> str | None:
     need = MODELS[c.model].min_side
-    if c.input_side < need:
+    if c.data_input == "image" and c.input_side < need:
         side = c.input_side
         return f"{c.model} needs inputs of at least {need}×{need}; {c.dataset} is {side}×{side}"
     return None

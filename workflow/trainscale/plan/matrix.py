@@ -16,9 +16,12 @@ from collections import Counter
 from pathlib import Path
 
 from trainscale import data
-from trainscale.data import imagecheck, imagesets
+from trainscale.data import imagecheck, imagesets, tokens, tokensets
 from trainscale.plan import catalog, speed_options
 from trainscale.plan.runspec import MATRIX_KEYS, ConfigError, Dropped, Fault, RunSpec
+
+#: Tokens per window when matrix.seq_len is not given (the schema's default).
+DEFAULT_SEQ_LEN = 256
 
 #: Strategies this version can run: those with a runner.
 IMPLEMENTED: frozenset[str] = frozenset(s.name for s in catalog.STRATEGIES.values() if s.runner)
@@ -41,7 +44,8 @@ def why_not(
     info: data.DatasetInfo | None = None,
 ) -> str | None:
     """The reason a strategy or model cannot do this combination, or None if it can."""
-    shape = (info or data.info(values["dataset"])).shape
+    info = info or data.info(values["dataset"])
+    shape, image = info.shape, info.input == "image"
     builtin = values["dataset"] in data.DATASETS
     cell = catalog.Cell(
         **{k: values[k] for k in ("strategy", "model", "dataset", "workers", "nodes")},
@@ -49,9 +53,10 @@ def why_not(
         accelerator=accelerator,
         microbatches=microbatches,
         schedule=schedule,
-        input_side=min(shape[1], shape[2]),
-        user_data=not builtin,
-        resized=builtin and tuple(shape) != tuple(data.info(values["dataset"]).shape),
+        input_side=min(shape[1], shape[2]) if image else 0,
+        data_input=info.input,
+        user_data=not builtin and image,
+        resized=builtin and image and tuple(shape) != tuple(data.info(values["dataset"]).shape),
     )
     return catalog.why_not(cell)
 
@@ -133,14 +138,20 @@ def build_runs(config: dict, accelerator: str = "cpu") -> tuple[list[RunSpec], l
     layout, compile_ = config.get("memory_format", "contiguous"), config.get("compile", False)
     runs: list[RunSpec] = []
     dropped: list[Dropped] = []
-    for combo in itertools.product(*(m[k] for k in MATRIX_KEYS)):
+    axes = {**m, "seq_len": m.get("seq_len") or [DEFAULT_SEQ_LEN]}
+    token_sets = {n: tokensets.is_tokens(n, config) for n in m["dataset"]}
+    for combo in itertools.product(*(axes[k] for k in MATRIX_KEYS)):
         values = dict(zip(MATRIX_KEYS, combo, strict=True))
+        if not token_sets[values["dataset"]]:  # images: no seq_len, one cell for all its values
+            if values["seq_len"] != axes["seq_len"][0]:
+                continue
+            values["seq_len"] = 0
         if _excluded(values, m.get("exclude", [])):
             dropped.append(Dropped(values, "excluded by matrix.exclude"))
             continue
         pipe = values["strategy"] == "torch-pipeline"
         mb, schedule = config.get("microbatches", 4), config.get("pipeline_schedule", "gpipe")
-        info = imagesets.info(values["dataset"], config)
+        info = _info(values, config)
         reason = why_not(values, accelerator, mb, schedule, info) or speed_options.why_not(
             values["strategy"], values["model"], layout, compile_
         )
@@ -156,7 +167,11 @@ def build_runs(config: dict, accelerator: str = "cpu") -> tuple[list[RunSpec], l
             continue
         samples = config.get("samples") if info.synthetic else None
         limit = config.get("steps_per_epoch")
-        reason = _too_few_steps(values, samples or info.train_samples, world, pwbs, limit)
+        have = samples or info.train_samples
+        if values["seq_len"]:  # token sets count windows of seq_len ids
+            have = samples or tokens.window_count(info.train_samples, values["seq_len"])
+            reason = _short_of_tokens(values, info, world, pwbs, samples)
+        reason = reason or _too_few_steps(values, have, world, pwbs, limit)
         if reason:
             dropped.append(Dropped(values, reason))
             continue
@@ -220,6 +235,28 @@ def build_runs(config: dict, accelerator: str = "cpu") -> tuple[list[RunSpec], l
         )
     _check_faults(config.get("faults", []), runs)
     return runs, dropped
+
+
+def _info(values: dict, config: dict) -> data.DatasetInfo:
+    """data.info of the cell's data set: a token set's at the cell's seq_len."""
+    name = values["dataset"]
+    if values["seq_len"]:
+        return tokensets.info(name, tokensets.source_of(name, config), values["seq_len"])
+    return imagesets.info(name, config)
+
+
+def _short_of_tokens(
+    values: dict, info: data.DatasetInfo, world: int, batch: int, samples: int | None
+) -> str | None:
+    """Why the cell's ranks do not each get one full batch of windows (a dropped cell's reason
+    for a built-in set); for the user's files a ConfigError naming the key, before any job."""
+    if samples:  # synthetic-tokens of `samples` windows
+        return None
+    ranks = 1 if values["strategy"] == "torch-pipeline" else world
+    reason = tokensets.short(values["dataset"], info, values["seq_len"], ranks, batch)
+    if reason and values["dataset"] not in data.DATASETS:
+        raise ConfigError(f"datasets.{values['dataset']}.train: {reason}")
+    return reason
 
 
 def _too_few_steps(

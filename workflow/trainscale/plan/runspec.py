@@ -11,14 +11,16 @@ from __future__ import annotations
 import json
 from dataclasses import MISSING, asdict, dataclass, fields
 
-from trainscale.data import imagesets
+from trainscale.data import imagesets, tokens
 from trainscale.plan import catalog
 
-#: Matrix keys in path order. `repeat` follows them in the path.
+#: Matrix keys in path order. `repeat` follows them in the path; `seq_len` is in it only for
+#: token data (0, and left out of the path, for images).
 MATRIX_KEYS: tuple[str, ...] = (
     "strategy",
     "model",
     "dataset",
+    "seq_len",
     "scale",
     "batch_size",
     "batch_mode",
@@ -27,6 +29,7 @@ MATRIX_KEYS: tuple[str, ...] = (
     "precision",
 )
 
+_IMAGE_KEYS = tuple(k for k in MATRIX_KEYS if k != "seq_len")
 
 #: A spec's JSON: sorted keys, no spaces. One encoder, made once: json.dumps with options
 #: builds a new one per call, and a dry-run writes one spec per run.
@@ -62,6 +65,7 @@ class RunSpec:
     precision: str
     repeat: int
     seed: int
+    seq_len: int  # tokens per window (matrix seq_len); 0 for image data
     epochs: int
     optimizer: str
     lr: float
@@ -92,6 +96,7 @@ class RunSpec:
     ps_tasks: int = 0  # tf-ps: parameter servers (config ps_tasks); 0 for other strategies
     memory_format: str = "contiguous"  # config memory_format (trainscale.plan.speed_options)
     compile: bool = False  # config compile: torch.compile the model
+    token_source: tokens.TokenSource | None = None  # the user's token files (`datasets:`)
 
     @property
     def processes(self) -> int:
@@ -106,7 +111,8 @@ class RunSpec:
     @property
     def path(self) -> str:
         """Run id and output sub-path: `key~value` segments, as Snakemake's Paramspace writes."""
-        parts = [f"{k}~{getattr(self, k)}" for k in MATRIX_KEYS]
+        keys = MATRIX_KEYS if self.seq_len else _IMAGE_KEYS
+        parts = [f"{k}~{getattr(self, k)}" for k in keys]
         return "/".join([*parts, f"repeat~{self.repeat}"])
 
     @property
@@ -119,7 +125,7 @@ class RunSpec:
         # serialises one spec per run (8,000 in a large study)
         d = {name: getattr(self, name) for name in self.__dataclass_fields__}
         d["betas"] = list(self.betas)
-        for nested in ("fault", "image_source"):
+        for nested in ("fault", "image_source", "token_source"):
             if d[nested] is not None:
                 d[nested] = asdict(d[nested])
         return d
@@ -129,6 +135,7 @@ class RunSpec:
 
     @classmethod
     def from_dict(cls, d: dict) -> RunSpec:
+        d = {"seq_len": 0, **d}  # a spec written before the axis: an image run
         names = {f.name for f in fields(cls)}
         missing = {f.name for f in fields(cls) if f.default is MISSING} - set(d)
         if missing:
@@ -141,6 +148,8 @@ class RunSpec:
             kw["image_size"] = tuple(kw["image_size"])
         if kw.get("image_source"):
             kw["image_source"] = imagesets.ImageSource.from_dict(kw["image_source"])
+        if kw.get("token_source"):
+            kw["token_source"] = tokens.TokenSource.from_dict(kw["token_source"])
         return cls(**kw)
 
     @classmethod

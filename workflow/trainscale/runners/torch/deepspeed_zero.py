@@ -17,13 +17,13 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 import yaml
 
 from trainscale.models import torch_models as models
 from trainscale.plan.matrix import RunSpec
 from trainscale.runners.torch.exposed import measure_exposed_communication
 from trainscale.runners.torch.torch_loop import Plugin, Shard, run
+from trainscale.runners.torch.torch_parts import loss_of
 from trainscale.runners.torch.torch_speed import compiled
 
 #: ds_config keys the study owns: a user fragment may not override them.
@@ -177,7 +177,7 @@ class ZeRO(Plugin):
         if spec.compile:  # DeepSpeed's own: the module compiled in place, at its first call
             self.engine.compile()
         self.eval_model = self.net = self.engine
-        self.input_dtype = self.dtype
+        self.input_dtype = None if self.loop.tokens else self.dtype  # ids stay integers
         self.micro = spec.per_worker_batch_size // spec.grad_accum
         self.breakdown_sum = dict.fromkeys(TIMERS, 0.0)
         self.engine.train()
@@ -192,7 +192,8 @@ class ZeRO(Plugin):
         lp, engine, m = self.loop, self.engine, self.micro
         loss_sum = torch.zeros((), device=lp.device)
         for x, y in zip(xs.split(m), ys.split(m), strict=True):
-            loss = F.cross_entropy(engine(x if self.dtype is None else x.to(self.dtype)).float(), y)
+            x = x if self.input_dtype is None else x.to(self.input_dtype)
+            loss = loss_of(engine(x).float(), y)
             engine.backward(loss)
             engine.step()
             loss_sum += loss.detach()
@@ -209,7 +210,7 @@ class ZeRO(Plugin):
         return measure_exposed_communication(
             "replica", lp.rec.epochs, compiled(replica, self.spec),
             lp.make_optimizer(replica.parameters()),
-            lp.sample_batches(self.micro, dtype), lp.device,
+            lp.sample_batches(self.micro, self.input_dtype), lp.device,
             grad_accum=self.spec.grad_accum,
         )  # fmt: skip
 

@@ -130,14 +130,14 @@ def measure_exposed_communication(
     kind: `ddp` (model is DDP), `fsdp` (model is FSDP2-sharded), or `replica` (model and opt
     are a local copy with no communication at all: DeepSpeed ZeRO, Horovod). batches(i) gives
     the i-th micro-batch (x, y); a step is `grad_accum` of them and one optimizer step."""
-    import torch.nn.functional as F
+    from trainscale.runners.torch.torch_parts import loss_of
 
     def step(i: int) -> None:
         opt.zero_grad(set_to_none=True)
         for m in range(grad_accum):
             x, y = batches(i * grad_accum + m)
             with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
-                loss = F.cross_entropy(model(x).float(), y) / grad_accum
+                loss = loss_of(model(x).float(), y) / grad_accum
             (scaler.scale(loss) if scaler is not None else loss).backward()
         if scaler is not None:
             scaler.step(opt)

@@ -28,13 +28,13 @@ import os
 import horovod
 import horovod.torch as hvd
 import torch
-import torch.nn.functional as F
 
 from trainscale.measure import metrics
 from trainscale.plan.matrix import RunSpec
 from trainscale.runners.common import Rank
 from trainscale.runners.torch.exposed import measure_exposed_communication
 from trainscale.runners.torch.torch_loop import Plugin, Shard, run
+from trainscale.runners.torch.torch_parts import loss_of
 from trainscale.runners.torch.torch_speed import compiled
 
 
@@ -96,10 +96,10 @@ class Horovod(Plugin):
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         if self.dtype is None:  # fp32: no autocast context to enter (it costs per step)
-            loss = F.cross_entropy(self.step_net(x), y)
+            loss = loss_of(self.step_net(x), y)
         else:
             with torch.autocast(self.loop.device.type, dtype=self.dtype):
-                loss = F.cross_entropy(self.step_net(x), y)
+                loss = loss_of(self.step_net(x), y)
         self.opt.zero_grad()  # Horovod's takes no set_to_none; None is torch's default
         if self.scaler.is_enabled():  # fp16: Horovod's AMP recipe
             self.scaler.scale(loss).backward()

@@ -23,12 +23,11 @@ from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.utils.data.distributed import DistributedSampler
 
 from trainscale import data
-from trainscale.data import imagedata, imagesets
+from trainscale.data import imagedata, imagesets, tokendata
 from trainscale.measure import datawait, metrics
 from trainscale.measure.device_usage import CpuUsage, energy_once_per_device
 from trainscale.measure.memory import memory_block
@@ -54,6 +53,7 @@ from trainscale.runners.torch.torch_parts import (
     group_backend,
     leave,
     loader_eval_batches,
+    loss_of,
     make_optimizer,
     memory_eval_batches,
     phase_peaks,
@@ -170,10 +170,10 @@ class Plugin:
         """One optimizer step on this batch (on the device); returns the detached loss (a 0-d
         tensor, not read here: reading it would wait for the device every step)."""
         if self.dtype is None:  # no autocast context to enter (it costs per step); FSDP's
-            loss = F.cross_entropy(self.model(x).float(), y)  # policy may still cast
+            loss = loss_of(self.model(x).float(), y)  # policy may still cast
         else:
             with torch.autocast(self.loop.device.type, dtype=self.dtype):
-                loss = F.cross_entropy(self.model(x).float(), y)
+                loss = loss_of(self.model(x).float(), y)
         self.opt.zero_grad(set_to_none=True)
         if self.scaler.is_enabled():
             self.scaler.scale(loss).backward()
@@ -189,7 +189,7 @@ class Plugin:
         lp = self.loop
         return evaluate(
             self.eval_model, lp.test_batches(batch), lp.device, lp.info.num_classes,
-            self.all_sum, getattr(self, "input_dtype", None),
+            self.all_sum, getattr(self, "input_dtype", None), lp.tokens,
         )  # fmt: skip
 
     # --- after the epochs ------------------------------------------------------------------
@@ -233,7 +233,8 @@ class Loop:
         self.batch = spec.per_worker_batch_size if per_worker else spec.global_batch_size
         replicas = spec.world_size if per_worker else 1
         self.loader = None
-        if spec.image_source is None:
+        self.tokens = spec.seq_len > 0  # windows of token ids, next-token targets
+        if spec.image_source is None and not self.tokens:
             arrays = data.load(spec.dataset, spec.data_dir, seed=spec.seed, samples=spec.samples)
             shape = imagesets.spec_info(spec.to_dict()).shape  # image_size resizes per batch
             self.info = dataclasses.replace(arrays.info, shape=shape)
@@ -242,12 +243,15 @@ class Loop:
             self.n = len(self.train_y)
             self.train_samples = self.n * spec.scale
             full = steps_per_epoch(self.train_samples, replicas, self.batch, spec.steps_per_epoch)
-        else:  # the user's images, decoded while training (trainscale.data.imagedata)
+        else:  # the user's images, decoded while training (imagedata), or token windows
             self.info = imagesets.spec_info(spec.to_dict())
             rank = self.rk.rank if per_worker else 0
-            self.loader, self.test_loader = imagedata.loaders(
-                spec, rank, replicas, self.cuda, self.batch
-            )
+            if self.tokens:
+                self.loader, self.test_loader = tokendata.loaders(spec, rank, replicas, self.batch)
+            else:
+                self.loader, self.test_loader = imagedata.loaders(
+                    spec, rank, replicas, self.cuda, self.batch
+                )
             self.train_samples = self.loader.steps * self.batch * replicas
             full = self.loader.steps
             if spec.steps_per_epoch is not None:
@@ -297,8 +301,9 @@ class Loop:
             x, y, size = self.test_x, self.test_y, self.spec.image_size
             return memory_eval_batches(x, y, self.rk.rank, self.plugin.world_size, batch, size)
         return loader_eval_batches(
-            self.test_loader.epoch(1), self.device, self.plugin.all_sum, self.info.shape
-        )
+            self.test_loader.epoch(1), self.device, self.plugin.all_sum, self.info.shape,
+            self.tokens,
+        )  # fmt: skip
 
     def sample_batches(self, size: int, dtype: torch.dtype | None = None):
         """batches(i) of `size` samples for the no-sync steps (exposed.py): the last
@@ -369,6 +374,9 @@ class Loop:
         """The record's train and test sample counts (user data: counted in its files)."""
         if self.loader is None:
             return {"train_samples": self.train_samples, "test_samples": len(self.test_y)}
+        if self.tokens:  # windows of seq_len ids
+            return {"train_samples": self.loader.windows.count,
+                    "test_samples": self.test_loader.windows.windows}  # fmt: skip
         source = self.spec.image_source
         return {s + "_samples": imagesets.count(source, s) for s in ("train", "test")}
 

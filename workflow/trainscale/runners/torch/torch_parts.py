@@ -15,7 +15,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from trainscale import data
-from trainscale.measure.classes import scores
+from trainscale.measure.classes import scores, token_scores
 from trainscale.measure.memory import PhasePeaks
 from trainscale.plan.matrix import RunSpec
 
@@ -112,17 +112,42 @@ class Indexable:
         return self.n
 
 
+def loss_of(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The training loss: cross-entropy of class logits (B, K) against labels (B,), or the
+    next-token cross-entropy of a GPT's logits (B, T, V) against the next ids (B, T), the mean
+    over all B·T predictions (as nanoGPT's)."""
+    if out.dim() == 3:
+        return F.cross_entropy(out.flatten(0, 1), y.flatten())
+    return F.cross_entropy(out, y)
+
+
+def totals_size(classes: int, tokens: bool) -> int:
+    """Length of `tally`'s totals: [loss, correct, tokens] on token data, else [loss,
+    confusion k×k]."""
+    return 3 if tokens else 1 + classes * classes
+
+
 def tally(totals: torch.Tensor, out: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> None:
     """Add one batch's weighted loss sum and confusion counts (row = true class, column =
-    argmax) into `totals` = [loss sum, confusion k×k flattened], on the device: no sync."""
+    argmax) into `totals` = [loss sum, confusion k×k flattened], on the device: no sync. For
+    a GPT's logits (B, T, V): [loss sum, correct next ids, tokens] instead."""
+    if out.dim() == 3:
+        per_window = F.cross_entropy(out.transpose(1, 2), y, reduction="none").double().sum(1)
+        totals[0] += (per_window * w).sum()
+        totals[1] += ((out.argmax(-1) == y).double().sum(1) * w).sum()
+        totals[2] += y.shape[1] * w.sum()
+        return
     k = out.shape[1]
     totals[0] += (F.cross_entropy(out, y, reduction="none").double() * w).sum()
     totals[1:] += torch.bincount(y * k + out.argmax(1), weights=w.double(), minlength=k * k)
 
 
-def scored(totals: torch.Tensor, classes: int) -> dict:
-    """The `test` block's accuracy, loss and confusion from summed `tally` totals."""
+def scored(totals: torch.Tensor, classes: int, tokens: bool = False) -> dict:
+    """The `test` block's accuracy, loss and confusion from summed `tally` totals (accuracy,
+    loss and perplexity per token on token data)."""
     t = totals.cpu()
+    if tokens:
+        return token_scores(*t.tolist())
     return scores(t[1:].view(classes, classes).tolist(), t[0].item())
 
 
@@ -155,13 +180,17 @@ def loader_eval_batches(
     device: torch.device,
     all_sum: Callable[[torch.Tensor], torch.Tensor],
     shape: tuple[int, ...],
+    tokens: bool = False,
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """A test loader's batches (trainscale.data.imagedata) for `evaluate`, moved to the device.
     Ranks may hold a batch more or less, so before each batch the ranks count who still has
     one; a rank that ran out repeats its last batch (or a blank one) with weight 0 until all
     have, so every rank joins every forward (a collective with sharded parameters)."""
     it = iter(batches)
-    last = (torch.zeros(1, *shape, device=device), torch.zeros(1, dtype=torch.int64, device=device))
+    label = torch.zeros(1, dtype=torch.int64, device=device)
+    last = (torch.zeros(1, *shape, device=device), label)
+    if tokens:  # a blank window of ids, and its targets
+        last = (torch.zeros(1, *shape, dtype=torch.int64, device=device),) * 2
     while True:
         got = next(it, None)
         if all_sum(torch.tensor([float(got is not None)], device=device)).item() == 0:
@@ -181,18 +210,20 @@ def evaluate(
     classes: int,
     all_sum: Callable[[torch.Tensor], torch.Tensor],
     input_dtype: torch.dtype | None = None,
+    tokens: bool = False,
 ) -> dict:
     """Test accuracy, mean loss and the confusion matrix (trainscale.measure.classes.scores); each
     rank scores its `batches` (x, y, counted weight: `memory_eval_batches` or
     `loader_eval_batches`, which give every rank equally many, since with sharded parameters
     (ZeRO-3, FSDP) each forward is a collective that all ranks must join; a batch no larger
     than a training step's), then the ranks' sums are added in one collective (`all_sum`: the
-    strategy's sum over ranks, returning the sum)."""
+    strategy's sum over ranks, returning the sum). On `tokens`, next-token accuracy, loss and
+    perplexity (token ids are never cast to `input_dtype`)."""
     model.eval()
-    totals = torch.zeros(1 + classes * classes, dtype=torch.float64, device=device)
+    totals = torch.zeros(totals_size(classes, tokens), dtype=torch.float64, device=device)
     for xb, yb, w in batches:
-        xb = xb if input_dtype is None else xb.to(input_dtype)
+        xb = xb if input_dtype is None or tokens else xb.to(input_dtype)
         tally(totals, model(xb).float(), yb, w)
     totals = all_sum(totals)
     model.train()
-    return scored(totals, classes)
+    return scored(totals, classes, tokens)

@@ -293,7 +293,10 @@ def collective_shapes():
         return [], []
     multi = [r for r in RUNS if r.world_size > 1]
     shapes = sorted({(r.workers, r.nodes) for r in multi})
-    models = {(r.model, r.dataset, r.image_size, r.image_source): r for r in multi}
+    models = {
+        (r.model, r.dataset, r.image_size, r.image_source, r.seq_len, r.token_source): r
+        for r in multi
+    }
     pairs = sorted(
         {f"{r.model}:{ts_imagesets.shape_name(r.to_dict())}" for r in models.values()}
     )

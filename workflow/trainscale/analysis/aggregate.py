@@ -20,6 +20,9 @@ once (in `trainscale.analysis.cells` and, for communication.csv, `trainscale.ana
   compared with torch-ddp at N = 1. Without an ok baseline the values below are empty and
   `baseline_note` says why.
 - speedup: S(N) = X(N) / X(1), X = mean steady throughput (samples/s over all workers).
+- tokens/s: on token data (a GPT's windows of seq_len ids) a sample is one window, so
+  tokens_per_second = throughput × seq_len; the report and summary give a token cell's
+  throughput in tokens/s (speedup and efficiency are the same ratios in either unit).
 - strong-scaling efficiency: E = t1 / (N · tN), t = mean steady epoch seconds; for batch_mode
   global, where the global batch is split over the workers and the work per epoch stays the same.
 - weak-scaling efficiency: E = X(N) / (N · X(1)); for batch_mode per_worker, where every worker
@@ -77,6 +80,7 @@ from trainscale.analysis.cells import (
     ci95,
     convergence_frame,
     fastest,
+    rate,
     scaling_frame,
     t975,
     with_seq_len,
@@ -141,4 +145,5 @@ __all__ = [
     "summary_text",
     "t975",
     "with_seq_len",
+    "rate",
 ]

@@ -34,6 +34,7 @@ METRICS = {
     "peak_device_bytes": "memory.peak_device_bytes",
     "data_wait_share": "data_wait_share",
     "mfu": "flops.mfu",
+    "tokens_per_second": "tokens_per_second",
 }
 
 
@@ -236,6 +237,7 @@ _WINNER = [
     "throughput_mean",
     "throughput_ci95",
     "mfu_mean",
+    "tokens_per_second_mean",
     "speedup",
     "efficiency",
     "efficiency_kind",
@@ -246,6 +248,16 @@ _WINNER = [
     "ok",
     "runs",
 ]
+
+
+def rate(
+    mean: float, ci: float, seq_len: int | float | None, unit: str = "samples/s"
+) -> tuple[float, float, str]:
+    """(mean, CI half-width, unit) of a throughput in its data's unit: tokens/s (× seq_len) for
+    a cell on token data, else as given (`unit`, samples/s over all workers)."""
+    if seq_len and not pd.isna(seq_len):
+        return mean * seq_len, ci * seq_len, "tokens/s"
+    return mean, ci, unit
 
 
 def fastest(scaling: pd.DataFrame) -> pd.DataFrame:

@@ -8,7 +8,7 @@ import math
 
 import pandas as pd
 
-from trainscale.analysis.cells import fastest, scaling_frame
+from trainscale.analysis.cells import fastest, rate, scaling_frame
 from trainscale.plan import catalog
 
 #: The strategy column of the summary table: as wide as the longest strategy name, plus a space.
@@ -54,7 +54,8 @@ def summary_text(
                 if pd.notna(r.efficiency)
                 else f"efficiency n/a: {r.baseline_note}"
             )
-            ci = f" ± {human(r.throughput_ci95)}" if pd.notna(r.throughput_ci95) else ""
+            x, x_ci, unit = rate(r.throughput_mean, r.throughput_ci95, getattr(r, "seq_len", 0))
+            ci = f" ± {human(x_ci)}" if pd.notna(x_ci) else ""
             ahead = ""
             if isinstance(r.runner_up, str):
                 ahead = f"; {human(100 * r.margin)} % ahead of {r.runner_up}"
@@ -67,7 +68,7 @@ def summary_text(
             lines.append(
                 f"  {r.model} on {r.dataset}, N={r.world_size}: {r.strategy} "
                 f"(batch {r.batch_size} {r.batch_mode}, scale {r.scale}, {r.precision}) "
-                f"{human(r.throughput_mean)}{ci} samples/s, {eff}{mfu}{ahead}{flag}"
+                f"{human(x)}{ci} {unit}, {eff}{mfu}{ahead}{flag}"
             )
     logical = scaling[(scaling["ok"] > 0) & scaling["logical"].astype(bool)] if len(fast) else fast
     if len(logical):

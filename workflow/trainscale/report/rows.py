@@ -13,7 +13,7 @@ import pandas as pd
 import yaml
 
 from trainscale.analysis import aggregate
-from trainscale.analysis.aggregate import Study, human
+from trainscale.analysis.aggregate import Study, human, rate
 from trainscale.plan import catalog
 
 #: Rows of the scaling and communication tables in report.html at most (one per cell).
@@ -77,10 +77,10 @@ def summary_rows(study: Study) -> list[dict]:
     rows = []
     for r in study.fastest.itertuples(index=False):
         runner = "no other strategy ran at this N"
+        seq_len = getattr(r, "seq_len", 0)
         if isinstance(r.runner_up, str):
-            runner = (
-                f"{r.runner_up} ({human(r.runner_up_throughput)} samples/s): {pct(r.margin)} ahead"
-            )
+            other, _, unit = rate(r.runner_up_throughput, 0.0, seq_len)
+            runner = f"{r.runner_up} ({human(other)} {unit}): {pct(r.margin)} ahead"
             if r.distinct is False:
                 runner += ", 95% CIs overlap"
             elif r.distinct is True:
@@ -93,7 +93,7 @@ def summary_rows(study: Study) -> list[dict]:
                 "n": int(r.world_size),
                 "strategy": r.strategy,
                 "config": _cell_label(r) + (f", {r.nodes} nodes" if r.nodes != 1 else ""),
-                "throughput": with_ci(r.throughput_mean, r.throughput_ci95, "samples/s"),
+                "throughput": with_ci(*rate(r.throughput_mean, r.throughput_ci95, seq_len)),
                 "speedup": ratio(r.speedup),
                 "efficiency": eff,
                 "mfu": pct(getattr(r, "mfu_mean", None)),
@@ -128,6 +128,7 @@ def scaling_rows(study: Study) -> list[dict]:
     )
     rows = []
     for r in s.itertuples(index=False):
+        seq_len = getattr(r, "seq_len", 0)  # token data: throughput in tokens/s
         tta = "–"
         if not na(r.time_to_accuracy_seconds_mean) or not na(r.target_accuracy):
             reached = int(r.time_to_accuracy_seconds_n)
@@ -147,8 +148,8 @@ def scaling_rows(study: Study) -> list[dict]:
                 "precision": r.precision,
                 "runs": f"{r.ok}/{r.runs}",
                 "statuses": r.statuses,
-                "throughput": with_ci(r.throughput_mean, r.throughput_ci95),
-                "per_worker": with_ci(r.throughput_per_worker_mean, None),
+                "throughput": with_ci(*rate(r.throughput_mean, r.throughput_ci95, seq_len)),
+                "per_worker": with_ci(*rate(r.throughput_per_worker_mean, float("nan"), seq_len)),
                 "epoch1": with_ci(r.first_epoch_seconds_mean, r.first_epoch_seconds_ci95),
                 "steady": with_ci(r.steady_epoch_seconds_mean, r.steady_epoch_seconds_ci95),
                 "overhead": with_ci(

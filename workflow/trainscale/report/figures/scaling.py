@@ -3,8 +3,6 @@ batch size and N as heat maps."""
 
 from __future__ import annotations
 
-from functools import partial
-
 import numpy as np
 import pandas as pd
 from matplotlib.cm import ScalarMappable
@@ -43,9 +41,18 @@ def _multi_efficiency(study: Study) -> pd.DataFrame | str:
     return d if len(d) else "no N > 1 cell has an efficiency"
 
 
-@figure(
-    "throughput", data=partial(ok_cells, col="throughput_mean"), row=("model",), col=("dataset",)
-)
+def in_rate_units(study: Study) -> pd.DataFrame | str:
+    """The ok cells' throughput in their data's unit: tokens/s (× seq_len) where a cell trains
+    on token data, samples/s otherwise (panels are per data set, so one unit per panel)."""
+    d = ok_cells(study, "throughput_mean")
+    if isinstance(d, str) or "seq_len" not in d or not (d["seq_len"] > 0).any():
+        return d
+    per = d["seq_len"].where(d["seq_len"] > 0, 1)
+    cols = [c for c in ("throughput_mean", "throughput_ci95", "baseline_throughput") if c in d]
+    return d.assign(**{c: d[c] * per for c in cols})
+
+
+@figure("throughput", data=in_rate_units, row=("model",), col=("dataset",))
 def draw_throughput(d: pd.DataFrame, kind: Kind) -> Figure:
     return draw_lines(
         d, kind, ideal="baseline_throughput", legend_extra=[reference_handle("ideal: N · X(1)")]

@@ -29,6 +29,7 @@ import horovod
 import horovod.torch as hvd
 import torch
 
+from trainscale.data import tokendata
 from trainscale.measure import metrics
 from trainscale.plan.matrix import RunSpec
 from trainscale.runners.common import Rank
@@ -88,8 +89,14 @@ class Horovod(Plugin):
 
     def shard(self, epoch: int) -> Shard:
         """This rank's shard at the current world size: the global batch stays the spec's."""
-        rk = self.loop.rk = Rank(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size())
+        lp = self.loop
+        rk = lp.rk = Rank(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size())
         b = self.spec.global_batch_size // rk.world_size
+        if lp.tokens:  # this rank's windows at the current size (an elastic run's may change)
+            w = lp.loader.windows
+            if (w.rank, w.world, w.batch) != (rk.rank, rk.world_size, b):
+                lp.loader, lp.test_loader = tokendata.loaders(self.spec, rk.rank, rk.world_size, b)
+            return Shard(None, b, min(lp.steps, lp.loader.steps), b * rk.world_size)
         shard = super().shard(epoch)
         steps = min(self.loop.steps, len(shard.order) // b)
         return Shard(shard.order, b, steps, b * rk.world_size)

@@ -17,9 +17,10 @@ agree on skipped steps across stages).
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
+
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
@@ -27,7 +28,7 @@ from trainscale.data.imagedata import resize_batch
 from trainscale.models import torch_models as models
 from trainscale.plan.matrix import RunSpec
 from trainscale.runners.torch.torch_loop import Plugin, run
-from trainscale.runners.torch.torch_parts import scored, tally
+from trainscale.runners.torch.torch_parts import loss_of, scored, tally, totals_size
 from trainscale.runners.torch.torch_speed import compiled
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
@@ -61,29 +62,57 @@ def split(sizes: list[int], stages: int) -> list[tuple[int, int]]:
     return bounds[::-1]
 
 
-@torch.no_grad()
-def evaluate(
-    schedule, stage_mod: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int, rank: int,
-    classes: int, image_size: tuple[int, int] | None = None,
-) -> dict:  # fmt: skip
-    """Test accuracy, mean loss and confusion through the pipeline, forward only, in batches of
-    the training batch size (so micro-batch shapes match the ones the stages were set up with);
-    the last batch is padded with a repeated sample that is not counted."""
-    stage_mod.eval()
-    first, last = rank == 0, rank == dist.get_world_size() - 1
+def padded(
+    x: torch.Tensor, y: torch.Tensor, batch: int, image_size: tuple[int, int] | None = None
+) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """A test set's (x, y, counted) in batches of exactly `batch` (the micro-batch shapes the
+    stages were set up with): the last one padded with a repeated sample that is not counted."""
     n = len(y)
-    totals = torch.zeros(1 + classes * classes, dtype=torch.float64, device=y.device)
     for i in range(0, n, batch):
         idx = torch.arange(i, i + batch, device=y.device)
         counted = (idx < n).double()
         idx = idx.clamp(max=n - 1)
-        args = (resize_batch(x[idx], image_size),) if first else ()
-        out = schedule.eval(*args, target=y[idx] if last else None)  # the loss_fn needs one
+        yield resize_batch(x[idx], image_size), y[idx], counted
+
+
+@torch.no_grad()
+def evaluate(
+    schedule, stage_mod: nn.Module, batches: Iterable, rank: int, classes: int,
+    tokens: bool = False,
+) -> dict:  # fmt: skip
+    """Test accuracy, mean loss and confusion (per token on token data) through the pipeline,
+    forward only, over `padded` batches: the first stage feeds x, the last scores y."""
+    stage_mod.eval()
+    first, last = rank == 0, rank == dist.get_world_size() - 1
+    totals = None
+    for x, y, counted in batches:
+        if totals is None:
+            totals = torch.zeros(totals_size(classes, tokens), dtype=torch.float64, device=y.device)
+        out = schedule.eval(*((x,) if first else ()), target=y if last else None)  # loss_fn's
         if last:
-            tally(totals, out.float(), y[idx], counted)
+            tally(totals, out.float(), y, counted)
     dist.all_reduce(totals)  # only the last stage's are non-zero
     stage_mod.train()
-    return scored(totals, classes)
+    return scored(totals, classes, tokens)
+
+
+def tied_groups(blocks: list[nn.Module], bounds: list[tuple[int, int]], rank: int) -> list:
+    """[(parameter, process group)] of the parameters this stage shares with another stage (a
+    GPT's token embedding, which its head reuses). Every rank builds the same groups (a
+    collective); the stages holding a copy sum its gradient over them before each update, as
+    Megatron-LM's embedding group does, so the copies take the same steps and stay tied."""
+    stage_of = {i: r for r, (lo, hi) in enumerate(bounds) for i in range(lo, hi)}
+    holders: dict[int, tuple[nn.Parameter, set[int]]] = {}
+    for i, block in enumerate(blocks):
+        for param in block.parameters():
+            holders.setdefault(id(param), (param, set()))[1].add(stage_of[i])
+    out = []
+    for param, stages in holders.values():
+        if len(stages) > 1:
+            group = dist.new_group(sorted(stages))
+            if rank in stages:
+                out.append((param, group))
+    return out
 
 
 class Pipeline(Plugin):
@@ -110,12 +139,13 @@ class Pipeline(Plugin):
         blocks = models.blocks(net)
         self.bounds = split([models.param_count(b) for b in blocks], rk.world_size)
         self.lo, hi = self.bounds[rk.rank]
+        self.tied = tied_groups(blocks, self.bounds, rk.rank)
         self.stage_mod = nn.Sequential(*blocks[self.lo : hi]).to(lp.device)
         del net, blocks
         stage_net = compiled(self.stage_mod, self.spec)
         stage = PipelineStage(stage_net, rk.rank, rk.world_size, lp.device)
         self.schedule = SCHEDULES[self.spec.pipeline_schedule](
-            stage, self.spec.microbatches, loss_fn=lambda o, t: F.cross_entropy(o.float(), t)
+            stage, self.spec.microbatches, loss_fn=lambda o, t: loss_of(o.float(), t)
         )
         self.opt = lp.make_optimizer(self.stage_mod.parameters())
         self.stage_mod.train()
@@ -131,6 +161,8 @@ class Pipeline(Plugin):
             args = (x,) if self.first else ()
             target = y if self.last else None
             self.schedule.step(*args, target=target, losses=losses if self.last else None)
+        for param, group in self.tied:  # a tied embedding's copies on the first and last stage
+            dist.all_reduce(param.grad, group=group)
         self.opt.step()
         if not self.last:
             return torch.zeros((), device=lp.device)
@@ -138,11 +170,16 @@ class Pipeline(Plugin):
 
     def evaluate(self, batch: int) -> dict:
         lp, dtype = self.loop, self.dtype
+        if lp.tokens:
+            windows = lp.test_loader.epoch(1)  # in order; every stage walks the same
+            x, y = (torch.cat(t).to(lp.device) for t in zip(*windows, strict=True))
+            batches = padded(x, y, batch)
+        else:
+            batches = padded(lp.test_x, lp.test_y, batch, lp.spec.image_size)
         with torch.autocast(lp.device.type, dtype=dtype, enabled=dtype is not None):
             return evaluate(
-                self.schedule, self.stage_mod, lp.test_x, lp.test_y, batch, lp.rk.rank,
-                lp.info.num_classes, lp.spec.image_size,
-            )  # fmt: skip
+                self.schedule, self.stage_mod, batches, lp.rk.rank, lp.info.num_classes, lp.tokens
+            )
 
     def finish(self) -> None:
         stage_params = self.gather_object(models.param_count(self.stage_mod))

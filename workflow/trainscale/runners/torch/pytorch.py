@@ -31,7 +31,8 @@ def shard(
     net: torch.nn.Module, dtype: torch.dtype | None, compile: bool = False
 ) -> torch.nn.Module:
     """FSDP2: every top-level block with parameters is one shard unit (its parameters are
-    all-gathered just before it runs and freed after), the root takes the rest. `precision`
+    all-gathered just before it runs and freed after; blocks that share a parameter are one
+    unit, `shard_units`), the root takes the rest. `precision`
     becomes the policy: parameters and compute in `dtype`, gradients reduced in fp32 so the
     update matches DDP's; the optimizer keeps fp32 shards. With `compile`, each block's
     forward is compiled after it is sharded, so FSDP's hooks (all-gather, reduce-scatter) run
@@ -42,13 +43,32 @@ def shard(
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32 if dtype else None)
-    for block in models.blocks(net):
-        if any(True for _ in block.parameters()):
-            fully_shard(block, mp_policy=policy)
-        if compile:
+    for unit in shard_units(models.blocks(net)):
+        fully_shard(unit if len(unit) > 1 else unit[0], mp_policy=policy)
+    if compile:
+        for block in models.blocks(net):
             block.forward = torch.compile(block.forward)
     fully_shard(net, mp_policy=policy)
     return net
+
+
+def shard_units(blocks: list[torch.nn.Module]) -> list[list[torch.nn.Module]]:
+    """The blocks with parameters, grouped into FSDP units: a block alone, or with the blocks it
+    shares a parameter with (a GPT's head reuses its token embedding's matrix), which FSDP2 must
+    gather as one unit (`fully_shard([a, b])`); in the order of their first block."""
+    units: list[list[torch.nn.Module]] = []
+    unit_of: dict[int, list[torch.nn.Module]] = {}  # id(parameter) -> its unit
+    for block in blocks:
+        params = [id(p) for p in block.parameters()]
+        if not params:
+            continue
+        shared = next((unit_of[i] for i in params if i in unit_of), None)
+        unit = shared if shared is not None else []
+        if shared is None:
+            units.append(unit)
+        unit.append(block)
+        unit_of.update(dict.fromkeys(params, unit))
+    return units
 
 
 class OneProcess(Plugin):

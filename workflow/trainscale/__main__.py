@@ -38,7 +38,8 @@ COMMANDS: dict[str, Command] = {
         "trainscale.runners.collectives", "the all-reduce benchmark, by message size"
     ),
     "export-data": Command(
-        "trainscale.data.export_data", "a built-in data set as image folders and shards"
+        "trainscale.data.export_data",
+        "a built-in data set in the formats users bring",
     ),
     "gpu-check": Command("trainscale.gpu.check", "every GPU path on this node, one line each"),
 }

@@ -5,6 +5,11 @@ pipeline can be tried (and tested) without downloading ImageNet:
     OUT/webdataset/{train,test}-{000000..}.tar             WebDataset shards: <key>.jpg + <key>.cls
     OUT/datasets.yaml                                      the `datasets:` entries for both
 
+The token corpus (`shakespeare`) is written in the two token formats instead:
+
+    OUT/nanogpt/{train,test}.bin                           nanoGPT's headerless uint16 ids
+    OUT/llmc/{train,test}.bin                              llm.c shards (256-int32 header)
+
 Both layouts hold the same JPEG bytes, so they decode to the same images. The shards are plain
 POSIX tar files, written with the standard library in the order webdataset reads them (a
 sample's members next to each other).
@@ -24,9 +29,10 @@ import numpy as np
 import yaml
 
 from trainscale import data
+from trainscale.data import tokens
 
-#: Built-in data sets that have real images to export (synthetic ones are noise).
-EXPORTABLE: tuple[str, ...] = ("digits", "mnist", "cifar10")
+#: Built-in data sets that have real images or text to export (synthetic ones are noise).
+EXPORTABLE: tuple[str, ...] = ("digits", "mnist", "cifar10", "shakespeare")
 JPEG_QUALITY = 95
 
 
@@ -89,6 +95,8 @@ def export(
     `out` in both layouts; returns the `datasets:` entries (also written to datasets.yaml)."""
     if name not in EXPORTABLE:
         raise ValueError(f"cannot export {name!r}; choose one of {', '.join(EXPORTABLE)}")
+    if data.info(name).input == "tokens":
+        return export_tokens(name, Path(out), limit)
     arrays = data.load(name, data_dir)
     out = Path(out)
     classes = arrays.info.num_classes
@@ -116,6 +124,27 @@ def export(
             **entry,
         },
     }
+    return write_entries(out, entries)
+
+
+def export_tokens(name: str, out: Path, limit: int | None = None) -> dict:
+    """The byte corpus (its first `limit` tokens per split, or all) as nanoGPT .bin files and
+    as llm.c shards, uint16 ids; returns the `datasets:` entries."""
+    splits = dict(zip(("train", "test"), tokens.byte_corpus(), strict=True))
+    entries = {}
+    for kind, write in (("nanogpt", tokens.write_nanogpt), ("llmc", tokens.write_llmc)):
+        paths = {s: write(ids[:limit], out / kind / f"{s}.bin") for s, ids in splits.items()}
+        entries[f"{name}-{kind}"] = {
+            "format": "tokens",
+            **{s: str(path) for s, path in paths.items()},
+            "vocab_size": data.info(name).num_classes,
+        }
+    return write_entries(out, entries)
+
+
+def write_entries(out: Path, entries: dict) -> dict:
+    """`entries` as OUT/datasets.yaml, ready to paste; returns them."""
+    out.mkdir(parents=True, exist_ok=True)
     (out / "datasets.yaml").write_text(
         "# paste under `datasets:` in a study config (docs/data.md)\n"
         + yaml.safe_dump({"datasets": entries}, sort_keys=False)
@@ -125,13 +154,15 @@ def export(
 
 def main(argv: Sequence[str] | None = None, prog: str = "trainscale export-data") -> int:
     """`trainscale export-data NAME DATA_DIR OUT`: a built-in data set as image folders and
-    shards."""
+    shards (the token corpus: as nanoGPT .bin files and llm.c shards)."""
     p = argparse.ArgumentParser(prog=prog, description=__doc__)
     p.add_argument("name", choices=EXPORTABLE, help="the built-in data set to export")
     p.add_argument("data_dir", help="where the built-in data set's files are (config data_dir)")
     p.add_argument("out", type=Path, help="the folder to write the image folders and shards into")
     p.add_argument("--shard-size", type=int, default=200, help="samples per tar shard")
-    p.add_argument("--limit", type=int, default=None, help="export only the first N per split")
+    p.add_argument(
+        "--limit", type=int, default=None, help="export only the first N per split (tokens: ids)"
+    )
     a = p.parse_args(argv)
     entries = export(a.name, a.data_dir, a.out, a.shard_size, a.limit)
     print(yaml.safe_dump({"datasets": entries}, sort_keys=False))

@@ -65,7 +65,6 @@ class RunSpec:
     precision: str
     repeat: int
     seed: int
-    seq_len: int  # tokens per window (matrix seq_len); 0 for image data
     epochs: int
     optimizer: str
     lr: float
@@ -96,6 +95,7 @@ class RunSpec:
     ps_tasks: int = 0  # tf-ps: parameter servers (config ps_tasks); 0 for other strategies
     memory_format: str = "contiguous"  # config memory_format (trainscale.plan.speed_options)
     compile: bool = False  # config compile: torch.compile the model
+    seq_len: int = 0  # tokens per window (matrix seq_len); 0 for image data
     token_source: tokens.TokenSource | None = None  # the user's token files (`datasets:`)
 
     @property
@@ -135,7 +135,6 @@ class RunSpec:
 
     @classmethod
     def from_dict(cls, d: dict) -> RunSpec:
-        d = {"seq_len": 0, **d}  # a spec written before the axis: an image run
         names = {f.name for f in fields(cls)}
         missing = {f.name for f in fields(cls) if f.default is MISSING} - set(d)
         if missing:

@@ -1,0 +1,128 @@
+"""Does the `torch` strategy train a GPT as fast as a bare loop of the same model?
+
+Each round runs both sides on one process, alternating which goes first (A/B, then B/A):
+
+- runner: trainscale's `torch` strategy through the real launcher (trainscale.launch.supervise:
+  the env prefix, the loop, the metrics record), `--steps` steps an epoch, epoch 1 warm-up and
+  epochs 2.. timed; its tokens/s is the record's `tokens_per_second`.
+- bare: benchmarks/minimal_gpt.py, nanoGPT's loop reduced to a step (the same model, ids,
+  AdamW, precision), `--steps` warm-up steps then `--steps × (epochs − 1)` timed ones.
+
+It prints each side's tokens/s min/median/max over the rounds with its spread (max/min; under
+1.05 for a 2% effect to be seen), the ratio runner / bare (min/median/max; the bar is a median
+≥ 0.98) and both MFUs: the runner's `flops.mfu`, and the bare loop's from the same counted
+FLOPs per token and the same peak (the record's `flops.peak_per_second` and source). The load
+average is printed with every line: a busy machine shows as spread.
+
+    .venv/bin/python benchmarks/gpt_throughput.py [--model gpt-micro] [--seq-len 256]
+        [--batch 8] [--precision fp32] [--threads 2] [--steps 8] [--epochs 3] [--rounds 5]
+        [--dataset shakespeare] [--compile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "workflow"))
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    filter(None, [str(ROOT / "workflow"), os.environ.get("PYTHONPATH")])
+)
+
+from harness_overhead import in_order, runner_record, spread  # noqa: E402
+
+from trainscale.launch.supervise import worker_env  # noqa: E402
+from trainscale.plan.matrix import RunSpec  # noqa: E402
+
+
+def spec(a: argparse.Namespace) -> RunSpec:
+    return RunSpec(
+        study="bench", strategy="torch", model=a.model, dataset=a.dataset, scale=1,
+        batch_size=a.batch, batch_mode="global", workers=1, nodes=1, precision=a.precision,
+        repeat=0, seed=0, epochs=a.epochs, optimizer="adamw", lr=1e-3, base_lr=1e-3,
+        lr_scaling="none", betas=(0.9, 0.999), eps=1e-7, weight_decay=0.0, momentum=0.0,
+        global_batch_size=a.batch, per_worker_batch_size=a.batch, world_size=1,
+        threads_per_worker=a.threads, timeout_minutes=60, target_accuracy=None,
+        data_dir="data", steps_per_epoch=a.steps, seq_len=a.seq_len, compile=a.compile,
+    )  # fmt: skip
+
+
+def bare(s: RunSpec, a: argparse.Namespace) -> float:
+    cmd = [
+        sys.executable, str(ROOT / "benchmarks" / "minimal_gpt.py"), f"--model={s.model}",
+        f"--dataset={s.dataset}", f"--seq-len={s.seq_len}", f"--batch={s.batch_size}",
+        f"--warmup={a.steps}", f"--steps={a.steps * (a.epochs - 1)}",
+        f"--precision={s.precision}", *(["--compile"] if a.compile else []),
+    ]  # fmt: skip
+    env = {**os.environ, **worker_env(s)}
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])["tokens_per_second"]
+
+
+def trio(xs: list[float]) -> str:
+    return f"{min(xs):>10.0f} {statistics.median(xs):>10.0f} {max(xs):>10.0f}"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="gpt-micro")
+    p.add_argument("--dataset", default="shakespeare", choices=("shakespeare", "synthetic-tokens"))
+    p.add_argument("--seq-len", type=int, default=256)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--precision", default="fp32", choices=("fp32", "bf16"))
+    p.add_argument("--threads", type=int, default=2, help="CPU threads of the one process")
+    p.add_argument("--steps", type=int, default=8, help="steps an epoch (bare: warm-up steps)")
+    p.add_argument("--epochs", type=int, default=3, help="epoch 1 is warm-up, the rest timed")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--compile", action="store_true", help="torch.compile on both sides")
+    a = p.parse_args()
+    s = spec(a)
+    print(
+        f"{s.model}, {s.dataset}, seq_len {s.seq_len}, batch {s.batch_size}, {s.precision}, "
+        f"{a.threads} threads, {a.steps} steps × {a.epochs} epochs, compile {a.compile}; "
+        f"load average at start {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs",
+        flush=True,
+    )
+    runner_x, bare_x, ratios, mfu_r, mfu_b = [], [], [], [], []
+    peak = None
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(a.rounds):
+            rec, x_b = in_order(i, lambda: runner_record(s, Path(tmp)), lambda: bare(s, a))
+            x_r, flops = rec["tokens_per_second"], rec["flops"]
+            per_token = flops["per_sample"] / s.seq_len
+            peak = (flops["peak_per_second"], flops["peak_source"], flops["peak_device"])
+            runner_x.append(x_r)
+            bare_x.append(x_b)
+            ratios.append(x_r / x_b)
+            mfu_r.append(flops["mfu"])
+            mfu_b.append(per_token * x_b / flops["peak_per_second"])
+            first = "runner" if i % 2 == 0 else "bare"
+            print(
+                f"round {i + 1}: runner {x_r:.0f} tokens/s, bare {x_b:.0f} tokens/s, ratio "
+                f"{x_r / x_b:.3f} ({first} first; load {os.getloadavg()[0]:.1f})",
+                flush=True,
+            )
+    print(f"\n{'side':<8}{'min':>10} {'median':>10} {'max':>10} {'spread':>8} {'MFU med':>9}")
+    for name, xs, mfu in (("runner", runner_x, mfu_r), ("bare", bare_x, mfu_b)):
+        print(f"{name:<8}{trio(xs)} {spread(xs):>8.3f} {statistics.median(mfu):>9.4f}")
+    med = statistics.median(ratios)
+    verdict = "meets" if med >= 0.98 else "below"
+    print(
+        f"ratio runner/bare: min {min(ratios):.3f}, median {med:.3f}, max {max(ratios):.3f} "
+        f"({verdict} the 0.98 bar)"
+    )
+    print(f"peak {peak[0] / 1e9:.1f} GFLOP/s ({peak[1]}, {peak[2]}); MFU = counted FLOPs/token × "
+          "tokens/s ÷ peak")  # fmt: skip
+    print(f"load average at end {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -29,18 +29,15 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from lightning.pytorch.strategies import DDPStrategy
 from torch.distributed.elastic.multiprocessing.errors import record
-from torch.utils.data import DataLoader, Dataset, Sampler
-from torch.utils.data.distributed import DistributedSampler
+from torch.utils.data import DataLoader
 
 from trainscale import data
 from trainscale.measure import datawait, metrics
-from trainscale.measure.datawait import DataWait
 from trainscale.measure.device_usage import energy_once_per_device
 from trainscale.measure.memory import PhasePeaks, memory_block
 from trainscale.models import torch_models as models
 from trainscale.plan.matrix import RunSpec
 from trainscale.runners.common import (
-    Rank,
     check_oversubscribed,
     check_steps,
     detect_rank,
@@ -52,8 +49,8 @@ from trainscale.runners.common import (
 )
 from trainscale.runners.torch import flop_count
 from trainscale.runners.torch.exposed import block
+from trainscale.runners.torch.lightning_data import InMemory, ShardBatches, SizedWait
 from trainscale.runners.torch.torch_parts import (
-    Indexable,
     evaluate,
     group_backend,
     leave,
@@ -85,51 +82,6 @@ NO_EXPOSED = (
 # A loader over tensors already in memory needs no worker processes; Lightning says otherwise.
 warnings.filterwarnings("ignore", message=".*does not have many workers.*")
 warnings.filterwarnings("ignore", message="Grad strides do not match bucket view strides")
-
-
-class ShardBatches(Sampler):
-    """torch-ddp's per-rank data order as a sampler of whole batches (index tensors).
-
-    Lightning calls `set_epoch` with its 0-based epoch before each epoch; torch-ddp numbers
-    its sampler's epochs from 1, so epoch e here is torch-ddp's epoch e + 1: the same order.
-    """
-
-    def __init__(self, spec: RunSpec, rk: Rank, n: int, steps: int, device: torch.device):
-        self.sampler = DistributedSampler(
-            Indexable(n * spec.scale),
-            num_replicas=rk.world_size,
-            rank=rk.rank,
-            shuffle=True,
-            seed=spec.seed,
-            drop_last=True,
-        )
-        self.n, self.steps, self.b, self.device = n, steps, spec.per_worker_batch_size, device
-        self.epoch = 1
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch + 1
-
-    def __len__(self) -> int:
-        return self.steps
-
-    def __iter__(self):
-        self.sampler.set_epoch(self.epoch)
-        order = torch.tensor(list(self.sampler), device=self.device) % self.n  # scale folded
-        for step in range(self.steps):
-            yield order[step * self.b : (step + 1) * self.b]
-
-
-class InMemory(Dataset):
-    """The normalised training tensors; one item is one batch (an index tensor picks it)."""
-
-    def __init__(self, x: torch.Tensor, y: torch.Tensor) -> None:
-        self.x, self.y = x, y
-
-    def __getitem__(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.x[idx], self.y[idx]
-
-    def __len__(self) -> int:
-        return len(self.y)
 
 
 class Classifier(pl.LightningModule):
@@ -184,19 +136,6 @@ class EpochClock(pl.Callback):
         self.run.barrier()
         seconds = time.perf_counter() - self.t_epoch
         self.run.epoch_done(trainer.current_epoch + 1, seconds, self.loss_sum, self.step_seconds)
-
-
-class SizedWait(DataWait):
-    """DataWait over the DataLoader, with its length (Lightning sizes the epoch from it) and
-    its sampler (Lightning calls its set_epoch before each epoch, so the order is torch-ddp's).
-    Lightning's fetcher takes each batch synchronously: the time in next() is the data wait."""
-
-    def __len__(self) -> int:
-        return len(self._batches)
-
-    @property
-    def sampler(self):
-        return self._batches.sampler
 
 
 class LightningRun:

@@ -4,17 +4,23 @@ order and the difference between their rows is Lightning's loop alone.
 
 - Images: `torch-ddp`'s DistributedSampler order cut into per-worker batches (`ShardBatches`),
   indexing the in-memory tensors (`InMemory`) through a DataLoader of `batch_size=None`.
+- Tokens: the torch loop's own token loader (trainscale.data.tokendata), its first `steps`
+  batches each epoch (`WindowEpochs`): the same windows, in the same order, per rank.
 
 Lightning calls `set_epoch(e)` (0-based) on a loader's `sampler` before each epoch; the torch
-loop numbers its epochs from 1, so Lightning's epoch e is the loop's epoch e + 1.
+loop numbers its epochs from 1, so Lightning's epoch e is the loop's epoch e + 1 in both.
 """
 
 from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
 
 import torch
 from torch.utils.data import Dataset, Sampler
 from torch.utils.data.distributed import DistributedSampler
 
+from trainscale.data import tokendata
 from trainscale.measure.datawait import DataWait
 from trainscale.plan.matrix import RunSpec
 from trainscale.runners.common import Rank
@@ -64,6 +70,33 @@ class InMemory(Dataset):
 
     def __len__(self) -> int:
         return len(self.y)
+
+
+class WindowEpochs:
+    """This rank's token batches as the torch loop feeds them (Loop.batches): each epoch the
+    first `steps` batches of `loader.epoch(epoch)`, inputs and next-token targets moved to the
+    device as int64 ids. Lightning reads it as an iterable of known length whose `sampler`
+    takes `set_epoch`; no DataLoader, whose collation would only copy the batches again."""
+
+    def __init__(self, loader: tokendata.Batches, steps: int, device: torch.device) -> None:
+        self.loader, self.steps, self.device = loader, steps, device
+        self.epoch = 1
+
+    @property
+    def sampler(self) -> WindowEpochs:
+        """Where Lightning looks for `set_epoch` (lightning.fabric's _set_sampler_epoch)."""
+        return self
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch + 1
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        dev = self.device
+        for x, y in itertools.islice(self.loader.epoch(self.epoch), self.steps):
+            yield x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
 
 
 class SizedWait(DataWait):

@@ -7,8 +7,12 @@ Lightning checks them against torchrun's world. What it trains is exactly `torch
 - the same model (`trainscale.models.torch_models.build`, seeded the same), data tensors and
   optimizer;
 - the same data order: `torch-ddp`'s DistributedSampler (same seed, epochs numbered from 1)
-  cut into per-worker batches here, so Lightning's own sampler injection is off;
-- the same steps per epoch and global batch; the loss as `torch-ddp` computes it.
+  cut into per-worker batches here, so Lightning's own sampler injection is off; on token
+  data (a GPT) the torch loop's own token loader, so every rank reads the loop's windows in
+  the loop's order (lightning_data.py);
+- the same steps per epoch and global batch; the loss as `torch-ddp` computes it
+  (torch_parts.loss_of: class or next-token cross-entropy), and the test set scored as it
+  scores it (next-token accuracy, loss and perplexity on token data; token ids stay int64).
 
 Lightning owns the loop; a Callback times it as the torch runners do: a barrier at every
 epoch's start and end (device synchronised), rank 0's per-step wall times, the fault hook half
@@ -21,26 +25,24 @@ from __future__ import annotations
 import os
 import time
 import warnings
+from collections.abc import Iterator
 
 import lightning
 import lightning.pytorch as pl
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from lightning.pytorch.strategies import DDPStrategy
 from torch.distributed.elastic.multiprocessing.errors import record
-from torch.utils.data import DataLoader, Dataset, Sampler
-from torch.utils.data.distributed import DistributedSampler
+from torch.utils.data import DataLoader
 
 from trainscale import data
+from trainscale.data import imagesets, tokendata
 from trainscale.measure import datawait, metrics
-from trainscale.measure.datawait import DataWait
 from trainscale.measure.device_usage import energy_once_per_device
 from trainscale.measure.memory import PhasePeaks, memory_block
 from trainscale.models import torch_models as models
 from trainscale.plan.matrix import RunSpec
 from trainscale.runners.common import (
-    Rank,
     check_oversubscribed,
     check_steps,
     detect_rank,
@@ -52,11 +54,13 @@ from trainscale.runners.common import (
 )
 from trainscale.runners.torch import flop_count
 from trainscale.runners.torch.exposed import block
+from trainscale.runners.torch.lightning_data import InMemory, ShardBatches, SizedWait, WindowEpochs
 from trainscale.runners.torch.torch_parts import (
-    Indexable,
     evaluate,
     group_backend,
     leave,
+    loader_eval_batches,
+    loss_of,
     make_optimizer,
     memory_eval_batches,
     phase_peaks,
@@ -87,51 +91,6 @@ warnings.filterwarnings("ignore", message=".*does not have many workers.*")
 warnings.filterwarnings("ignore", message="Grad strides do not match bucket view strides")
 
 
-class ShardBatches(Sampler):
-    """torch-ddp's per-rank data order as a sampler of whole batches (index tensors).
-
-    Lightning calls `set_epoch` with its 0-based epoch before each epoch; torch-ddp numbers
-    its sampler's epochs from 1, so epoch e here is torch-ddp's epoch e + 1: the same order.
-    """
-
-    def __init__(self, spec: RunSpec, rk: Rank, n: int, steps: int, device: torch.device):
-        self.sampler = DistributedSampler(
-            Indexable(n * spec.scale),
-            num_replicas=rk.world_size,
-            rank=rk.rank,
-            shuffle=True,
-            seed=spec.seed,
-            drop_last=True,
-        )
-        self.n, self.steps, self.b, self.device = n, steps, spec.per_worker_batch_size, device
-        self.epoch = 1
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch + 1
-
-    def __len__(self) -> int:
-        return self.steps
-
-    def __iter__(self):
-        self.sampler.set_epoch(self.epoch)
-        order = torch.tensor(list(self.sampler), device=self.device) % self.n  # scale folded
-        for step in range(self.steps):
-            yield order[step * self.b : (step + 1) * self.b]
-
-
-class InMemory(Dataset):
-    """The normalised training tensors; one item is one batch (an index tensor picks it)."""
-
-    def __init__(self, x: torch.Tensor, y: torch.Tensor) -> None:
-        self.x, self.y = x, y
-
-    def __getitem__(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.x[idx], self.y[idx]
-
-    def __len__(self) -> int:
-        return len(self.y)
-
-
 class Classifier(pl.LightningModule):
     """The trainscale model, its loss and optimizer as Lightning's hooks."""
 
@@ -144,7 +103,7 @@ class Classifier(pl.LightningModule):
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int):
         x, y = batch
-        return F.cross_entropy(self.net(x).float(), y)
+        return loss_of(self.net(x).float(), y)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return make_optimizer(self.spec, self.parameters())
@@ -186,19 +145,6 @@ class EpochClock(pl.Callback):
         self.run.epoch_done(trainer.current_epoch + 1, seconds, self.loss_sum, self.step_seconds)
 
 
-class SizedWait(DataWait):
-    """DataWait over the DataLoader, with its length (Lightning sizes the epoch from it) and
-    its sampler (Lightning calls its set_epoch before each epoch, so the order is torch-ddp's).
-    Lightning's fetcher takes each batch synchronously: the time in next() is the data wait."""
-
-    def __len__(self) -> int:
-        return len(self._batches)
-
-    @property
-    def sampler(self):
-        return self._batches.sampler
-
-
 class LightningRun:
     """One rank's run: data, model, the Trainer, and rank 0's record."""
 
@@ -212,27 +158,61 @@ class LightningRun:
         self.backend = group_backend(self.device, shared)
         if self.cuda:
             torch.cuda.set_device(self.device)
-        arrays = data.load(spec.dataset, spec.data_dir, seed=spec.seed, samples=spec.samples)
-        self.synthetic, self.classes = arrays.info.synthetic, arrays.info.num_classes
-        self.shape = arrays.info.shape
-        self.train_x, self.train_y, self.test_x, self.test_y = to_tensors(arrays, self.device)
-        self.train_x, self.test_x = laid_out(self.train_x, spec), laid_out(self.test_x, spec)
-        n = len(self.train_y)
-        self.train_samples = n * spec.scale
-        self.steps = steps_per_epoch(
-            self.train_samples, self.rk.world_size, spec.per_worker_batch_size, spec.steps_per_epoch
-        )
-        check_steps(self.steps, spec.path, self.train_samples, spec.global_batch_size)
+        self.tokens = spec.seq_len > 0  # windows of token ids, next-token targets
+        self.feed = self.token_data() if self.tokens else self.image_data()
         torch.manual_seed(spec.seed)  # the same fresh initial weights as torch-ddp's
-        self.net = models.build(spec.model, arrays.info.shape, arrays.info.num_classes)
+        self.net = models.build(spec.model, self.info.shape, self.info.num_classes)
         self.net.to(self.device, memory_format=memory_format(spec))
-        self.batches = ShardBatches(spec, self.rk, n, self.steps, self.device)
         uuid = torch.cuda.get_device_properties(self.device).uuid if self.cuda else None
         self.uuid = str(uuid) if uuid is not None else None  # which GPU's counter it reads
         reader = metrics.GpuMonitor.nvml_reader(self.device.index, uuid) if self.cuda else None
         self.gpu = metrics.GpuMonitor(read=reader)
         self.memory: PhasePeaks = phase_peaks(self.device)
         self.test = {"accuracy": None, "loss": None}
+
+    def image_data(self) -> DataLoader:
+        """The in-memory arrays on the device and torch-ddp's order of them, as a DataLoader of
+        whole batches; sets the steps per epoch and the record's sample counts."""
+        spec, rk = self.spec, self.rk
+        arrays = data.load(spec.dataset, spec.data_dir, seed=spec.seed, samples=spec.samples)
+        self.info = arrays.info
+        self.train_x, self.train_y, self.test_x, self.test_y = to_tensors(arrays, self.device)
+        self.train_x, self.test_x = laid_out(self.train_x, spec), laid_out(self.test_x, spec)
+        n = len(self.train_y)
+        train_samples = n * spec.scale
+        self.samples = {"train_samples": train_samples, "test_samples": len(self.test_y)}
+        self.steps = steps_per_epoch(
+            train_samples, rk.world_size, spec.per_worker_batch_size, spec.steps_per_epoch
+        )
+        check_steps(self.steps, spec.path, train_samples, spec.global_batch_size)
+        batches = ShardBatches(spec, rk, n, self.steps, self.device)
+        return DataLoader(InMemory(self.train_x, self.train_y), sampler=batches, batch_size=None)
+
+    def token_data(self) -> WindowEpochs:
+        """This rank's token windows from the torch loop's own loaders (tokendata.loaders at the
+        same rank, world and seed, epochs numbered alike), so Lightning trains on the windows
+        torch-ddp trains on, in its order; the steps and sample counts (windows) as it counts
+        them."""
+        spec, rk, batch = self.spec, self.rk, self.spec.per_worker_batch_size
+        self.info = imagesets.spec_info(spec.to_dict())  # shape (seq_len,), vocab as classes
+        train, self.test_windows = tokendata.loaders(spec, rk.rank, rk.world_size, batch)
+        self.samples = {"train_samples": train.windows.count,
+                        "test_samples": self.test_windows.windows.windows}  # fmt: skip
+        limit = spec.steps_per_epoch
+        self.steps = train.steps if limit is None else min(train.steps, limit)
+        fed = train.steps * batch * rk.world_size
+        check_steps(self.steps, spec.path, fed, spec.global_batch_size)
+        return WindowEpochs(train, self.steps, self.device)
+
+    def test_batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """This rank's test batches for torch_parts.evaluate, as the torch loop makes them."""
+        rk = self.rk
+        if self.tokens:
+            return loader_eval_batches(self.test_windows.epoch(1), self.device, _all_sum,
+                                       self.info.shape, tokens=True)  # fmt: skip
+        return memory_eval_batches(
+            self.test_x, self.test_y, rk.rank, rk.world_size, self.spec.per_worker_batch_size
+        )
 
     def barrier(self) -> None:
         sync(self.device)
@@ -244,13 +224,11 @@ class LightningRun:
         spec, rk = self.spec, self.rk
         dist.all_reduce(loss_sum)
         train_loss = (loss_sum / (self.steps * rk.world_size)).item()
-        scored = evaluates(spec, self.synthetic, epoch)
+        scored = evaluates(spec, self.info.synthetic, epoch)
         if scored:
             self.memory.evaluation_starts()
-            batches = memory_eval_batches(
-                self.test_x, self.test_y, rk.rank, rk.world_size, spec.per_worker_batch_size
-            )
-            self.test = evaluate(self.net, batches, self.device, self.classes, _all_sum)
+            self.test = evaluate(self.net, self.test_batches(), self.device,
+                                 self.info.num_classes, _all_sum, tokens=self.tokens)  # fmt: skip
             self.memory.evaluation_ends()
         e = self.rec.epoch(
             seconds,
@@ -291,9 +269,7 @@ class LightningRun:
         )
 
     def fit(self, out: str) -> None:
-        loader = DataLoader(InMemory(self.train_x, self.train_y), sampler=self.batches,
-                            batch_size=None)  # fmt: skip
-        self.waits = SizedWait(loader)
+        self.waits = SizedWait(self.feed)
         module = Classifier(self.net, self.spec)
         if self.spec.compile:  # as Lightning documents it: its training_step is compiled
             module = torch.compile(module)
@@ -322,13 +298,12 @@ class LightningRun:
         env["cuda"] = torch.version.cuda if self.cuda else None
         env["driver"] = metrics.driver_version() if self.cuda else None
         env["process_group_backend"] = self.backend
-        counted = flop_count.counted(
-            self.spec, self.shape, self.classes, self.device, out, self.spec.world_size
-        )
+        counted = flop_count.counted(self.spec, self.info.shape, self.info.num_classes,
+                                     self.device, out, self.spec.world_size)  # fmt: skip
         result = self.rec.record(
             flops=counted,
             model={"params": models.param_count(self.net), **model_facts(self.net)},
-            data={"train_samples": self.train_samples, "test_samples": len(self.test_y)},
+            data=self.samples,
             test=dict(self.test),
             memory={
                 **memory_block(per_rank.max(0).values.tolist(), self.cuda),

@@ -169,22 +169,30 @@ def torch_study(tmp_path_factory) -> dict:
     }
 
 
-@pytest.fixture(scope="session")
-def deepspeed_study(tmp_path_factory) -> dict:
-    """`.test/deepspeed.yaml` through Snakemake up to runs.csv: ZeRO 0-3, fp32 and bf16.
-
-    The op the DeepSpeed tests' runs compiled in this checkout's .cache (47 s on 2 cores) is
-    reused, as a user's second study would: the deepspeed_ops rule still runs and loads it."""
+def reuse_deepspeed_ops(work: Path) -> None:
+    """The DeepSpeed op this checkout's .cache holds (built once by the DeepSpeed tests' runs,
+    47 s on 2 cores), copied into a study's `work` dir: the deepspeed_ops rule still runs and
+    loads it, as a user's second study would."""
     import shutil
 
-    work = tmp_path_factory.mktemp("deepspeed-study")
     built = ROOT / ".cache" / "torch_extensions"
     if built.is_dir():
         shutil.copytree(
             built,
             work / ".cache" / "torch_extensions",
             ignore=shutil.ignore_patterns("deepspeed-ops.done", "*.lock"),
+            dirs_exist_ok=True,
         )
+
+
+@pytest.fixture(scope="session")
+def deepspeed_study(tmp_path_factory) -> dict:
+    """`.test/deepspeed.yaml` through Snakemake up to runs.csv: ZeRO 0-3, fp32 and bf16.
+
+    The op the DeepSpeed tests' runs compiled in this checkout's .cache (47 s on 2 cores) is
+    reused, as a user's second study would: the deepspeed_ops rule still runs and loads it."""
+    work = tmp_path_factory.mktemp("deepspeed-study")
+    reuse_deepspeed_ops(work)
     results, _ = run_test_study(work, "deepspeed", "runs.csv")
     return {"workdir": work, "results": results, "recs": study_records(results)}
 

@@ -13,7 +13,7 @@ import pytest
 from trainscale.models import gpt
 from trainscale.plan.matrix import build_runs
 
-from conftest import base_config, launch, run_test_study, study_records
+from conftest import base_config, launch, reuse_deepspeed_ops, run_test_study, study_records
 
 #: strategies that train the same global batches as one process, with the same update: their
 #: validation loss after the same steps matches torch's (horovod-torch's Adam starts at step 1
@@ -25,6 +25,7 @@ SAME_AS_ONE_PROCESS = ("torch-ddp", "torch-fsdp", "deepspeed-zero2", "deepspeed-
 @pytest.fixture(scope="module")
 def gpt_study(tmp_path_factory) -> dict:
     work = tmp_path_factory.mktemp("gpt-study")
+    reuse_deepspeed_ops(work)
     results, p = run_test_study(work, "gpt", "report.html", "summary.txt")
     return {"results": results, "recs": [r for r, _ in study_records(results)]}
 

@@ -33,6 +33,7 @@ class Cell:
     input_side: int = 0  # smallest side of the data set's images
     data_input: str = "image"  # what the data set holds: "image" or "tokens" (Model.input)
     user_data: bool = False  # the user's image files (`datasets:`), decoded while training
+    user_tokens: bool = False  # the user's token files (`datasets:` format tokens)
     resized: bool = False  # a built-in data set trained at another `image_size`
 
     @property
@@ -151,6 +152,19 @@ def _ps_precision(c: Cell) -> str | None:
         return (
             f"tf-ps: {c.precision} is a mixed-precision policy, which tf-keras does not support "
             "under ParameterServerStrategy; use fp32"
+        )
+    return None
+
+
+def _ps_tokens(c: Cell) -> str | None:
+    """A ParameterServerStrategy worker runs no Python of ours: its input is a graph, into
+    which the built-in token sets' ids fit (keras_tokens.ps_dataset_fn); the user's token
+    files, read by memory map, may be gigabytes."""
+    if c.user_tokens:
+        return (
+            "tf-ps: its workers build their input in-graph, with the ids inside the graph; "
+            f"{c.dataset} is token files, read by memory map while training, which a graph "
+            "cannot hold whole: use tf-multiworker or horovod-keras"
         )
     return None
 
@@ -298,7 +312,7 @@ STRATEGIES: dict[str, Strategy] = {
             collectives=None,
             title="tf-ps (ParameterServerStrategy)",
             precisions=("fp32",),
-            constraints=(_ps_precision,),
+            constraints=(_ps_precision, _ps_tokens),
             exposed_unmeasured="ParameterServerStrategy: asynchronous, every worker step talks "
             "to the parameter servers; there is no gradient synchronisation to switch off",
             results_note="asynchronous training (ParameterServerStrategy): each worker step "

@@ -98,3 +98,45 @@ def eval_dataset(
         .batch(batch)
         .with_options(pipeline_options(spec, replicas))
     )
+
+
+def rank_order(part: tokens.TrainWindows, epoch: int) -> np.ndarray:
+    """The window indices rank `part.rank` trains on in `epoch`, in order (TrainWindows')."""
+    mine = tokens.rank_windows(part.count, part.rank, part.world, part.seed, epoch)
+    return mine % part.windows
+
+
+def ps_dataset_fn(spec: RunSpec, feed: TokenTrain, epochs: int):
+    """The `DatasetCreator` function of tf-ps on token data: worker i's stream is rank i's
+    windows (`feed.parts[i]`, every epoch's order in turn, `epochs` of them, then again), in
+    its batches, gathered in-graph from the ids, which travel in the dataset's graph: a
+    ParameterServerStrategy worker runs no Python of ours, so no generator (the catalog keeps
+    the user's token files, too large for a graph, from tf-ps)."""
+    ids = np.asarray(feed.parts[0].ids, dtype=np.int32)
+    span = np.arange(spec.seq_len + 1, dtype=np.int64)
+
+    def make(context: tf.distribute.InputContext) -> tf.data.Dataset:
+        part = feed.parts[context.input_pipeline_id]
+        b = context.get_per_replica_batch_size(spec.global_batch_size)
+        order = np.concatenate([  # whole batches of each epoch, as TrainWindows.epoch
+            rank_order(part, e)[: part.steps * b] for e in range(1, epochs + 1)
+        ])  # fmt: skip
+        table = tf.constant(ids)
+
+        def window(w):
+            rows = tf.gather(table, w[:, None] * spec.seq_len + span[None, :])
+            return rows[:, :-1], rows[:, 1:]
+
+        options = tf.data.Options()
+        options.threading.private_threadpool_size = spec.threads_per_worker
+        options.threading.max_intra_op_parallelism = 1
+        return (
+            tf.data.Dataset.from_tensor_slices(order.astype(np.int64))
+            .batch(b, drop_remainder=True)
+            .repeat()
+            .map(window)
+            .prefetch(2)
+            .with_options(options)
+        )
+
+    return make

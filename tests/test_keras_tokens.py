@@ -1,6 +1,6 @@
 """The TensorFlow family on token data (runners/tensorflow/keras_tokens.py): the windows every
 strategy feeds are those torch's ranks read, a Keras step's next-token loss, the evaluation's
-sums, the catalog's rules, and real short runs of gpt-nano on the byte corpus."""
+sums, the catalog's rules (tf-ps dropped), and real short runs of gpt-nano on the byte corpus."""
 
 from __future__ import annotations
 
@@ -78,22 +78,24 @@ def test_the_tf_data_feed_and_a_horovod_workers_share_are_torchs_windows():
         np.testing.assert_array_equal(y, ty.numpy())
 
 
-def test_a_tf_ps_workers_stream_is_its_ranks_windows():
-    """tf-ps builds each worker's input in-graph: worker i reads rank i's windows in order."""
-    import tensorflow as tf
-
+def test_the_users_token_files_feed_the_same_windows_as_torchs(tmp_path):
+    """An llm.c shard (memory-mapped, read past its header) through the Keras feed."""
     from trainscale.runners.tensorflow import keras_tokens
 
-    spec = token_spec("tf-ps", 2)
-    b = spec.per_worker_batch_size
-    feed = keras_tokens.TokenTrain(spec, range(2), 2, b)
-    make = keras_tokens.ps_dataset_fn(spec, feed, EPOCHS)
-    for worker in range(2):
-        ds = make(tf.distribute.InputContext(2, worker, 2))
-        want = itertools.islice(feed.parts[worker].epoch(1), 5)
-        for (x, y), (tx, ty) in zip(ds.take(5).as_numpy_iterator(), want, strict=True):
-            np.testing.assert_array_equal(x, tx)
-            np.testing.assert_array_equal(y, ty)
+    ids = np.random.default_rng(1).integers(0, 1000, 20_000)
+    files = {s: str(tokens.write_llmc(ids, tmp_path / f"{s}.bin")) for s in ("train", "test")}
+    mine = {"format": "tokens", **files, "vocab_size": 1000}
+    spec = build_runs(
+        token_config(["horovod-keras"], [2], dataset="mine", datasets={"mine": mine}),
+        accelerator="cpu",
+    )[0][0]
+    feed = keras_tokens.TokenTrain(spec, [0], 2, spec.per_worker_batch_size)
+    torch_rank0 = tokendata.loaders(spec, 0, 2, spec.per_worker_batch_size)[0]
+    want = itertools.islice(torch_rank0.epoch(1), STEPS)
+    for (x, y), (tx, ty) in zip(itertools.islice(feed.batches(), STEPS), want, strict=True):
+        np.testing.assert_array_equal(x, tx.numpy())
+        np.testing.assert_array_equal(y, ty.numpy())
+    assert int(x.max()) < 1000
 
 
 # --- one step, and the evaluation's sums ------------------------------------------------------
@@ -140,29 +142,28 @@ def test_token_tally_sums_what_torchs_tally_sums():
 
 # --- the catalog --------------------------------------------------------------------------------
 
-KERAS = ["tf", "tf-mirrored", "tf-multiworker", "tf-ps", "horovod-keras", "horovod-keras-elastic"]
+KERAS = ["tf", "tf-mirrored", "tf-multiworker", "horovod-keras", "horovod-keras-elastic"]
 
 
-def test_every_keras_strategy_trains_a_gpt_on_the_built_in_token_sets():
-    runs, dropped = build_runs(token_config(KERAS, [1, 2]), accelerator="cpu")
+def test_every_keras_strategy_but_tf_ps_trains_a_gpt_on_token_data():
+    runs, dropped = build_runs(token_config([*KERAS, "tf-ps"], [1, 2]), accelerator="cpu")
     assert {(r.strategy, r.workers) for r in runs} == {
         (s, w) for s in KERAS for w in (1, 2) if (s, w) != ("tf", 2)
     }
-    assert [d.reason for d in dropped] == ["tf is one process on one device: needs workers=1, "
-                                           "nodes=1"]  # fmt: skip
+    reasons = {(d.values["strategy"], d.values["workers"]): d.reason for d in dropped}
+    assert reasons.keys() == {("tf", 2), ("tf-ps", 1), ("tf-ps", 2)}
+    assert reasons["tf-ps", 2].startswith("tf-ps: Keras' model.fit under ParameterServerStrategy")
+    assert "cannot read disjoint windows of shakespeare" in reasons["tf-ps", 2]
 
 
-def test_tf_ps_drops_the_users_token_files_with_the_reason(tmp_path):
-    ids = np.arange(20_000) % 256
-    files = {s: str(tokens.write_nanogpt(ids, tmp_path / f"{s}.bin")) for s in ("train", "test")}
-    mine = {"format": "tokens", **files, "vocab_size": 256}
-    cfg = token_config(KERAS, [2], dataset="mine", datasets={"mine": mine})
-    runs, dropped = build_runs(cfg, accelerator="cpu")
-    assert "tf-ps" not in {r.strategy for r in runs}
-    assert {"tf-multiworker", "horovod-keras"} <= {r.strategy for r in runs}
-    (reason,) = [d.reason for d in dropped if d.values["strategy"] == "tf-ps"]
-    assert reason.startswith("tf-ps: its workers build their input in-graph")
-    assert "mine is token files" in reason
+def test_tf_ps_keeps_image_data():
+    """The token rule drops tf-ps from token sets only."""
+    runs, _ = build_runs(
+        validated({"study": "t", "matrix": {"strategy": ["tf-ps"], "model": ["seed-small"],
+                                            "dataset": ["digits"]}}),
+        accelerator="cpu",
+    )  # fmt: skip
+    assert [r.strategy for r in runs] == ["tf-ps"]
 
 
 # --- real runs ----------------------------------------------------------------------------------
@@ -177,7 +178,6 @@ HOROVOD = importlib.util.find_spec("horovod") is not None
         ("tf", 1),
         ("tf-mirrored", 2),  # logical CPU devices
         ("tf-multiworker", 2),
-        ("tf-ps", 2),
         pytest.param(
             "horovod-keras", 2,
             marks=pytest.mark.skipif(not HOROVOD, reason="horovod is not built in this venv"),
@@ -191,8 +191,7 @@ def test_a_keras_strategy_trains_gpt_nano_on_the_byte_corpus(tmp_path, strategy,
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     rec = metrics.read(out)  # validated against the metrics schema
     assert rec["status"] == "ok", rec["error"]
-    worker_steps = STEPS * (workers if strategy == "tf-ps" else 1)  # tf-ps: steps of each worker
-    assert [e["steps"] for e in rec["epochs"]] == [worker_steps] * EPOCHS
+    assert [e["steps"] for e in rec["epochs"]] == [STEPS] * EPOCHS
     assert rec["tokens_per_second"] > 0
     assert rec["tokens_per_second"] == pytest.approx(rec["throughput"] * SEQ_LEN)
     test = rec["test"]

@@ -36,10 +36,7 @@ class PositionEmbedding(layers.Layer):
         self.table = self.add_weight("positions", (self.context, self.width), initializer=init)
 
     def call(self, x):
-        # a static length where the input has one: under tf-ps the table is a ShardedVariable,
-        # which cannot be sliced by a tensor
-        n = x.shape[1] if x.shape[1] is not None else tf.shape(x)[1]
-        return x + tf.cast(self.table[:n], x.dtype)
+        return x + tf.cast(self.table[: tf.shape(x)[1]], x.dtype)
 
 
 class TiedHead(layers.Layer):

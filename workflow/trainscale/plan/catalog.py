@@ -33,7 +33,6 @@ class Cell:
     input_side: int = 0  # smallest side of the data set's images
     data_input: str = "image"  # what the data set holds: "image" or "tokens" (Model.input)
     user_data: bool = False  # the user's image files (`datasets:`), decoded while training
-    user_tokens: bool = False  # the user's token files (`datasets:` format tokens)
     resized: bool = False  # a built-in data set trained at another `image_size`
 
     @property
@@ -157,14 +156,16 @@ def _ps_precision(c: Cell) -> str | None:
 
 
 def _ps_tokens(c: Cell) -> str | None:
-    """A ParameterServerStrategy worker runs no Python of ours: its input is a graph, into
-    which the built-in token sets' ids fit (keras_tokens.ps_dataset_fn); the user's token
-    files, read by memory map, may be gigabytes."""
-    if c.user_tokens:
+    """Keras' model.fit under ParameterServerStrategy traces the input function once, with an
+    InputContext of one pipeline (id 0), and runs that one graph on every worker: no worker
+    learns its index, so the workers cannot read disjoint windows (tokens.TrainWindows by rank),
+    and a seeded order would be the same on every worker."""
+    if c.data_input == "tokens":
         return (
-            "tf-ps: its workers build their input in-graph, with the ids inside the graph; "
-            f"{c.dataset} is token files, read by memory map while training, which a graph "
-            "cannot hold whole: use tf-multiworker or horovod-keras"
+            "tf-ps: Keras' model.fit under ParameterServerStrategy gives every worker the same "
+            "input graph and no worker index, so its workers cannot read disjoint windows of "
+            f"{c.dataset} (each would train on the same windows in the same order); use "
+            "tf-multiworker or horovod-keras"
         )
     return None
 

@@ -56,7 +56,6 @@ def why_not(
         input_side=min(shape[1], shape[2]) if image else 0,
         data_input=info.input,
         user_data=not builtin and image,
-        user_tokens=not builtin and not image,
         resized=builtin and image and tuple(shape) != tuple(data.info(values["dataset"]).shape),
     )
     return catalog.why_not(cell)

@@ -2,12 +2,13 @@
 `horovod-keras`, `horovod-keras-elastic`); each strategy is a small plug-in (`KerasStrategy`).
 
 The loop owns what every strategy does alike, so that every run of the family records the same
-figures the same way: the thread budget and seeds, the data (keras_data.py), the model
-and optimizer, the barrier-timed epochs of Keras `model.fit` (`EpochClock`), the injected
-fault, the evaluation schedule, the per-rank memory / utilisation / energy gather and the
-metrics record. A plug-in says only what differs: where its process sits and which devices it
-uses (`configure`), the scope the model is built in, how the optimizer is wrapped, which share
-of each global batch this process feeds, its extra callbacks, how figures are combined over
+figures the same way: the thread budget and seeds, the data (keras_data.py; on token data the
+windows torch's ranks read, keras_tokens.py), the model and optimizer, the barrier-timed
+epochs of Keras `model.fit` (`EpochClock`), the injected fault, the evaluation schedule, the
+per-rank memory / utilisation / energy gather and the metrics record (keras_record.py). A
+plug-in says only what differs: where its process sits and which devices it uses
+(`configure`), the scope the model is built in, how the optimizer is wrapped, which share of
+each global batch this process feeds, its extra callbacks, how figures are combined over
 workers, how the test set is scored, its extra record blocks, and its teardown.
 
 Every strategy uses tf-keras 2 (`TF_USE_LEGACY_KERAS=1`): Keras 3's `model.fit` fails under

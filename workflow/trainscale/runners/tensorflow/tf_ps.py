@@ -12,11 +12,9 @@ steps of global / workers samples. The variables are partitioned over the server
 (`FixedShardsPartitioner`, `ps_tasks` shards along the first axis).
 
 What is shared with the other TensorFlow strategies (tf.py): the arrays and their
-normalisation (on token data the windows: worker i reads rank i's, keras_tokens.ps_dataset_fn,
-and the chief scores next-token accuracy, loss and perplexity), the Keras models, the
-optimizer (PyTorch's update rules), the mixed-precision policy and the thread budget: every
-process of the run (worker, server, chief) is a unit of `threads_per_worker` threads, counted
-in the core budget. The servers and workers only serve
+normalisation, the Keras models, the optimizer (PyTorch's update rules), the mixed-precision
+policy and the thread budget: every process of the run (worker, server, chief) is a unit of
+`threads_per_worker` threads, counted in the core budget. The servers and workers only serve
 (`tf.distribute.Server.join`) until tfrun or srun stops them; the chief measures, evaluates the
 test set with a local copy of the trained variables, and writes the metrics.
 
@@ -41,7 +39,6 @@ import tensorflow as tf  # noqa: E402
 import tf_keras as keras  # noqa: E402
 
 from trainscale import data  # noqa: E402
-from trainscale.data import imagesets  # noqa: E402
 from trainscale.launch import tfrun  # noqa: E402
 from trainscale.launch.slurm import expand_nodelist  # noqa: E402
 from trainscale.measure import metrics  # noqa: E402
@@ -50,9 +47,8 @@ from trainscale.models import keras_models  # noqa: E402
 from trainscale.plan import catalog  # noqa: E402
 from trainscale.plan.matrix import RunSpec, gpu_count  # noqa: E402
 from trainscale.runners import common  # noqa: E402
-from trainscale.runners.tensorflow import keras_flops, keras_tokens  # noqa: E402
+from trainscale.runners.tensorflow import keras_flops  # noqa: E402
 from trainscale.runners.tensorflow.keras_data import nhwc, normaliser  # noqa: E402
-from trainscale.runners.tensorflow.keras_eval import scorer, token_scores_of  # noqa: E402
 from trainscale.runners.tensorflow.keras_loop import POLICIES, make_optimizer  # noqa: E402
 from trainscale.runners.tensorflow.tf import at_node_addrs  # noqa: E402
 
@@ -232,15 +228,6 @@ def chief_evaluation(spec: RunSpec, weights: list, arrays: data.Arrays, x: np.nd
     return float(np.mean(predicted == arrays.test_y)), float(loss), predicted
 
 
-def chief_token_scores(spec: RunSpec, weights: list, info: data.DatasetInfo) -> dict:
-    """Next-token accuracy, loss and perplexity of the test windows, on the chief, by a local
-    model with `weights` (as `chief_evaluation`, outside `strategy.scope()`)."""
-    local = keras_models.build(spec.model, info.shape, info.num_classes)
-    local.set_weights(weights)
-    windows = keras_tokens.eval_dataset(spec, spec.global_batch_size, 1)
-    return token_scores_of(scorer(local, info.num_classes, tokens=True), windows)
-
-
 class EpochClock(keras.callbacks.Callback):
     """Wall-clock seconds of each epoch, from its first scheduled step to the moment every
     scheduled step has finished (`ClusterCoordinator.join`). Logs stay remote values
@@ -293,34 +280,24 @@ def main(spec: RunSpec, out: str) -> None:
     keras.mixed_precision.set_global_policy(POLICIES[spec.precision])
     keras.utils.set_random_seed(spec.seed)
 
-    if spec.seq_len:  # token windows: worker i reads rank i's (keras_tokens.ps_dataset_fn)
-        info = imagesets.spec_info(spec.to_dict())
-        feed = keras_tokens.TokenTrain(
-            spec, range(spec.world_size), spec.world_size, spec.per_worker_batch_size
-        )
-        train_samples, steps = feed.count, feed.steps
-        test_samples = keras_tokens.eval_windows(spec).windows
-        creator = keras_tokens.ps_dataset_fn(spec, feed, spec.epochs)
-    else:
-        arrays = data.load(spec.dataset, spec.data_dir, seed=spec.seed, samples=spec.samples)
-        info, train_x, test_x = arrays.info, nhwc(arrays.train_x), nhwc(arrays.test_x)
-        train_samples, test_samples = len(arrays.train_y) * spec.scale, len(arrays.test_y)
-        steps = common.steps_per_epoch(
-            train_samples, spec.world_size, spec.per_worker_batch_size, spec.steps_per_epoch
-        )
-        creator = dataset_fn(spec, arrays, train_x)
+    arrays = data.load(spec.dataset, spec.data_dir, seed=spec.seed, samples=spec.samples)
+    train_x, test_x = nhwc(arrays.train_x), nhwc(arrays.test_x)
+    train_samples = len(arrays.train_y) * spec.scale
+    steps = common.steps_per_epoch(
+        train_samples, spec.world_size, spec.per_worker_batch_size, spec.steps_per_epoch
+    )
     common.check_steps(steps, spec.path, train_samples, spec.global_batch_size)
     worker_steps = steps * spec.world_size  # each one worker's batch: the same samples
 
     with strategy.scope():
-        model = keras_models.build(spec.model, info.shape, info.num_classes)
+        model = keras_models.build(spec.model, arrays.info.shape, arrays.info.num_classes)
         model.compile(
             optimizer=make_optimizer(spec),
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
             metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
         )
 
-    synthetic = info.synthetic
+    synthetic = arrays.info.synthetic
     snapshots: dict[int, list[np.ndarray]] = {}  # epoch -> trained weights, scored after fit
 
     def after_epoch(epoch: int, seconds: float, loss: float) -> None:
@@ -344,7 +321,7 @@ def main(spec: RunSpec, out: str) -> None:
     )
     rec.training_starts()
     model.fit(
-        keras.utils.experimental.DatasetCreator(creator),
+        keras.utils.experimental.DatasetCreator(dataset_fn(spec, arrays, train_x)),
         epochs=spec.epochs,
         steps_per_epoch=worker_steps,
         callbacks=[clock],
@@ -353,12 +330,8 @@ def main(spec: RunSpec, out: str) -> None:
     memory = PhasePeaks()  # the chief's host memory: training's, then evaluation's
     test: dict = {"accuracy": None, "loss": None}
     memory.evaluation_starts()
-    classes = info.num_classes
+    classes = arrays.info.num_classes
     for epoch, weights in snapshots.items():
-        if spec.seq_len:
-            test.update(chief_token_scores(spec, weights, info))
-            rec.epochs[epoch - 1].update(test_accuracy=test["accuracy"], test_loss=test["loss"])
-            continue
         accuracy, test_loss, predicted = chief_evaluation(spec, weights, arrays, test_x)
         rec.epochs[epoch - 1].update(test_accuracy=accuracy, test_loss=test_loss)
         confusion = np.zeros((classes, classes), np.int64)  # rows true, columns predicted
@@ -375,9 +348,11 @@ def main(spec: RunSpec, out: str) -> None:
     if gpus:
         env["driver"] = metrics.driver_version()
     result = rec.record(
-        flops=keras_flops.counted(spec, info.shape, classes, None, out, spec.world_size),
+        flops=keras_flops.counted(
+            spec, arrays.info.shape, arrays.info.num_classes, None, out, spec.world_size
+        ),
         model={"params": keras_models.param_count(model)},
-        data={"train_samples": train_samples, "test_samples": test_samples},
+        data={"train_samples": train_samples, "test_samples": len(arrays.test_y)},
         test={k: None if synthetic else v for k, v in test.items()},
         memory=memory_block(list(memory.finish()), False),
         device={

@@ -13,9 +13,9 @@ import pytest
 
 from trainscale.data import tokendata, tokens
 from trainscale.measure import metrics
-from trainscale.plan.matrix import build_runs
+from trainscale.plan.matrix import RunSpec, build_runs
 
-from conftest import launch, validated
+from conftest import launch, launch_losing_a_worker, validated
 
 #: gpt-nano on the shipped byte corpus, small enough for a CPU test: windows of 32 ids,
 #: a global batch of 4, 3 steps per epoch, 2 epochs
@@ -33,7 +33,7 @@ def token_config(strategies: list[str], workers: list[int], dataset: str = "shak
     )
 
 
-def token_spec(strategy: str, workers: int = 1, **extra):
+def token_spec(strategy: str, workers: int = 1, **extra) -> RunSpec:
     return build_runs(token_config([strategy], [workers], **extra), accelerator="cpu")[0][0]
 
 
@@ -205,3 +205,19 @@ def test_a_keras_strategy_trains_gpt_nano_on_the_byte_corpus(tmp_path, strategy,
     assert flops["analytic_per_sample"] == pytest.approx(flops["per_sample"], rel=0.01)
     assert rec["data"]["seq_len"] == SEQ_LEN and rec["data"]["vocab_size"] == 256
     assert rec["data"]["input_shape"] == [SEQ_LEN]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HOROVOD, reason="horovod is not built in this venv")
+def test_elastic_keras_goes_on_with_the_windows_of_the_smaller_world(tmp_path):
+    """horovod-keras-elastic loses a worker after epoch 1: the survivor reads rank 0 of 1's
+    windows from the next committed epoch on, at the same global batch and steps."""
+    spec = token_spec("horovod-keras-elastic", 2, epochs=6, steps_per_epoch=20)
+    out, _ = launch_losing_a_worker(spec, tmp_path, "epoch 1/")
+    rec = metrics.read(out)
+    assert rec["status"] == "ok", rec["error"]
+    sizes = [m["world_size"] for m in rec["horovod"]["membership"]]
+    assert sizes == [2, 1] and rec["horovod"]["final_world_size"] == 1
+    assert [e["steps"] for e in rec["epochs"]] == [20] * 6
+    assert all(math.isfinite(e["train_loss"]) for e in rec["epochs"])
+    assert rec["test"]["perplexity"] >= 1 and rec["tokens_per_second"] > 0

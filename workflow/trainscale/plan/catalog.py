@@ -155,6 +155,21 @@ def _ps_precision(c: Cell) -> str | None:
     return None
 
 
+def _ps_tokens(c: Cell) -> str | None:
+    """Keras' model.fit under ParameterServerStrategy traces the input function once, with an
+    InputContext of one pipeline (id 0), and runs that one graph on every worker: no worker
+    learns its index, so the workers cannot read disjoint windows (tokens.TrainWindows by rank),
+    and a seeded order would be the same on every worker."""
+    if c.data_input == "tokens":
+        return (
+            "tf-ps: Keras' model.fit under ParameterServerStrategy gives every worker the same "
+            "input graph and no worker index, so its workers cannot read disjoint windows of "
+            f"{c.dataset} (each would train on the same windows in the same order); use "
+            "tf-multiworker or horovod-keras"
+        )
+    return None
+
+
 ALL_PRECISIONS = ("fp32", "fp16", "bf16")
 _KERAS_FIT = "TensorFlow: Keras model.fit under a tf.distribute strategy has no switch for its "
 _KERAS_FIT += "gradient all-reduce"
@@ -298,7 +313,7 @@ STRATEGIES: dict[str, Strategy] = {
             collectives=None,
             title="tf-ps (ParameterServerStrategy)",
             precisions=("fp32",),
-            constraints=(_ps_precision,),
+            constraints=(_ps_precision, _ps_tokens),
             exposed_unmeasured="ParameterServerStrategy: asynchronous, every worker step talks "
             "to the parameter servers; there is no gradient synchronisation to switch off",
             results_note="asynchronous training (ParameterServerStrategy): each worker step "

@@ -25,6 +25,7 @@ to the last commit). Each change lands in the metrics' `horovod.membership`.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
@@ -40,8 +41,9 @@ from trainscale import data  # noqa: E402
 from trainscale.measure import metrics  # noqa: E402
 from trainscale.plan.matrix import RunSpec  # noqa: E402
 from trainscale.runners.tensorflow import keras_loop as loop  # noqa: E402
+from trainscale.runners.tensorflow import keras_tokens  # noqa: E402
 from trainscale.runners.tensorflow.keras_data import eval_dataset, train_dataset  # noqa: E402
-from trainscale.runners.tensorflow.keras_eval import scores_of  # noqa: E402
+from trainscale.runners.tensorflow.keras_eval import scores_of, token_scores_of  # noqa: E402
 from trainscale.runners.tensorflow.keras_input import image_train  # noqa: E402
 
 
@@ -71,6 +73,12 @@ class HorovodKeras(loop.KerasStrategy):
     def train_dataset(self, arrays: data.Arrays, x: np.ndarray, steps: int, p: loop.Placement):
         return train_dataset(self.spec, arrays, x, steps, 1, rank=p.rank)
 
+    def token_train(self, p: loop.Placement) -> keras_tokens.TokenTrain:
+        """Each worker reads its own rank's token windows (those torch's rank reads)."""
+        return keras_tokens.TokenTrain(
+            self.spec, [p.rank], hvd.size(), self.spec.global_batch_size // hvd.size()
+        )
+
     def image_train(self, p: loop.Placement):
         """Each worker reads its own share of the user's images, in its per-worker batch."""
         return image_train(self.spec, self.spec.per_worker_batch_size, p.rank, hvd.size())
@@ -86,20 +94,28 @@ class HorovodKeras(loop.KerasStrategy):
     def evaluate(self, model, arrays: data.Arrays, x: np.ndarray, p: loop.Placement) -> dict:
         """Accuracy, mean loss and confusion over the whole test set: each worker scores its
         stride in batches of its training batch, the sums are added with hvd.allreduce.
-        On the user's images every worker scores the whole test split (the same weights)."""
+        On the user's images every worker scores the whole test split (the same weights).
+        On token data each scores its stride of the test windows (as torch's ranks do)."""
+        rank, size = hvd.rank(), hvd.size()
+
+        def all_sum(v: np.ndarray) -> np.ndarray:
+            return hvd_tf.allreduce(tf.constant(v, tf.float64), op=hvd_tf.Sum).numpy()
+
+        if self.spec.seq_len:
+            if self._test_data is None:
+                self._test_data = keras_tokens.eval_dataset(
+                    self.spec, self.spec.global_batch_size // size, 1, rank, size
+                )
+            return token_scores_of(self.scorer(model, 0, tokens=True), self._test_data, all_sum)
         if arrays is None:
             return super().evaluate(model, arrays, x, p)
-        rank, size, n = hvd.rank(), hvd.size(), len(arrays.test_y)
+        n = len(arrays.test_y)
         if self._test_data is None:
             self._test_data = eval_dataset(
                 self.spec, arrays, x[rank::size], arrays.test_y[rank::size],
                 self.spec.per_worker_batch_size, 1,
             )  # fmt: skip
         mine = self._test_data if len(range(rank, n, size)) else None
-
-        def all_sum(v: np.ndarray) -> np.ndarray:
-            return hvd_tf.allreduce(tf.constant(v, tf.float64), op=hvd_tf.Sum).numpy()
-
         classes = arrays.info.num_classes
         return scores_of(self.scorer(model, classes), mine, classes, all_sum)
 
@@ -148,17 +164,37 @@ class HorovodKerasElastic(HorovodKeras):
     def __init__(self, spec: RunSpec) -> None:
         super().__init__(spec)
         self.membership: list[dict] = []
-        self._inputs: tuple[data.Arrays, np.ndarray] | None = None
+        #: (rank, size, epochs done) -> this worker's share at that size, from that epoch on
+        self._refeed: Callable[[int, int, int], tf.data.Dataset] | None = None
 
     def train_dataset(self, arrays: data.Arrays, x: np.ndarray, steps: int, p: loop.Placement):
-        self._inputs = (arrays, x)  # fit builds each (re)start's share from them
+        def refeed(rank: int, size: int, done: int) -> tf.data.Dataset:
+            return train_dataset(
+                self.spec, arrays, x, steps, 1, rank=rank, size=size, epochs_done=done
+            )
+
+        self._refeed = refeed  # fit builds each (re)start's share with it
         return super().train_dataset(arrays, x, steps, p)
+
+    def token_train(self, p: loop.Placement) -> keras_tokens.TokenTrain:
+        feed = super().token_train(p)
+        spec = self.spec
+
+        def refeed(rank: int, size: int, done: int) -> tf.data.Dataset:
+            # the windows of rank `rank` of `size`, cut to the start's steps per epoch (the
+            # global batch is the spec's, so a smaller world has as many steps or more)
+            again = keras_tokens.TokenTrain(spec, [rank], size, spec.global_batch_size // size)
+            again.steps = feed.steps
+            return again.dataset(spec, 1, done)
+
+        self._refeed = refeed
+        return feed
 
     def callbacks(self) -> list:
         return []  # the state's sync broadcasts rank 0's variables at every (re)start
 
     def fit(self, model, dataset, steps: int, callbacks: list, rec, test: dict) -> None:
-        spec, (arrays, x) = self.spec, self._inputs
+        spec = self.spec
         # the optimizer's slots exist before the state copies them: a joining worker's sync
         # then broadcasts the same variables as the survivors'
         model.optimizer.build(model.trainable_variables)
@@ -183,9 +219,7 @@ class HorovodKerasElastic(HorovodKeras):
                     )
             feed = dataset  # the start's; after a change, this worker's share at this size
             if not (first and size == spec.world_size):
-                feed = train_dataset(
-                    spec, arrays, x, steps, 1, rank=rank, size=size, epochs_done=state.epoch
-                )
+                feed = self._refeed(rank, size, state.epoch)
             model.fit(
                 feed,
                 initial_epoch=state.epoch,

@@ -17,23 +17,33 @@ from pathlib import Path
 import tensorflow as tf
 
 from trainscale.measure import flops, metrics
+from trainscale.plan import catalog
 from trainscale.plan.runspec import RunSpec
 
 TF_DTYPES = {"fp32": tf.float32, "bf16": tf.bfloat16, "fp16": tf.float16}
 
 
-def _twin_count(spec: RunSpec, shape: tuple[int, ...], classes: int) -> tuple[float | None, str]:
+def _twin_count(spec: RunSpec, shape: tuple[int, ...], classes: int) -> dict:
+    """`per_sample` and `method`, and for a GPT PaLM's `analytic_per_sample` (as the torch
+    runners record it: trainscale.runners.torch.flop_count.counted)."""
     try:
+        from trainscale.models import gpt
         from trainscale.runners.torch import flop_count
     except ImportError as e:  # no torch in this environment
-        return None, f"not counted: the torch twin cannot be imported here ({e})"
-    return flop_count.per_sample(spec.model, shape, classes), "torch twin: flop_counter"
+        why = f"not counted: the torch twin cannot be imported here ({e})"
+        return {"per_sample": None, "method": why}
+    per_sample = flop_count.per_sample(spec.model, shape, classes)
+    block = {"per_sample": per_sample, "method": "torch twin: flop_counter"}
+    if catalog.MODELS[spec.model].gpt:
+        block["analytic_per_sample"] = (
+            gpt.analytic_flops_per_token(spec.model, shape[0], classes) * shape[0]
+        )
+    return block
 
 
 def counted(spec: RunSpec, shape: tuple[int, ...], classes: int, gpu_name: str | None,
             out: str | Path, devices: int) -> dict:  # fmt: skip
     """The runner's part of the `flops` block: the twin's count and the devices' peak."""
-    per_sample, method = _twin_count(spec, shape, classes)
     name = gpu_name or metrics.cpu_name()
 
     def gemm() -> float:
@@ -47,8 +57,7 @@ def counted(spec: RunSpec, shape: tuple[int, ...], classes: int, gpu_name: str |
     peak, source = flops.peak(gpu_name, spec.precision, key, flops.peaks_dir(spec.path, out),
                               metrics.hostname(), gemm)  # fmt: skip
     return {
-        "per_sample": per_sample,
-        "method": method,
+        **_twin_count(spec, shape, classes),
         "peak_per_second": peak * devices,
         "peak_source": source,
         "peak_device": name,

@@ -2,12 +2,13 @@
 `horovod-keras`, `horovod-keras-elastic`); each strategy is a small plug-in (`KerasStrategy`).
 
 The loop owns what every strategy does alike, so that every run of the family records the same
-figures the same way: the thread budget and seeds, the data (keras_data.py), the model
-and optimizer, the barrier-timed epochs of Keras `model.fit` (`EpochClock`), the injected
-fault, the evaluation schedule, the per-rank memory / utilisation / energy gather and the
-metrics record. A plug-in says only what differs: where its process sits and which devices it
-uses (`configure`), the scope the model is built in, how the optimizer is wrapped, which share
-of each global batch this process feeds, its extra callbacks, how figures are combined over
+figures the same way: the thread budget and seeds, the data (keras_data.py; on token data the
+windows torch's ranks read, keras_tokens.py), the model and optimizer, the barrier-timed
+epochs of Keras `model.fit` (`EpochClock`), the injected fault, the evaluation schedule, the
+per-rank memory / utilisation / energy gather and the metrics record (keras_record.py). A
+plug-in says only what differs: where its process sits and which devices it uses
+(`configure`), the scope the model is built in, how the optimizer is wrapped, which share of
+each global batch this process feeds, its extra callbacks, how figures are combined over
 workers, how the test set is scored, its extra record blocks, and its teardown.
 
 Every strategy uses tf-keras 2 (`TF_USE_LEGACY_KERAS=1`): Keras 3's `model.fit` fails under
@@ -42,11 +43,10 @@ from trainscale import data  # noqa: E402
 from trainscale.data import imagesets  # noqa: E402
 from trainscale.measure import datawait, metrics  # noqa: E402
 from trainscale.measure.device_usage import CpuUsage  # noqa: E402
-from trainscale.measure.memory import PhasePeaks, memory_block  # noqa: E402
+from trainscale.measure.memory import PhasePeaks  # noqa: E402
 from trainscale.models import keras_models  # noqa: E402
 from trainscale.plan.matrix import RunSpec  # noqa: E402
 from trainscale.runners.common import (  # noqa: E402
-    check_oversubscribed,
     check_steps,
     evaluates,
     maybe_fault,
@@ -54,18 +54,23 @@ from trainscale.runners.common import (  # noqa: E402
     steps_per_epoch,
     write_ok,
 )
-from trainscale.runners.tensorflow import keras_flops  # noqa: E402
+from trainscale.runners.tensorflow import keras_tokens  # noqa: E402
 from trainscale.runners.tensorflow.keras_data import (  # noqa: E402
     eval_dataset,
     nhwc,
     train_dataset,
 )
-from trainscale.runners.tensorflow.keras_eval import scorer, scores_of  # noqa: E402
+from trainscale.runners.tensorflow.keras_eval import (  # noqa: E402
+    scorer,
+    scores_of,
+    token_scores_of,
+)
 from trainscale.runners.tensorflow.keras_input import (  # noqa: E402
     TimedTrainFunction,
     image_test,
     image_train,
 )
+from trainscale.runners.tensorflow.keras_record import record  # noqa: E402
 
 SPLITS = ("train", "test")
 POLICIES = {"fp32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
@@ -112,6 +117,14 @@ class KerasStrategy:
         """What `model.fit` reads: global batches, which the strategy splits over replicas."""
         return train_dataset(self.spec, arrays, x, steps, p.replicas)
 
+    def token_train(self, p: Placement) -> keras_tokens.TokenTrain:
+        """The token windows `model.fit` reads: every rank's batch of each step, stacked in
+        rank order into the global batch, which the strategy splits (keras_tokens.py)."""
+        b = self.spec.per_worker_batch_size
+        return keras_tokens.TokenTrain(
+            self.spec, range(self.spec.world_size), self.spec.world_size, b
+        )
+
     def callbacks(self) -> list[keras.callbacks.Callback]:
         """Callbacks that run before the loop's clock in every step (Horovod's broadcast)."""
         return []
@@ -130,7 +143,14 @@ class KerasStrategy:
         """The `test` block's accuracy, mean loss and confusion over the whole test set
         (keras_eval.py); collective under a strategy, each replica scoring its share of
         batches of the global batch. On the user's images (`arrays` None) each process reads
-        the whole test split (keras_input.image_test)."""
+        the whole test split (keras_input.image_test). On token data (`seq_len`) next-token
+        accuracy, loss and perplexity over the test windows in global batches."""
+        if self.spec.seq_len:
+            if self._test_data is None:
+                self._test_data = keras_tokens.eval_dataset(
+                    self.spec, self.spec.global_batch_size, p.replicas
+                )
+            return token_scores_of(self.scorer(model, 0, tokens=True), self._test_data)
         if self._test_data is None and arrays is None:
             self._test_data = image_test(self.spec, self.spec.per_worker_batch_size * p.replicas)
         if self._test_data is None:  # built once, at the first evaluation
@@ -140,11 +160,11 @@ class KerasStrategy:
         classes = imagesets.spec_info(self.spec.to_dict()).num_classes
         return scores_of(self.scorer(model, classes), self._test_data, classes)
 
-    def scorer(self, model, classes: int) -> keras.Model:
+    def scorer(self, model, classes: int, tokens: bool = False) -> keras.Model:
         """`model`'s scoring model (keras_eval.scorer), built once, in the plug-in's scope."""
         if self._scorer is None:
             with self.scope():
-                self._scorer = scorer(model, classes)
+                self._scorer = scorer(model, classes, tokens)
         return self._scorer
 
     def gather(self, row: list[float | None], host: str) -> list[tuple[list[float | None], str]]:
@@ -325,7 +345,14 @@ def run(plugin: KerasStrategy, out: str) -> None:
     keras.utils.set_random_seed(spec.seed)  # same fresh initial weights on every worker, repeat
 
     arrays = train_x = test_x = None
-    if spec.image_source is None:
+    if spec.seq_len:  # token windows (keras_tokens.py), the vocabulary as the classes
+        info = imagesets.spec_info(spec.to_dict())
+        feed = plugin.token_train(p)
+        steps, train_samples = feed.steps, feed.count
+        test_samples = keras_tokens.eval_windows(spec).windows
+        check_steps(steps, spec.path, train_samples, spec.global_batch_size)
+        dataset = feed.dataset(spec, p.replicas)
+    elif spec.image_source is None:
         arrays = data.load(spec.dataset, spec.data_dir, seed=spec.seed, samples=spec.samples)
         info = dataclasses.replace(arrays.info, shape=imagesets.spec_info(spec.to_dict()).shape)
         train_x, test_x = nhwc(arrays.train_x), nhwc(arrays.test_x)
@@ -385,56 +412,3 @@ def run(plugin: KerasStrategy, out: str) -> None:
         result = record(plugin, p, rec, model, gathered, test, counts)
         write_ok(out, result, test["accuracy"] if not synthetic else "n/a")
     plugin.teardown()
-
-
-def record(plugin, p: Placement, rec, model, gathered, test, counts: tuple) -> dict:
-    """The metrics record from rank 0's epochs and every worker's gathered figures: peak memory
-    the max over workers (and each one's, in rank order), energy summed, utilisation averaged;
-    `counts` is (data set info, the record's path, train samples, test samples)."""
-    spec = plugin.spec
-    info, out, train_samples, test_samples = counts
-    rows = [r for r, _ in gathered]
-    peaks = [max(r[i] for r in rows) for i in range(4)]
-    utils = [r[4] for r in rows if r[4] is not None]
-    energies = [r[5] for r in rows if r[5] is not None]
-    frameworks = {"tensorflow": tf.__version__, "tf-keras": keras.__version__}
-    env = metrics.environment(
-        rec.start_utc, {**frameworks, **plugin.frameworks}, [h for _, h in gathered]
-    )
-    if p.gpu:
-        env["cuda"] = tf.sysconfig.get_build_info().get("cuda_version")
-        env["driver"] = metrics.driver_version()
-        details = tf.config.experimental.get_device_details(tf.config.get_visible_devices("GPU")[0])
-        name = details.get("device_name", "GPU")
-    else:
-        name = metrics.cpu_name()
-        if p.logical:  # so that every table showing the device says what it was
-            name += f" (as {p.replicas} logical devices)"
-    devices = len(gathered) * p.replicas
-    return rec.record(
-        flops=keras_flops.counted(
-            spec, info.shape, info.num_classes, name if p.gpu else None, out, devices
-        ),
-        model={"params": keras_models.param_count(model)},
-        data={"train_samples": train_samples, "test_samples": test_samples},
-        test=dict(test),
-        memory={
-            **memory_block(peaks, p.gpu),
-            "per_rank_host_rss_bytes": [int(r[0]) for r in rows],
-            "per_rank_device_bytes": [int(r[1]) for r in rows] if p.gpu else None,
-        },
-        device={
-            "kind": "cuda" if p.gpu else "cpu",
-            "name": name,
-            "count": devices,
-            "logical": p.logical,
-            "utilization_mean": sum(utils) / len(utils) if utils else None,
-            "energy_joules": sum(energies) if energies else None,
-        },
-        env=env,
-        oversubscribed=check_oversubscribed(
-            spec.workers, spec.threads_per_worker + spec.loader_workers
-        ),
-        launch=metrics.launch_info(),
-        **plugin.extra_metrics(),
-    )

@@ -15,9 +15,12 @@ Definitions (the `flops` block of metrics.json):
 - peak_per_second: the devices' dense peak at the run's precision, per device × devices.
   `peak_source` says where it comes from: `datasheet` (PEAKS below, the vendor's document
   named beside each row; sparsity figures never), or `measured` (on CPU, and on a GPU missing
-  from the table): the best FLOP/s of a square matrix multiply at the run's threads and dtype,
-  timed once per host and kept beside the study (`measured_peak`), an achievable peak rather
-  than a theoretical one.
+  from the table): the best FLOP/s of a square matrix multiply at the run's dtype, timed once
+  per host and kept beside the study (`measured_peak`), an achievable peak rather than a
+  theoretical one. On CPU a device is one worker's threads_per_worker threads (the GEMM runs
+  at that many), and every framework's runs share PyTorch's GEMM, so their MFUs have one
+  denominator. A job running beside the measurement on the same cores lowers it: the best of
+  GEMM_REPEATS timings is kept.
 - mfu = achieved_per_second / peak_per_second.
 """
 
@@ -67,7 +70,7 @@ PEAKS: tuple[tuple[str, dict[str, float | None]], ...] = (
 )
 
 #: matrix side of the GEMM benchmark, and how many it times (the best counts)
-GEMM_SIDE, GEMM_REPEATS = 1024, 5
+GEMM_SIDE, GEMM_REPEATS = 1024, 10
 
 
 def datasheet_peak(device_name: str, precision: str, tf32: bool = False) -> float | None:

@@ -41,19 +41,39 @@ def _twin_count(spec: RunSpec, shape: tuple[int, ...], classes: int) -> dict:
     return block
 
 
+def _cpu_gemm(spec: RunSpec) -> tuple[str, object]:
+    """The key and the timing function of a CPU's peak at the run's threads per worker: the
+    torch runs' own (the same key and GEMM, so every framework's MFU on this host has one
+    denominator) where torch imports, else TensorFlow's matrix multiply at the process's
+    threads, scaled to threads_per_worker."""
+    name, threads = metrics.cpu_name(), spec.threads_per_worker
+    try:
+        from trainscale.runners.torch import flop_count
+    except ImportError:
+        process = tf.config.threading.get_intra_op_parallelism_threads() or os.cpu_count()
+        key = f"cpu:{name}:{spec.precision}:threads={threads}:tf"
+        return key, lambda: _tf_gemm(spec) * threads / process
+    return flop_count.cpu_key(name, spec.precision, threads), lambda: flop_count.cpu_gemm(
+        spec.precision, threads
+    )
+
+
+def _tf_gemm(spec: RunSpec) -> float:
+    side = flops.GEMM_SIDE
+    a = tf.cast(tf.random.normal((side, side), dtype=tf.float32), TF_DTYPES[spec.precision])
+    matmul = tf.function(lambda: tf.matmul(a, a))
+    return flops.gemm_flops_per_second(lambda: matmul().numpy(), side, lambda: None)
+
+
 def counted(spec: RunSpec, shape: tuple[int, ...], classes: int, gpu_name: str | None,
             out: str | Path, devices: int) -> dict:  # fmt: skip
-    """The runner's part of the `flops` block: the twin's count and the devices' peak."""
+    """The runner's part of the `flops` block: the twin's count and the devices' peak (on CPU
+    a worker's threads are its device: the peak at threads_per_worker × the workers)."""
     name = gpu_name or metrics.cpu_name()
-
-    def gemm() -> float:
-        side = flops.GEMM_SIDE
-        a = tf.cast(tf.random.normal((side, side), dtype=tf.float32), TF_DTYPES[spec.precision])
-        matmul = tf.function(lambda: tf.matmul(a, a))
-        return flops.gemm_flops_per_second(lambda: matmul().numpy(), side, lambda: None)
-
-    threads = tf.config.threading.get_intra_op_parallelism_threads() or os.cpu_count()
-    key = f"{'cuda' if gpu_name else 'cpu'}:{name}:{spec.precision}:threads={threads}:tf"
+    if gpu_name:
+        key, gemm = f"cuda:{name}:{spec.precision}:tf", lambda: _tf_gemm(spec)
+    else:
+        key, gemm = _cpu_gemm(spec)
     peak, source = flops.peak(gpu_name, spec.precision, key, flops.peaks_dir(spec.path, out),
                               metrics.hostname(), gemm)  # fmt: skip
     return {

@@ -32,22 +32,48 @@ def per_sample(model: str, shape: tuple[int, ...], classes: int) -> float:
     return float(counter.get_total_flops())
 
 
+def gemm(precision: str, device: torch.device) -> float:
+    """The best FLOP/s of a matrix multiply at `precision` on `device` (flops.GEMM_SIDE)."""
+    side, dtype = flops.GEMM_SIDE, DTYPES[precision] or torch.float32
+    a = torch.randn(side, side, device=device).to(dtype)
+    b = torch.randn(side, side, device=device).to(dtype)
+    cuda = device.type == "cuda"
+    sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
+    return flops.gemm_flops_per_second(lambda: a @ b, side, sync)
+
+
+def cpu_key(name: str, precision: str, threads: int) -> str:
+    """The measured-peak key of a CPU at `threads` threads (a worker's threads_per_worker):
+    shared by every framework's runs on the host (keras_flops measures with this GEMM too)."""
+    return f"cpu:{name}:{precision}:threads={threads}"
+
+
+def cpu_gemm(precision: str, threads: int) -> float:
+    """`gemm` on the CPU at `threads` torch threads (the process's count is put back)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return gemm(precision, torch.device("cpu"))
+    finally:
+        torch.set_num_threads(before)
+
+
 def device_peak(spec: RunSpec, device: torch.device, out: str | Path) -> tuple[float, str, str]:
-    """(peak FLOP/s of one device at the run's precision, its source, the device's name)."""
+    """(peak FLOP/s of one device at the run's precision, its source, the device's name); on
+    CPU a device is a worker's threads_per_worker threads."""
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     name = gpu or metrics.cpu_name()
-
-    def gemm() -> float:
-        side, dtype = flops.GEMM_SIDE, DTYPES[spec.precision] or torch.float32
-        a = torch.randn(side, side, device=device).to(dtype)
-        b = torch.randn(side, side, device=device).to(dtype)
-        sync = (lambda: torch.cuda.synchronize(device)) if gpu else (lambda: None)
-        return flops.gemm_flops_per_second(lambda: a @ b, side, sync)
-
-    key = f"{device.type}:{name}:{spec.precision}:threads={torch.get_num_threads()}"
+    if gpu:
+        key, measure = f"cuda:{name}:{spec.precision}", lambda: gemm(spec.precision, device)
+    else:
+        threads = spec.threads_per_worker
+        key, measure = (
+            cpu_key(name, spec.precision, threads),
+            lambda: cpu_gemm(spec.precision, threads),
+        )
     tf32 = torch.backends.cuda.matmul.allow_tf32
     peak, source = flops.peak(gpu, spec.precision, key, flops.peaks_dir(spec.path, out),
-                              metrics.hostname(), gemm, tf32=tf32)  # fmt: skip
+                              metrics.hostname(), measure, tf32=tf32)  # fmt: skip
     return peak, source, name
 
 

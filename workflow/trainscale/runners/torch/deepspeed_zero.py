@@ -22,7 +22,8 @@ import yaml
 from trainscale.models import torch_models as models
 from trainscale.plan.matrix import RunSpec
 from trainscale.runners.torch.exposed import measure_exposed_communication
-from trainscale.runners.torch.torch_loop import Plugin, Shard, run
+from trainscale.runners.torch.plugin import Plugin, Shard
+from trainscale.runners.torch.torch_loop import run
 from trainscale.runners.torch.torch_parts import loss_of
 from trainscale.runners.torch.torch_speed import compiled
 

@@ -27,7 +27,8 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGP
 from trainscale.data.imagedata import resize_batch
 from trainscale.models import torch_models as models
 from trainscale.plan.matrix import RunSpec
-from trainscale.runners.torch.torch_loop import Plugin, run
+from trainscale.runners.torch.plugin import Plugin
+from trainscale.runners.torch.torch_loop import run
 from trainscale.runners.torch.torch_parts import loss_of, scored, tally, totals_size
 from trainscale.runners.torch.torch_speed import compiled
 

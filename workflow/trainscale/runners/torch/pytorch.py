@@ -16,7 +16,8 @@ from trainscale.models import torch_models as models
 from trainscale.plan import catalog
 from trainscale.plan.matrix import RunSpec
 from trainscale.runners.torch.exposed import measure_exposed_communication
-from trainscale.runners.torch.torch_loop import Plugin, Shard, run
+from trainscale.runners.torch.plugin import Plugin, Shard
+from trainscale.runners.torch.torch_loop import run
 from trainscale.runners.torch.torch_speed import compiled
 
 # DDP warns when a 1-input-channel conv's weight gradient has other strides than its bucket

@@ -6,7 +6,7 @@ The loop owns everything that must be done alike for the figures to compare: set
 device, threads, seeds, data), the sharded data order, the barrier-timed epochs with the fault
 hook half-way through each, evaluation, the gather of every rank's peak memory, utilisation
 and energy, and the record rank 0 writes. So every runner of the family records the same keys.
-A strategy is a `Plugin` on it: it joins its process group, wraps the model, takes a step,
+A strategy is a `Plugin` (plugin.py) on it: it joins its process group, wraps the model, steps,
 scores the test set, adds its own record blocks and tears down, in the style of its
 framework's own tutorial (DistributedSampler shards, rank 0 writes). Every rank runs the same
 number of steps, so no rank ever waits in a collective for one that stopped on its own clock.
@@ -19,12 +19,9 @@ import itertools
 import math
 import time
 from collections.abc import Iterator
-from typing import NamedTuple
 
 import torch
-import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
-from torch.utils.data.distributed import DistributedSampler
 
 from trainscale import data
 from trainscale.data import imagedata, imagesets, tokendata
@@ -34,10 +31,8 @@ from trainscale.measure.memory import memory_block
 from trainscale.models import torch_models as models
 from trainscale.plan.matrix import RunSpec
 from trainscale.runners.common import (
-    Rank,
     check_oversubscribed,
     check_steps,
-    detect_rank,
     evaluates,
     fmt_rate,
     maybe_fault,
@@ -46,14 +41,10 @@ from trainscale.runners.common import (
 )
 from trainscale.runners.torch import flop_count
 from trainscale.runners.torch.exposed import batches_of
+from trainscale.runners.torch.plugin import Plugin, Shard
 from trainscale.runners.torch.torch_parts import (
-    DTYPES,
-    Indexable,
-    evaluate,
     group_backend,
-    leave,
     loader_eval_batches,
-    loss_of,
     make_optimizer,
     memory_eval_batches,
     phase_peaks,
@@ -67,147 +58,6 @@ from trainscale.runners.torch.torch_speed import (
     memory_format,
     weight_layout,
 )
-
-
-class Shard(NamedTuple):
-    """One epoch's data for this rank: sample indices (scale folded; None on user data, whose
-    loader draws the order), the rank's batch, the steps every rank takes and the samples one
-    step trains over all ranks."""
-
-    order: torch.Tensor | None
-    batch: int
-    steps: int
-    step_samples: int
-
-
-class Plugin:
-    """A strategy on the loop. The defaults are torchrun's with torch.distributed (gloo on
-    CPU, NCCL on GPU) and a plain autocast + GradScaler step of `self.model`; a plug-in
-    overrides what its framework does differently."""
-
-    #: one process per worker in a process group (False: one process, no collectives)
-    grouped = True
-    #: data-parallel replicas' share of the global batch: "worker" (per-worker batch) or
-    #: "global" (every rank walks every batch, as a pipeline's stages do)
-    batch_of = "worker"
-
-    def __init__(self, loop: Loop) -> None:
-        self.loop, self.spec = loop, loop.spec
-        self.dtype = DTYPES[self.spec.precision]
-        self.frameworks: dict[str, str] = {}
-        self.extra_blocks: dict = {}  # record blocks the plug-in adds (pipeline, deepspeed...)
-        self.extra_memory: dict = {}  # entries it adds to the memory block
-
-    # --- the process group -----------------------------------------------------------------
-    def rank(self) -> Rank:
-        return detect_rank()
-
-    def connect(self, device: torch.device) -> None:
-        if self.grouped:
-            nccl = self.loop.backend == "nccl"
-            dist.init_process_group(self.loop.backend, device_id=device if nccl else None)
-
-    def barrier(self) -> None:
-        if self.grouped:
-            dist.barrier()
-
-    def all_sum(self, t: torch.Tensor) -> torch.Tensor:
-        if self.grouped:
-            dist.all_reduce(t)
-        return t
-
-    def all_gather(self, t: torch.Tensor) -> torch.Tensor:
-        """Every rank's `t`, stacked in rank order."""
-        if not self.grouped:
-            return t.unsqueeze(0)
-        parts = [torch.zeros_like(t) for _ in range(self.loop.rk.world_size)]
-        dist.all_gather(parts, t)
-        return torch.stack(parts)
-
-    def gather_object(self, obj: object) -> list:
-        if not self.grouped:
-            return [obj]
-        out: list = [None] * self.loop.rk.world_size
-        dist.all_gather_object(out, obj)
-        return out
-
-    @property
-    def world_size(self) -> int:
-        return self.loop.rk.world_size
-
-    @property
-    def device_count(self) -> int:
-        return self.spec.world_size
-
-    # --- the model and its step ------------------------------------------------------------
-    def wrap(self, net: torch.nn.Module) -> None:
-        """Make `self.model` (what steps), `self.eval_model` (what is scored) and `self.opt`
-        from the freshly seeded model `net`."""
-        raise NotImplementedError
-
-    def shard(self, epoch: int) -> Shard:
-        lp = self.loop
-        if lp.loader is not None:  # user data: the loader's sampler or shards order it
-            return Shard(None, lp.batch, lp.steps, self.spec.global_batch_size)
-        data_parallel = self.batch_of == "worker"  # else one replica: every rank, every batch
-        sampler = DistributedSampler(
-            Indexable(lp.train_samples), num_replicas=lp.rk.world_size if data_parallel else 1,
-            rank=lp.rk.rank if data_parallel else 0, shuffle=True, seed=self.spec.seed,
-            drop_last=True,
-        )  # fmt: skip
-        sampler.set_epoch(epoch)
-        order = torch.tensor(list(sampler), device=lp.device) % lp.n
-        return Shard(order, lp.batch, lp.steps, self.spec.global_batch_size)
-
-    #: losses one step adds to the summed loss over all ranks (the epoch's mean divides by it)
-    def losses_per_step(self) -> int:
-        return self.world_size
-
-    def epoch_starts(self, epoch: int) -> None:
-        """Called before each epoch's order is drawn (DeepSpeed starts its breakdown here)."""
-
-    def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """One optimizer step on this batch (on the device); returns the detached loss (a 0-d
-        tensor, not read here: reading it would wait for the device every step)."""
-        if self.dtype is None:  # no autocast context to enter (it costs per step); FSDP's
-            loss = loss_of(self.model(x).float(), y)  # policy may still cast
-        else:
-            with torch.autocast(self.loop.device.type, dtype=self.dtype):
-                loss = loss_of(self.model(x).float(), y)
-        self.opt.zero_grad(set_to_none=True)
-        if self.scaler.is_enabled():
-            self.scaler.scale(loss).backward()
-            self.scaler.step(self.opt)
-            self.scaler.update()
-        else:
-            loss.backward()
-            self.opt.step()
-        return loss.detach()
-
-    def evaluate(self, batch: int) -> dict:
-        """The `test` block's accuracy, loss and confusion (torch_parts.evaluate)."""
-        lp = self.loop
-        return evaluate(
-            self.eval_model, lp.test_batches(batch), lp.device, lp.info.num_classes,
-            self.all_sum, getattr(self, "input_dtype", None), lp.tokens,
-        )  # fmt: skip
-
-    # --- after the epochs ------------------------------------------------------------------
-    def train(self) -> None:
-        """Every epoch, in order (Horovod elastic runs them under its own driver)."""
-        for epoch in range(1, self.spec.epochs + 1):
-            self.loop.epoch(epoch)
-
-    def exposed(self, shard: Shard) -> dict | None:
-        """The `communication` block (exposed.py), or None where there is none."""
-        return None
-
-    def finish(self) -> None:
-        """Fill `extra_blocks`/`extra_memory` (on every rank: may be a collective)."""
-
-    def teardown(self) -> None:
-        if self.grouped:
-            leave()
 
 
 class Loop:

@@ -38,7 +38,9 @@ from tf_keras import layers  # noqa: E402
 
 from trainscale.models import keras_gpt  # noqa: E402
 from trainscale.models.builders import VGG19_STAGES, Builders  # noqa: E402
+from trainscale.models.own import build_keras  # noqa: E402
 from trainscale.plan import catalog  # noqa: E402
+from trainscale.plan.own_models import OwnModel  # noqa: E402
 
 #: The models this module builds: the catalog's, in its order.
 MODELS: tuple[str, ...] = tuple(catalog.MODELS)
@@ -49,7 +51,9 @@ Shape = tuple[int, int, int]
 _BUILDERS = Builders("Keras")
 
 
-def build(name: str, in_shape: tuple[int, ...], num_classes: int) -> keras.Model:
+def build(
+    name: str, in_shape: tuple[int, ...], num_classes: int, own: OwnModel | None = None
+) -> keras.Model:
     """A freshly initialised Keras model; call `keras.utils.set_random_seed` first.
 
     ``in_shape`` is (C, H, W) as in `trainscale.models.torch_models.build`; the model takes
@@ -57,6 +61,8 @@ def build(name: str, in_shape: tuple[int, ...], num_classes: int) -> keras.Model
     classes being its vocabulary, and (N, context) ids.
     Raises ValueError when the input is too small for the model, as the PyTorch zoo does.
     """
+    if own is not None:  # the user's own twin (config `models:`)
+        return build_keras(own, tuple(in_shape), num_classes)
     shape = _BUILDERS.checked(name, in_shape, num_classes)
     if catalog.MODELS[name].input == "tokens":
         return _BUILDERS[name](shape[0], num_classes)

@@ -20,7 +20,9 @@ from torch import nn
 
 from trainscale.models import gpt
 from trainscale.models.builders import VGG19_STAGES, Builders
+from trainscale.models.own import build_torch, model_blocks
 from trainscale.plan import catalog
+from trainscale.plan.own_models import OwnModel
 
 #: The models this module builds: the catalog's, in its order.
 MODELS: tuple[str, ...] = tuple(catalog.MODELS)
@@ -31,7 +33,9 @@ Shape = tuple[int, int, int]
 _BUILDERS = Builders("PyTorch")
 
 
-def build(name: str, in_shape: tuple[int, ...], num_classes: int) -> nn.Sequential:
+def build(
+    name: str, in_shape: tuple[int, ...], num_classes: int, own: OwnModel | None = None
+) -> nn.Module:
     """A freshly initialised model; seed torch first for reproducible weights.
 
     ``in_shape`` is (C, H, W) for an image model, (context,) for a token model, whose classes
@@ -39,6 +43,8 @@ def build(name: str, in_shape: tuple[int, ...], num_classes: int) -> nn.Sequenti
     ValueError when the input is too small for them; the torchvision models end in adaptive
     pooling, so a too-small input only fails at forward time.
     """
+    if own is not None:  # the user's own model (config `models:`): its builder's module
+        return build_torch(own, tuple(in_shape), num_classes)
     shape = _BUILDERS.checked(name, in_shape, num_classes)
     return _BUILDERS[name](shape, num_classes)
 
@@ -48,12 +54,15 @@ def param_count(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
-def blocks(model: nn.Module) -> list[nn.Module]:
-    """Top-level blocks of a model from :func:`build`.
+def blocks(model: nn.Module, own: OwnModel | None = None) -> list[nn.Module]:
+    """Top-level blocks of a model from :func:`build`; of the user's own model, the modules
+    its `blocks` attribute holds (none without one).
 
     These are the units the distributed runners split on: pipeline stages are cut between
     consecutive blocks, and FSDP wraps each block as its own shard unit.
     """
+    if own is not None:
+        return list(model_blocks(model, own.blocks)) if own.blocks else []
     if not isinstance(model, nn.Sequential):
         raise TypeError(f"expected an nn.Sequential from build(), got {type(model).__name__}")
     return list(model)

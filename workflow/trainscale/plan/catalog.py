@@ -34,6 +34,12 @@ class Cell:
     data_input: str = "image"  # what the data set holds: "image" or "tokens" (Model.input)
     user_data: bool = False  # the user's image files (`datasets:`), decoded while training
     resized: bool = False  # a built-in data set trained at another `image_size`
+    own: Model | None = None  # the row of a user's own model (config `models:`)
+
+    @property
+    def row(self) -> Model:
+        """The model's catalog row: a built-in's, or the user's model's from its pre-flight."""
+        return self.own if self.own is not None else MODELS[self.model]
 
     @property
     def world(self) -> int:
@@ -82,7 +88,12 @@ def pipeline_batch(batch_size: int, mode: str, world: int) -> tuple[int, int]:
 
 
 def _pipeline_stages(c: Cell) -> str | None:
-    blocks = MODELS[c.model].blocks
+    blocks = c.row.blocks
+    if c.own is not None and blocks == 0:
+        return (
+            f"torch-pipeline: {c.model} has no `blocks` that run it end to end "
+            f"(models.{c.model}.blocks): the pipeline cuts its stages between them"
+        )
     if blocks < c.world:
         return (
             f"torch-pipeline: {c.model} has {blocks} blocks, too few for {c.world} pipeline "
@@ -95,7 +106,7 @@ def _pipeline_microbatches(c: Cell) -> str | None:
     gbs, _ = pipeline_batch(c.batch_size, c.batch_mode, c.world)
     if gbs % c.microbatches:
         return f"torch-pipeline: microbatches {c.microbatches} do not divide the batch of {gbs}"
-    if gbs // c.microbatches < 2 and MODELS[c.model].batchnorm:
+    if gbs // c.microbatches < 2 and c.row.batchnorm:
         return f"torch-pipeline: {c.model} has BatchNorm: needs micro-batches of at least 2"
     return None
 
@@ -449,7 +460,7 @@ def _placement(c: Cell) -> str | None:
 
 
 def _input_kind(c: Cell) -> str | None:
-    eats = MODELS[c.model].input
+    eats = c.row.input
     if eats != c.data_input:
         what = {"image": "images", "tokens": "token ids"}
         return (
@@ -460,7 +471,7 @@ def _input_kind(c: Cell) -> str | None:
 
 
 def _input_side(c: Cell) -> str | None:
-    need = MODELS[c.model].min_side
+    need = c.row.min_side
     if c.data_input == "image" and c.input_side < need:
         side = c.input_side
         return f"{c.model} needs inputs of at least {need}×{need}; {c.dataset} is {side}×{side}"

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import itertools
 import math
+import sys
 from collections import Counter
 from pathlib import Path
 
 from trainscale import data
 from trainscale.data import imagecheck, imagesets, tokens, tokensets
-from trainscale.plan import catalog, speed_options
+from trainscale.plan import catalog, own_models, speed_options
 from trainscale.plan.runspec import MATRIX_KEYS, ConfigError, Dropped, Fault, RunSpec
 
 #: Tokens per window when matrix.seq_len is not given (the schema's default).
@@ -42,6 +43,7 @@ def why_not(
     microbatches: int = 1,
     schedule: str = "gpipe",
     info: data.DatasetInfo | None = None,
+    own: own_models.OwnModel | None = None,
 ) -> str | None:
     """The reason a strategy or model cannot do this combination, or None if it can."""
     info = info or data.info(values["dataset"])
@@ -57,7 +59,14 @@ def why_not(
         data_input=info.input,
         user_data=not builtin and image,
         resized=builtin and image and tuple(shape) != tuple(data.info(values["dataset"]).shape),
+        own=own.row() if own else None,
     )
+    runtime = catalog.STRATEGIES[values["strategy"]].runtime
+    if own is not None and runtime == "tensorflow" and own.keras is None:
+        return (
+            f"{values['strategy']}: {own.name} has no Keras twin (models.{own.name}.keras): "
+            "the TensorFlow strategies train a Keras model"
+        )
     return catalog.why_not(cell)
 
 
@@ -140,6 +149,9 @@ def build_runs(config: dict, accelerator: str = "cpu") -> tuple[list[RunSpec], l
     dropped: list[Dropped] = []
     axes = {**m, "seq_len": m.get("seq_len") or [DEFAULT_SEQ_LEN]}
     token_sets = {n: tokensets.is_tokens(n, config) for n in m["dataset"]}
+    answer = own_models.check(config, data_shapes(config, axes["seq_len"]))
+    if own_models.problems(answer):
+        raise ConfigError("; ".join(own_models.problems(answer)))
     for combo in itertools.product(*(axes[k] for k in MATRIX_KEYS)):
         values = dict(zip(MATRIX_KEYS, combo, strict=True))
         if not token_sets[values["dataset"]]:  # images: no seq_len, one cell for all its values
@@ -152,8 +164,11 @@ def build_runs(config: dict, accelerator: str = "cpu") -> tuple[list[RunSpec], l
         pipe = values["strategy"] == "torch-pipeline"
         mb, schedule = config.get("microbatches", 4), config.get("pipeline_schedule", "gpipe")
         info = _info(values, config)
-        reason = why_not(values, accelerator, mb, schedule, info) or speed_options.why_not(
-            values["strategy"], values["model"], layout, compile_
+        own = None
+        if values["model"] in answer:
+            own = own_models.frozen(values["model"], config, answer, info.shape, info.num_classes)
+        reason = why_not(values, accelerator, mb, schedule, info, own) or speed_options.why_not(
+            values["strategy"], values["model"], layout, compile_, own
         )
         if reason:
             dropped.append(Dropped(values, reason))
@@ -161,7 +176,7 @@ def build_runs(config: dict, accelerator: str = "cpu") -> tuple[list[RunSpec], l
         world = values["workers"] * values["nodes"]
         split = pipeline_batch if pipe else batch_sizes
         gbs, pwbs = split(values["batch_size"], values["batch_mode"], world)
-        if pwbs < 2 and catalog.MODELS[values["model"]].batchnorm:
+        if pwbs < 2 and (own.row() if own else catalog.MODELS[values["model"]]).batchnorm:
             reason = f"{values['model']} has BatchNorm: needs at least 2 samples per worker"
             dropped.append(Dropped(values, reason))
             continue
@@ -215,6 +230,7 @@ def build_runs(config: dict, accelerator: str = "cpu") -> tuple[list[RunSpec], l
             ps_tasks=config.get("ps_tasks", 1) if values["strategy"] == "tf-ps" else 0,
             memory_format=layout,
             compile=compile_,
+            own_model=own,
             **imagesets.run_fields(values["dataset"], config),
         )
         faults = config.get("faults", [])
@@ -235,6 +251,24 @@ def build_runs(config: dict, accelerator: str = "cpu") -> tuple[list[RunSpec], l
         )
     _check_faults(config.get("faults", []), runs)
     return runs, dropped
+
+
+def data_shapes(config: dict, seq_lens: list[int]) -> dict[str, list[tuple]]:
+    """(shape, classes) of every data set of the matrix by kind ("image", "tokens": one per
+    seq_len), for the own models' pre-flight; only where the study has own models."""
+    if not own_models.names(config):
+        return {}
+    out: dict[str, list[tuple]] = {"image": [], "tokens": []}
+    for name in config["matrix"]["dataset"]:
+        if tokensets.is_tokens(name, config):
+            source = tokensets.source_of(name, config)
+            for t in seq_lens:
+                info = tokensets.info(name, source, t)
+                out["tokens"].append((info.shape, info.num_classes))
+        else:
+            info = imagesets.info(name, config)
+            out["image"].append((info.shape, info.num_classes))
+    return out
 
 
 def _info(values: dict, config: dict) -> data.DatasetInfo:
@@ -325,7 +359,43 @@ def config_problems(config: dict, schema: dict) -> list[str]:
             )
         else:
             lines.append(f"{key}: {e.message}")
-    return lines + imagecheck.problems(config)
+    lines += imagecheck.problems(config)
+    lines += _model_names(config)
+    if lines:
+        return lines
+    seq_lens = (config.get("matrix") or {}).get("seq_len") or [DEFAULT_SEQ_LEN]
+    try:
+        answer = own_models.check(config, data_shapes(config, seq_lens))
+    except own_models.OwnModelError as e:
+        return [str(e)]
+    for name, facts in answer.items():
+        tokens = config["models"][name].get("input") == "tokens"
+        at = "seq_len {}, vocabulary {}" if tokens else "input {}, {} classes"
+        counts = "; ".join(
+            f"{n:,} parameters at " + at.format(*k.split("/")) for k, n in facts["params"].items()
+        )
+        print(f"trainscale: models.{name}: {counts or 'not built'}", file=sys.stderr)
+    return own_models.problems(answer)
+
+
+def _model_names(config: dict) -> list[str]:
+    """matrix.model names that are neither built-in nor under `models:`, with the likely fix."""
+    import difflib
+
+    own = config.get("models") or {}
+    known = [*catalog.MODELS, *own]
+    out = []
+    for i, name in enumerate((config.get("matrix") or {}).get("model") or []):
+        if name in known:
+            continue
+        close = difflib.get_close_matches(name, known, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        out.append(
+            f"matrix.model[{i}]: {name!r} is not one of {', '.join(catalog.MODELS)}, nor a name "
+            f"under models:{hint} (your own model: models.{name}: {{torch: 'pkg.mod:build'}}; "
+            "docs/own-model.md)"
+        )
+    return out
 
 
 def fill_defaults(config: dict, schema: dict) -> None:

@@ -13,6 +13,7 @@ from dataclasses import MISSING, asdict, dataclass, fields
 
 from trainscale.data import imagesets, tokens
 from trainscale.plan import catalog
+from trainscale.plan.own_models import OwnModel
 
 #: Matrix keys in path order. `repeat` follows them in the path; `seq_len` is in it only for
 #: token data (0, and left out of the path, for images).
@@ -97,6 +98,7 @@ class RunSpec:
     compile: bool = False  # config compile: torch.compile the model
     seq_len: int = 0  # tokens per window (matrix seq_len); 0 for image data
     token_source: tokens.TokenSource | None = None  # the user's token files (`datasets:`)
+    own_model: OwnModel | None = None  # the user's own model (`models:`), its facts checked
 
     @property
     def processes(self) -> int:
@@ -125,7 +127,7 @@ class RunSpec:
         # serialises one spec per run (8,000 in a large study)
         d = {name: getattr(self, name) for name in self.__dataclass_fields__}
         d["betas"] = list(self.betas)
-        for nested in ("fault", "image_source", "token_source"):
+        for nested in ("fault", "image_source", "token_source", "own_model"):
             if d[nested] is not None:
                 d[nested] = asdict(d[nested])
         return d
@@ -149,6 +151,8 @@ class RunSpec:
             kw["image_source"] = imagesets.ImageSource.from_dict(kw["image_source"])
         if kw.get("token_source"):
             kw["token_source"] = tokens.TokenSource.from_dict(kw["token_source"])
+        if kw.get("own_model"):
+            kw["own_model"] = OwnModel.from_dict(kw["own_model"])
         return cls(**kw)
 
     @classmethod

@@ -39,9 +39,13 @@ NO_COMPILE: dict[str, str] = {
 }
 
 
-def why_not(strategy: str, model: str, memory_format: str, compile: bool) -> str | None:
-    """The reason `strategy` on `model` cannot run with these options, or None if it can."""
+def why_not(
+    strategy: str, model: str, memory_format: str, compile: bool, own: object | None = None
+) -> str | None:
+    """The reason `strategy` on `model` (`own`: the user's model, plan.own_models.OwnModel)
+    cannot run with these options, or None if it can."""
     s = catalog.STRATEGIES[strategy]
+    images = own.input == "image" if own is not None else None
     if memory_format == "channels_last":
         if s.runtime != "torch":
             return (
@@ -50,7 +54,7 @@ def why_not(strategy: str, model: str, memory_format: str, compile: bool) -> str
             )
         if strategy in NO_CHANNELS_LAST:
             return f"{strategy}: memory_format channels_last: {NO_CHANNELS_LAST[strategy]}"
-        if len(catalog.MODELS[model].published_input) != 3:
+        if images is False or (own is None and len(catalog.MODELS[model].published_input) != 3):
             return f"memory_format channels_last: {model} takes no (C, H, W) image input"
     if compile:
         if s.runtime != "torch":

@@ -171,6 +171,7 @@ def tables_context(study: Study, config: dict | None = None) -> dict:
         "n_oversubscribed": over,
         "n_input_bound": sum(r["input_bound"] for r in scaling),
         "summary": rows.summary_rows(study),
+        "models": rows.model_rows(study),
         "missing": sorted({r["note"] for r in scaling if r["note"]}),
         "scaling": scaling[: rows.MAX_CELLS],
         "scaling_more": max(0, len(scaling) - rows.MAX_CELLS),

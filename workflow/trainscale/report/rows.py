@@ -108,6 +108,36 @@ def summary_rows(study: Study) -> list[dict]:
     return rows
 
 
+def model_rows(study: Study) -> list[dict]:
+    """One row per model and data set of the study: built-in or the user's own (with its
+    builder's name), what it eats, its parameters and FLOPs per training sample, as its
+    first ok run recorded them."""
+    r = study.runs
+    if not len(r) or "status" not in r:
+        return []
+    ok = r[r["status"] == "ok"]
+    out = []
+    for (model, dataset), g in ok.groupby(["spec.model", "spec.dataset"], sort=True):
+        first = g.iloc[0]
+        builder = first.get("spec.own_model.torch")
+        own = isinstance(builder, str) and bool(builder)
+        seq_len = first.get("spec.seq_len", 0)
+        n = first.get("model.params")
+        params = "–" if na(n) else f"{int(n):,}"
+        out.append(
+            {
+                "model": model,
+                "dataset": dataset,
+                "kind": f"user model ({builder})" if own else "built-in",
+                "input": f"tokens, seq_len {int(seq_len)}" if seq_len and not na(seq_len)
+                else "images",
+                "params": params,
+                "flops": human(first.get("flops.per_sample")),
+            }
+        )  # fmt: skip
+    return out
+
+
 def scaling_rows(study: Study) -> list[dict]:
     s = study.scaling
     if not len(s):

@@ -32,7 +32,8 @@ from trainscale.measure.collectives import (
 
 def gradient_bytes(pairs: list[str]) -> int:
     """The largest gradient (parameters × 4 bytes) of `model:dataset` pairs (dataset: a name,
-    or imagesets.shape_name's C×H×W×classes), built on the meta device (no memory, no time)."""
+    or imagesets.shape_name's C×H×W×classes), built on the meta device (no memory, no time),
+    or `params=N` for a user's own model."""
     import torch
 
     from trainscale.data import imagesets
@@ -40,6 +41,9 @@ def gradient_bytes(pairs: list[str]) -> int:
 
     largest = 0
     for pair in pairs:
+        if pair.startswith("params="):  # the user's own model, counted by its pre-flight
+            largest = max(largest, int(pair.removeprefix("params=")) * DTYPE_BYTES)
+            continue
         model, _, dataset = pair.partition(":")
         info = imagesets.info_of(dataset)  # a data set's name, or C×H×W×classes
         with torch.device("meta"):

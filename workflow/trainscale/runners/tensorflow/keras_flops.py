@@ -32,9 +32,9 @@ def _twin_count(spec: RunSpec, shape: tuple[int, ...], classes: int) -> dict:
     except ImportError as e:  # no torch in this environment
         why = f"not counted: the torch twin cannot be imported here ({e})"
         return {"per_sample": None, "method": why}
-    per_sample = flop_count.per_sample(spec.model, shape, classes)
+    per_sample = flop_count.per_sample(spec.model, shape, classes, spec.own_model)
     block = {"per_sample": per_sample, "method": "torch twin: flop_counter"}
-    if catalog.MODELS[spec.model].gpt:
+    if spec.own_model is None and catalog.MODELS[spec.model].gpt:
         block["analytic_per_sample"] = (
             gpt.analytic_flops_per_token(spec.model, shape[0], classes) * shape[0]
         )

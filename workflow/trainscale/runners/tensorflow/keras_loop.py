@@ -315,7 +315,7 @@ def build_model(plugin: KerasStrategy, info: data.DatasetInfo):
     the plug-in's scope (after `run` set the seed: the same initial weights on every worker)."""
     spec = plugin.spec
     with plugin.scope():
-        model = keras_models.build(spec.model, info.shape, info.num_classes)
+        model = keras_models.build(spec.model, info.shape, info.num_classes, spec.own_model)
         model.compile(
             optimizer=plugin.wrap_optimizer(make_optimizer(spec)),
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),

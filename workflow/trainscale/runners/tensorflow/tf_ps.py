@@ -218,7 +218,9 @@ def chief_evaluation(spec: RunSpec, weights: list, arrays: data.Arrays, x: np.nd
     `weights` (the trained variables, read from the servers with their shards joined): the
     labels are what a per-class accuracy or a confusion matrix is counted from. Outside
     `strategy.scope()` only: in it, the local model's variables would go to the servers."""
-    local = keras_models.build(spec.model, arrays.info.shape, arrays.info.num_classes)
+    local = keras_models.build(
+        spec.model, arrays.info.shape, arrays.info.num_classes, spec.own_model
+    )
     local.set_weights(weights)
     norm = normaliser(arrays)
     ds = tf.data.Dataset.from_tensor_slices(x).batch(spec.global_batch_size).map(norm)
@@ -290,7 +292,9 @@ def main(spec: RunSpec, out: str) -> None:
     worker_steps = steps * spec.world_size  # each one worker's batch: the same samples
 
     with strategy.scope():
-        model = keras_models.build(spec.model, arrays.info.shape, arrays.info.num_classes)
+        model = keras_models.build(
+            spec.model, arrays.info.shape, arrays.info.num_classes, spec.own_model
+        )
         model.compile(
             optimizer=make_optimizer(spec),
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),

@@ -17,12 +17,12 @@ from trainscale.plan.runspec import RunSpec
 from trainscale.runners.torch.torch_parts import DTYPES
 
 
-def per_sample(model: str, shape: tuple[int, ...], classes: int) -> float:
+def per_sample(model: str, shape: tuple[int, ...], classes: int, own=None) -> float:
     """FLOPs of forward and backward of `model` on one sample of `shape` (a (C, H, W)
     image, or (context,) token ids whose classes are the vocabulary), on the meta device."""
-    tokens = catalog.MODELS[model].input == "tokens"
+    tokens = (own.input if own is not None else catalog.MODELS[model].input) == "tokens"
     with torch.device("meta"):
-        net = models.build(model, shape, classes)
+        net = models.build(model, shape, classes, own)
         x = torch.zeros(1, *shape, dtype=torch.long) if tokens else torch.zeros(1, *shape)
     counter = FlopCounterMode(display=False)
     with counter:
@@ -80,9 +80,9 @@ def device_peak(spec: RunSpec, device: torch.device, out: str | Path) -> tuple[f
 def counted(spec: RunSpec, shape: tuple[int, ...], classes: int, device: torch.device,
             out: str | Path, devices: int) -> dict:  # fmt: skip
     """The runner's part of the `flops` block (trainscale.measure.flops.block adds the rest)."""
-    row = catalog.MODELS[spec.model]
-    block = {"per_sample": per_sample(spec.model, shape, classes), "method": "flop_counter"}
-    if row.gpt:
+    own = spec.own_model
+    block = {"per_sample": per_sample(spec.model, shape, classes, own), "method": "flop_counter"}
+    if own is None and catalog.MODELS[spec.model].gpt:
         block["analytic_per_sample"] = (
             gpt.analytic_flops_per_token(spec.model, shape[0], classes) * shape[0]
         )

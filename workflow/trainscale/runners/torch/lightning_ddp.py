@@ -161,7 +161,7 @@ class LightningRun:
         self.tokens = spec.seq_len > 0  # windows of token ids, next-token targets
         self.feed = self.token_data() if self.tokens else self.image_data()
         torch.manual_seed(spec.seed)  # the same fresh initial weights as torch-ddp's
-        self.net = models.build(spec.model, self.info.shape, self.info.num_classes)
+        self.net = models.build(spec.model, self.info.shape, self.info.num_classes, spec.own_model)
         self.net.to(self.device, memory_format=memory_format(spec))
         uuid = torch.cuda.get_device_properties(self.device).uuid if self.cuda else None
         self.uuid = str(uuid) if uuid is not None else None  # which GPU's counter it reads

@@ -97,6 +97,14 @@ def evaluate(
     return scored(totals, classes, tokens)
 
 
+class Contiguous(nn.Module):
+    """The activations a stage sends, made contiguous: torch.distributed sends only contiguous
+    tensors, and a block may end in a view (a user's patch embedding's transpose)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.contiguous()
+
+
 def tied_groups(blocks: list[nn.Module], bounds: list[tuple[int, int]], rank: int) -> list:
     """[(parameter, process group)] of the parameters this stage shares with another stage (a
     GPT's token embedding, which its head reuses). Every rank builds the same groups (a
@@ -137,11 +145,12 @@ class Pipeline(Plugin):
     def wrap(self, net: nn.Module) -> None:
         lp, rk = self.loop, self.loop.rk
         self.first, self.last = rk.rank == 0, rk.rank == rk.world_size - 1
-        blocks = models.blocks(net)
+        blocks = models.blocks(net, self.spec.own_model)
         self.bounds = split([models.param_count(b) for b in blocks], rk.world_size)
         self.lo, hi = self.bounds[rk.rank]
         self.tied = tied_groups(blocks, self.bounds, rk.rank)
-        self.stage_mod = nn.Sequential(*blocks[self.lo : hi]).to(lp.device)
+        sent = [] if self.last else [Contiguous()]  # what a stage sends must be contiguous
+        self.stage_mod = nn.Sequential(*blocks[self.lo : hi], *sent).to(lp.device)
         del net, blocks
         stage_net = compiled(self.stage_mod, self.spec)
         stage = PipelineStage(stage_net, rk.rank, rk.world_size, lp.device)

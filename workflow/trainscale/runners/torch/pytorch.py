@@ -29,7 +29,7 @@ DISTRIBUTED = catalog.names(runner="pytorch", one_process=False)
 
 
 def shard(
-    net: torch.nn.Module, dtype: torch.dtype | None, compile: bool = False
+    net: torch.nn.Module, dtype: torch.dtype | None, compile: bool = False, own=None
 ) -> torch.nn.Module:
     """FSDP2: every top-level block with parameters is one shard unit (its parameters are
     all-gathered just before it runs and freed after; blocks that share a parameter are one
@@ -44,10 +44,10 @@ def shard(
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32 if dtype else None)
-    for unit in shard_units(models.blocks(net)):
+    for unit in shard_units(models.blocks(net, own)):
         fully_shard(unit if len(unit) > 1 else unit[0], mp_policy=policy)
     if compile:
-        for block in models.blocks(net):
+        for block in models.blocks(net, own):
             block.forward = torch.compile(block.forward)
     fully_shard(net, mp_policy=policy)
     return net
@@ -107,7 +107,7 @@ class DataParallel(Plugin):
         self.fsdp = self.spec.strategy == "torch-fsdp"
         self.eval_model = self.net = net.to(lp.device)
         if self.fsdp:
-            self.model = shard(net, self.dtype, self.spec.compile)
+            self.model = shard(net, self.dtype, self.spec.compile, self.spec.own_model)
             self.dtype = None  # FSDP casts parameters and inputs itself: no autocast
         else:
             step_net = compiled(net, self.spec)  # torch.compile(DDP(net)) here traces nothing

@@ -124,7 +124,8 @@ class Loop:
     def build_model(self) -> torch.nn.Module:
         """The run's model as `models.build` makes it from the current seed, in the run's
         memory format (trainscale.runners.torch.torch_speed)."""
-        net = models.build(self.spec.model, self.info.shape, self.info.num_classes)
+        spec = self.spec
+        net = models.build(spec.model, self.info.shape, self.info.num_classes, spec.own_model)
         return net.to(memory_format=memory_format(self.spec))
 
     def make_optimizer(self, params) -> torch.optim.Optimizer:

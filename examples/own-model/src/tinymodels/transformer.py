@@ -1,0 +1,54 @@
+"""The pre-norm transformer block both PyTorch models share.
+
+Why a module of its own: the image model and the language model differ only in what goes in
+(patches or token ids), whether attention is causal and what comes out, so the block is
+written once. Each block takes one tensor (B, T, C) and returns one of the same shape, which
+is what a pipeline stage boundary and an FSDP shard unit need.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class SelfAttention(nn.Module):
+    """Multi-head self-attention: q, k and v from one (C, 3C) projection, then (C, C) out.
+
+    ``F.scaled_dot_product_attention`` lets each backend pick its fused kernel (flash
+    attention on a GPU that has it). The parameters are those of ``nn.MultiheadAttention``
+    and of Keras' ``MultiHeadAttention``: 4·C² + 4·C, so a Keras twin counts the same.
+    """
+
+    def __init__(self, width: int, heads: int, *, causal: bool) -> None:
+        super().__init__()
+        if width % heads:
+            raise ValueError(f"width {width} is not a multiple of heads {heads}")
+        self.heads, self.causal = heads, causal
+        self.qkv = nn.Linear(width, 3 * width)
+        self.proj = nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = self.qkv(x).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        return self.proj(y.transpose(1, 2).reshape(b, t, c))
+
+
+class Block(nn.Module):
+    """x + attn(norm(x)), then x + mlp(norm(x)): a pre-norm block with a GELU MLP of 4·C."""
+
+    def __init__(self, width: int, heads: int, *, causal: bool) -> None:
+        super().__init__()
+        self.norm_1 = nn.LayerNorm(width)
+        self.attn = SelfAttention(width, heads, causal=causal)
+        self.norm_2 = nn.LayerNorm(width)
+        self.mlp = nn.Sequential(
+            nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.norm_1(x))
+        return x + self.mlp(self.norm_2(x))

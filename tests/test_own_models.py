@@ -1,0 +1,177 @@
+"""The user's own models (config `code:` and `models:`): a package in a folder of its own is
+checked before any job (imports, logits' shape, the Keras twin's count), then trained by every
+strategy that can, through Snakemake; a model that raises while training fails alone."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from trainscale.plan.matrix import build_runs, config_problems
+
+from conftest import (
+    ROOT,
+    base_config,
+    load_yaml,
+    reuse_deepspeed_ops,
+    snakemake,
+    study_records,
+    validated,
+)  # fmt: skip
+
+SCHEMA = load_yaml(ROOT / "workflow" / "schemas" / "config.schema.yaml")
+
+#: a small image model whose `blocks` run it end to end, its Keras twin, a twin of another
+#: size, a model with logits of the wrong shape, and one that raises on its third step
+PACKAGE = {
+    "mlp.py": """
+        import torch
+        from torch import nn
+
+        class MLP(nn.Module):
+            def __init__(self, input_shape, classes, hidden):
+                super().__init__()
+                c, h, w = input_shape
+                self.blocks = nn.Sequential(
+                    nn.Flatten(), nn.Linear(c * h * w, hidden), nn.ReLU(),
+                    nn.Linear(hidden, classes),
+                )
+                self.calls = 0
+
+            def forward(self, x):
+                return self.blocks(x)
+
+        def build(*, input_shape, classes, hidden=32):
+            return MLP(input_shape, classes, hidden)
+
+        class Flaky(MLP):
+            def forward(self, x):
+                self.calls += 1
+                if self.training and self.calls == 3:
+                    raise RuntimeError("planted: the third step of a user model fails")
+                return self.blocks(x)
+
+        def flaky(*, input_shape, classes, hidden=32):
+            return Flaky(input_shape, classes, hidden)
+
+        def wrong(*, input_shape, classes, hidden=32):
+            return MLP(input_shape, classes + 1, hidden)
+    """,
+    "mlp_keras.py": """
+        import tf_keras as keras
+
+        def build(*, input_shape, classes, hidden=32):
+            c, h, w = input_shape
+            return keras.Sequential([
+                keras.Input((h, w, c)), keras.layers.Flatten(),
+                keras.layers.Dense(hidden, activation="relu"), keras.layers.Dense(classes),
+            ])
+
+        def other(*, input_shape, classes, hidden=32):
+            return build(input_shape=input_shape, classes=classes, hidden=2 * hidden)
+    """,
+}
+
+
+@pytest.fixture(scope="module")
+def package(tmp_path_factory) -> Path:
+    """A folder holding the package `mymodels`, as a user's `code:` folder."""
+    root = tmp_path_factory.mktemp("code")
+    pkg = root / "mymodels"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    for name, text in PACKAGE.items():
+        (pkg / name).write_text(textwrap.dedent(text))
+    return root
+
+
+def own_config(code: Path, models: dict, **matrix) -> dict:
+    cfg = base_config(**{"model": list(models), **matrix})
+    cfg.update(code=[str(code)], models=models)
+    return validated(cfg)
+
+
+def test_a_model_under_code_is_checked_and_planned(package, capfd):
+    models = {"mine": {"torch": "mymodels.mlp:build", "kwargs": {"hidden": 16},
+                       "blocks": "blocks"}}  # fmt: skip
+    cfg = own_config(package, models, strategy=["torch-pipeline"], workers=[2])
+    assert config_problems(cfg, SCHEMA) == []
+    assert "models.mine: 1,210 parameters at input 1x8x8, 10 classes" in capfd.readouterr().err
+    runs, _ = build_runs(cfg)
+    assert {r.own_model.params for r in runs} == {64 * 16 + 16 + 16 * 10 + 10}
+    assert runs[0].own_model.block_count == 4 and runs[0].own_model.code == (str(package),)
+
+
+@pytest.mark.parametrize(
+    ("entry", "expected"),
+    [
+        ({"torch": "mymodelz.mlp:build"}, "models.bad.torch: module 'mymodelz' not found"),
+        ({"torch": "mymodels.mlp:biuld"}, "models.bad.torch: mymodels.mlp has no 'biuld'"),
+        ({"torch": "mymodels.mlp:wrong"}, "models.bad: logits of shape (2, 11)"),
+        ({"torch": "mymodels.mlp:build", "keras": "mymodels.mlp_keras:other"},
+         "models.bad.keras: the Keras twin has 4,810 parameters, the PyTorch model 2,410"),
+        ({"torch": "mymodels.mlp:build", "blocks": "layers"}, "models.bad.blocks:"),
+    ],
+)  # fmt: skip
+def test_what_cannot_run_is_stopped_before_any_job_with_the_key(package, entry, expected):
+    problems = config_problems(own_config(package, {"bad": entry}), SCHEMA)
+    assert any(expected in p for p in problems), problems
+
+
+def test_an_unknown_model_name_is_named_with_the_fix():
+    cfg = base_config(model=["seed-smal"])
+    problems = config_problems(cfg, SCHEMA)
+    assert any("matrix.model[0]: 'seed-smal'" in p and "did you mean 'seed-small'" in p
+               for p in problems)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def own_study(package, tmp_path_factory) -> dict:
+    work = tmp_path_factory.mktemp("own-study")
+    reuse_deepspeed_ops(work)
+    study = {
+        "study": "ci-own", "epochs": 2, "repeats": 1, "steps_per_epoch": 4,
+        "collectives": {"enabled": False}, "code": [str(package)],
+        "models": {
+            "mine": {"torch": "mymodels.mlp:build", "keras": "mymodels.mlp_keras:build",
+                     "blocks": "blocks"},
+            "flaky": {"torch": "mymodels.mlp:flaky"},
+        },
+        "matrix": {
+            "strategy": ["torch", "torch-ddp", "torch-fsdp", "deepspeed-zero2", "torch-pipeline",
+                         "tf-mirrored"],
+            "model": ["mine", "flaky"], "dataset": ["digits"], "batch_size": [32],
+            "workers": [1, 2],
+            "exclude": [{"model": "flaky", "strategy": s} for s in
+                        ("torch-ddp", "torch-fsdp", "deepspeed-zero2", "tf-mirrored")],
+        },
+    }  # fmt: skip
+    cfg = work / "study.yaml"
+    cfg.write_text(yaml.safe_dump(study))
+    p = snakemake(work, "results/ci-own/runs.csv", "results/ci-own/report.html", "--cores", "2",
+                  "--configfile", str(cfg))  # fmt: skip
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    results = work / "results" / "ci-own"
+    return {"results": results, "recs": [r for r, _ in study_records(results)]}
+
+
+def test_every_strategy_trains_the_users_model(own_study):
+    mine = [r for r in own_study["recs"] if r["spec"]["model"] == "mine"]
+    ran = {(r["spec"]["strategy"], r["spec"]["workers"]) for r in mine}
+    assert ran == {("torch", 1), *((s, n) for s in ("torch-ddp", "torch-fsdp", "deepspeed-zero2",
+                   "torch-pipeline", "tf-mirrored") for n in (1, 2))}  # fmt: skip
+    assert [(r["spec"]["strategy"], r["error"]) for r in mine if r["status"] != "ok"] == []
+    assert {r["model"]["params"] for r in mine} == {64 * 32 + 32 + 32 * 10 + 10}
+    assert all(r["flops"]["per_sample"] > 0 for r in mine)
+    html = (own_study["results"] / "report.html").read_text()
+    assert "user model (mymodels.mlp:build)" in html
+
+
+def test_a_model_that_raises_fails_alone_with_its_traceback(own_study):
+    flaky = [r for r in own_study["recs"] if r["spec"]["model"] == "flaky"]
+    assert {r["status"] for r in flaky} == {"failed"}
+    assert all("planted: the third step of a user model fails" in r["error"] for r in flaky)
+    assert all("mlp.py" in r["error"] for r in flaky)  # its own traceback

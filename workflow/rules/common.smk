@@ -294,14 +294,24 @@ def collective_shapes():
     multi = [r for r in RUNS if r.world_size > 1]
     shapes = sorted({(r.workers, r.nodes) for r in multi})
     models = {
-        (r.model, r.dataset, r.image_size, r.image_source, r.seq_len, r.token_source, r.own_model): r
+        (
+            r.model,
+            r.dataset,
+            r.image_size,
+            r.image_source,
+            r.seq_len,
+            r.token_source,
+            r.own_model,
+        ): r
         for r in multi
     }
     pairs = sorted(
         {
-            f"params={r.own_model.params}"  # the user's model: counted before any job
-            if r.own_model
-            else f"{r.model}:{ts_imagesets.shape_name(r.to_dict())}"
+            (
+                f"params={r.own_model.params}"  # the user's model: counted before any job
+                if r.own_model
+                else f"{r.model}:{ts_imagesets.shape_name(r.to_dict())}"
+            )
             for r in models.values()
         }
     )

@@ -35,7 +35,8 @@ class DataError(Exception):
 class DatasetInfo:
     """Static facts about a dataset, known without reading any file. A token set's sample is
     a window of seq_len ids, a matrix axis: its `shape` is (seq_len,) once a run fixes it,
-    () before; its classes are its vocabulary and its sample counts are token counts."""
+    () before; its classes are its vocabulary and its sample counts are token counts (window
+    counts for synthetic-tokens, whose ids are made at the run's seq_len)."""
 
     name: str
     shape: tuple[int, ...]  # (C, H, W) of an image; (seq_len,) or () for tokens
@@ -108,10 +109,11 @@ _INFO: dict[str, DatasetInfo] = {
     "synthetic-imagenet": DatasetInfo(
         "synthetic-imagenet", (3, 224, 224), 1000, 1280, 256, True, ()
     ),
-    # Random ids over GPT-2's vocabulary padded to a multiple of 64 (nanoGPT's 50,304): 2^20
-    # training tokens (`samples` sets the windows instead), no evaluation, like the images.
+    # Random ids over GPT-2's vocabulary padded to a multiple of 64 (nanoGPT's 50,304), no
+    # evaluation, like the images; kept small as synthetic-imagenet is: its counts are windows
+    # (of any seq_len), 1280 = 10 batches of 128, 256 for the test split (`samples` sets them).
     "synthetic-tokens": DatasetInfo(
-        "synthetic-tokens", (), 50_304, 1 << 20, 1 << 16, True, (), "tokens"
+        "synthetic-tokens", (), 50_304, 1280, 256, True, (), "tokens"
     ),
     # The byte-level corpus that ships in the package (trainscale.data.tokens): 1,036,481
     # bytes of Shakespeare, the last tenth the validation split.

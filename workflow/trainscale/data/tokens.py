@@ -167,12 +167,14 @@ def split_ids(
 
 def spec_ids(spec, split: str) -> np.ndarray:
     """The ids of one split of a run's token set (`spec`: a RunSpec): its files, the corpus, or
-    synthetic ids (`samples` windows when the config sets it, else the set's own count)."""
+    synthetic ids (`samples` training windows when the config sets it, else the set's own
+    count of windows, at the run's seq_len)."""
     info = catalogue.info(spec.dataset) if spec.token_source is None else None
     vocab = info.num_classes if info else spec.token_source.vocab_size
-    synthetic = spec.samples * spec.seq_len + 1 if spec.samples else 0
-    if info is not None and info.synthetic and not synthetic:
-        synthetic = info.train_samples if split == "train" else info.test_samples
+    synthetic = 0
+    if info is not None and info.synthetic:  # its counts are windows, at any seq_len
+        windows = info.test_samples if split == "test" else spec.samples or info.train_samples
+        synthetic = windows * spec.seq_len + 1
     return split_ids(spec.dataset, spec.token_source, split, spec.seed, synthetic, vocab)
 
 

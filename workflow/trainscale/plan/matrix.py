@@ -183,8 +183,8 @@ def build_runs(config: dict, accelerator: str = "cpu") -> tuple[list[RunSpec], l
         samples = config.get("samples") if info.synthetic else None
         limit = config.get("steps_per_epoch")
         have = samples or info.train_samples
-        if values["seq_len"]:  # token sets count windows of seq_len ids
-            have = samples or tokens.window_count(info.train_samples, values["seq_len"])
+        if values["seq_len"] and not info.synthetic:  # a token file: windows of seq_len ids
+            have = tokens.window_count(info.train_samples, values["seq_len"])
             reason = _short_of_tokens(values, info, world, pwbs, samples)
         reason = reason or _too_few_steps(values, have, world, pwbs, limit)
         if reason:

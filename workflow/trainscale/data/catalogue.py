@@ -112,9 +112,7 @@ _INFO: dict[str, DatasetInfo] = {
     # Random ids over GPT-2's vocabulary padded to a multiple of 64 (nanoGPT's 50,304), no
     # evaluation, like the images; kept small as synthetic-imagenet is: its counts are windows
     # (of any seq_len), 1280 = 10 batches of 128, 256 for the test split (`samples` sets them).
-    "synthetic-tokens": DatasetInfo(
-        "synthetic-tokens", (), 50_304, 1280, 256, True, (), "tokens"
-    ),
+    "synthetic-tokens": DatasetInfo("synthetic-tokens", (), 50_304, 1280, 256, True, (), "tokens"),
     # The byte-level corpus that ships in the package (trainscale.data.tokens): 1,036,481
     # bytes of Shakespeare, the last tenth the validation split.
     "shakespeare": DatasetInfo("shakespeare", (), 256, 932_832, 103_649, False, (), "tokens"),

@@ -51,12 +51,17 @@ def test_bad_files_name_the_key_and_the_fix(tmp_path):
 
 
 def test_preflight_finds_ids_beyond_the_vocabulary_and_too_few_tokens(tmp_path):
+    from trainscale.data import tokensets
+
     f = tokens.open_tokens(tokens.write_nanogpt(np.arange(1000), tmp_path / "t.bin"))
-    assert tokens.check(f, vocab_size=1000, need=1000, where="k") == []
-    (big,) = tokens.check(f, vocab_size=500, need=10, where="datasets.x.train")
+    assert tokens.check(f, vocab_size=1000, where="k") == []
+    (big,) = tokens.check(f, vocab_size=500, where="datasets.x.train")
     assert "holds id 999, not below vocab_size 500" in big and big.startswith("datasets.x.train")
-    (few,) = tokens.check(f, vocab_size=1000, need=1001, where="k")
-    assert "fewer than one batch per rank needs (1001)" in few
+    source = tokens.TokenSource(str(f.path), str(f.path), 1000)
+    info = tokensets.info("x", source, 10)  # 1000 ids: 99 windows of 10
+    assert tokensets.short("x", info, 10, ranks=3, batch=33) is None
+    few = tokensets.short("x", info, 10, ranks=2, batch=50)
+    assert "fewer than one batch of 50 for each of 2 ranks (1001 tokens)" in few
 
 
 def test_ranks_read_disjoint_seeded_windows_that_cover_the_epoch():

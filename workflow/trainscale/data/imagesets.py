@@ -210,11 +210,10 @@ def spec_info(spec: dict) -> data.DatasetInfo:
     """data.info for a run spec (RunSpec.to_dict()): what a runner, the metrics or a rule ask
     about its data set without the config at hand."""
     if spec.get("seq_len"):  # tokens: (seq_len,), the vocabulary as the classes
-        base = data.info(spec["dataset"]) if spec["dataset"] in data.DATASETS else None
-        if spec.get("token_source") is None and base is not None:
-            return dataclasses.replace(base, shape=(spec["seq_len"],))
-        vocab = spec["token_source"]["vocab_size"]
-        return data.DatasetInfo(spec["dataset"], (spec["seq_len"],), vocab, 0, 0, False, (),
+        shape, source = (spec["seq_len"],), spec.get("token_source")
+        if source is None:  # a built-in token set
+            return dataclasses.replace(data.info(spec["dataset"]), shape=shape)
+        return data.DatasetInfo(spec["dataset"], shape, source["vocab_size"], 0, 0, False, (),
                                 tokensets.FORMAT)  # fmt: skip
     size, source = spec.get("image_size"), spec.get("image_source")
     if source is None:

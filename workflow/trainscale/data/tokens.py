@@ -129,10 +129,10 @@ def open_tokens(path: str | Path, dtype: str = "uint16", header: str | None = No
     return TokenFile(path, kind, 0, size // kind.itemsize)
 
 
-def check(tokens: TokenFile, vocab_size: int, need: int, where: str,
+def check(tokens: TokenFile, vocab_size: int, where: str,
           vocab_key: str = "vocab_size") -> list[str]:  # fmt: skip
-    """Why `tokens` cannot train a model of `vocab_size` ids (the config key `vocab_key`) with
-    `need` tokens per step over all ranks (one batch per rank, plus the last target), or []."""
+    """Why `tokens` cannot train a model of `vocab_size` ids (the config key `vocab_key`), or
+    []. Whether a cell's ranks each get a batch is per cell: tokensets.short."""
     problems = []
     ids = tokens.ids()
     largest = largest_id(ids)
@@ -142,11 +142,6 @@ def check(tokens: TokenFile, vocab_size: int, need: int, where: str,
             f"set {vocab_key} to the tokenizer's vocabulary (50257 for GPT-2's, 50304 padded "
             "as nanoGPT trains it), or check `dtype:` (a uint32 file read as uint16 shows "
             "wrong ids)"
-        )
-    if len(ids) < need:
-        problems.append(
-            f"{where}: {tokens.path} holds {len(ids)} tokens, fewer than one batch per rank "
-            f"needs ({need}); use fewer workers, a smaller batch_size or seq_len, or more tokens"
         )
     return problems
 

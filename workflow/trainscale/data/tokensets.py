@@ -96,5 +96,5 @@ def problems(name: str, entry: dict, key: str, check_files: bool) -> list[str]:
         except tokens.TokenDataError as e:
             out.append(str(e))
             continue
-        out.extend(tokens.check(found, entry["vocab_size"], 0, where, f"{key}.vocab_size"))
+        out.extend(tokens.check(found, entry["vocab_size"], where, f"{key}.vocab_size"))
     return out

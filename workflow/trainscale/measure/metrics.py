@@ -325,8 +325,8 @@ class Recorder:
         return e
 
     def _tokens(self, samples_per_second: float) -> dict:
-        seq_len = self.spec.get("seq_len") or 0
-        return {"tokens_per_second": samples_per_second * seq_len} if seq_len else {}
+        rate = tokens_per_second(samples_per_second, self.spec.get("seq_len") or 0)
+        return {} if rate is None else {"tokens_per_second": rate}
 
     def record(self, **parts: Any) -> dict:
         """The whole metrics record for a finished run; `parts` fill the measured blocks."""

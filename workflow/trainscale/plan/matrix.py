@@ -152,6 +152,7 @@ def build_runs(config: dict, accelerator: str = "cpu") -> tuple[list[RunSpec], l
     answer = own_models.check(config, data_shapes(config, axes["seq_len"]))
     if own_models.problems(answer):
         raise ConfigError("; ".join(own_models.problems(answer)))
+    infos: dict[tuple, data.DatasetInfo] = {}  # per data set and seq_len: files read once
     for combo in itertools.product(*(axes[k] for k in MATRIX_KEYS)):
         values = dict(zip(MATRIX_KEYS, combo, strict=True))
         if not token_sets[values["dataset"]]:  # images: no seq_len, one cell for all its values
@@ -163,7 +164,10 @@ def build_runs(config: dict, accelerator: str = "cpu") -> tuple[list[RunSpec], l
             continue
         pipe = values["strategy"] == "torch-pipeline"
         mb, schedule = config.get("microbatches", 4), config.get("pipeline_schedule", "gpipe")
-        info = _info(values, config)
+        key = (values["dataset"], values["seq_len"])
+        if key not in infos:
+            infos[key] = _info(values, config)
+        info = infos[key]
         own = None
         if values["model"] in answer:
             own = own_models.frozen(values["model"], config, answer, info.shape, info.num_classes)
@@ -185,7 +189,7 @@ def build_runs(config: dict, accelerator: str = "cpu") -> tuple[list[RunSpec], l
         have = samples or info.train_samples
         if values["seq_len"] and not info.synthetic:  # a token file: windows of seq_len ids
             have = tokens.window_count(info.train_samples, values["seq_len"])
-            reason = _short_of_tokens(values, info, world, pwbs, samples)
+            reason = _short_of_tokens(values, info, world, pwbs)
         reason = reason or _too_few_steps(values, have, world, pwbs, limit)
         if reason:
             dropped.append(Dropped(values, reason))
@@ -260,14 +264,10 @@ def data_shapes(config: dict, seq_lens: list[int]) -> dict[str, list[tuple]]:
         return {}
     out: dict[str, list[tuple]] = {"image": [], "tokens": []}
     for name in config["matrix"]["dataset"]:
-        if tokensets.is_tokens(name, config):
-            source = tokensets.source_of(name, config)
-            for t in seq_lens:
-                info = tokensets.info(name, source, t)
-                out["tokens"].append((info.shape, info.num_classes))
-        else:
-            info = imagesets.info(name, config)
-            out["image"].append((info.shape, info.num_classes))
+        kind = "tokens" if tokensets.is_tokens(name, config) else "image"
+        for t in seq_lens if kind == "tokens" else [0]:
+            info = _info({"dataset": name, "seq_len": t}, config)
+            out[kind].append((info.shape, info.num_classes))
     return out
 
 
@@ -279,13 +279,10 @@ def _info(values: dict, config: dict) -> data.DatasetInfo:
     return imagesets.info(name, config)
 
 
-def _short_of_tokens(
-    values: dict, info: data.DatasetInfo, world: int, batch: int, samples: int | None
-) -> str | None:
-    """Why the cell's ranks do not each get one full batch of windows (a dropped cell's reason
-    for a built-in set); for the user's files a ConfigError naming the key, before any job."""
-    if samples:  # synthetic-tokens of `samples` windows
-        return None
+def _short_of_tokens(values: dict, info: data.DatasetInfo, world: int, batch: int) -> str | None:
+    """Why the cell's ranks do not each get one full batch of windows of a token file (a
+    dropped cell's reason for a built-in set); for the user's files a ConfigError naming the
+    key, before any job."""
     ranks = 1 if values["strategy"] == "torch-pipeline" else world
     reason = tokensets.short(values["dataset"], info, values["seq_len"], ranks, batch)
     if reason and values["dataset"] not in data.DATASETS:

@@ -22,7 +22,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainscale.plan.catalog_models import MODELS, Model
+from trainscale.plan.catalog_models import Model
 
 #: where pre-flight answers are kept, under the directory Snakemake runs in
 CACHE = Path(".cache") / "trainscale" / "own-models"
@@ -159,9 +159,3 @@ def frozen(name: str, config: dict, answer: dict, shape: tuple, classes: int) ->
 
 def pair_key(shape: tuple, classes: int) -> str:
     return f"{'x'.join(map(str, shape))}/{classes}"
-
-
-def row(name: str, own: dict[str, OwnModel]) -> Model:
-    """The catalog row of a built-in model or of an own one (any of its pairs: the facts the
-    constraints read do not depend on the data set)."""
-    return own[name].row() if name in own else MODELS[name]

@@ -17,28 +17,21 @@ from pathlib import Path
 import tensorflow as tf
 
 from trainscale.measure import flops, metrics
-from trainscale.plan import catalog
 from trainscale.plan.runspec import RunSpec
 
 TF_DTYPES = {"fp32": tf.float32, "bf16": tf.bfloat16, "fp16": tf.float16}
 
 
 def _twin_count(spec: RunSpec, shape: tuple[int, ...], classes: int) -> dict:
-    """`per_sample` and `method`, and for a GPT PaLM's `analytic_per_sample` (as the torch
-    runners record it: trainscale.runners.torch.flop_count.counted)."""
+    """The torch twin's `per_sample` (and a GPT's `analytic_per_sample`), counted as the torch
+    runners count it (trainscale.runners.torch.flop_count.count); `method` says so."""
     try:
-        from trainscale.models import gpt
         from trainscale.runners.torch import flop_count
     except ImportError as e:  # no torch in this environment
         why = f"not counted: the torch twin cannot be imported here ({e})"
         return {"per_sample": None, "method": why}
-    per_sample = flop_count.per_sample(spec.model, shape, classes, spec.own_model)
-    block = {"per_sample": per_sample, "method": "torch twin: flop_counter"}
-    if spec.own_model is None and catalog.MODELS[spec.model].gpt:
-        block["analytic_per_sample"] = (
-            gpt.analytic_flops_per_token(spec.model, shape[0], classes) * shape[0]
-        )
-    return block
+    block = flop_count.count(spec, shape, classes)
+    return {**block, "method": f"torch twin: {block['method']}"}
 
 
 def _cpu_gemm(spec: RunSpec) -> tuple[str, object]:

@@ -77,15 +77,22 @@ def device_peak(spec: RunSpec, device: torch.device, out: str | Path) -> tuple[f
     return peak, source, name
 
 
-def counted(spec: RunSpec, shape: tuple[int, ...], classes: int, device: torch.device,
-            out: str | Path, devices: int) -> dict:  # fmt: skip
-    """The runner's part of the `flops` block (trainscale.measure.flops.block adds the rest)."""
+def count(spec: RunSpec, shape: tuple[int, ...], classes: int) -> dict:
+    """`per_sample` and `method` of the run's model, and for a GPT PaLM's analytic count
+    (`analytic_per_sample`); the Keras runs take their twin's from here too."""
     own = spec.own_model
     block = {"per_sample": per_sample(spec.model, shape, classes, own), "method": "flop_counter"}
     if own is None and catalog.MODELS[spec.model].gpt:
         block["analytic_per_sample"] = (
             gpt.analytic_flops_per_token(spec.model, shape[0], classes) * shape[0]
         )
+    return block
+
+
+def counted(spec: RunSpec, shape: tuple[int, ...], classes: int, device: torch.device,
+            out: str | Path, devices: int) -> dict:  # fmt: skip
+    """The runner's part of the `flops` block (trainscale.measure.flops.block adds the rest)."""
+    block = count(spec, shape, classes)
     peak, source, name = device_peak(spec, device, out)
     block.update(peak_per_second=peak * devices, peak_source=source, peak_device=name)
     return block

@@ -79,16 +79,14 @@ def padded(
 @torch.no_grad()
 def evaluate(
     schedule, stage_mod: nn.Module, batches: Iterable, rank: int, classes: int,
-    tokens: bool = False,
+    device: torch.device, tokens: bool = False,
 ) -> dict:  # fmt: skip
     """Test accuracy, mean loss and confusion (per token on token data) through the pipeline,
     forward only, over `padded` batches: the first stage feeds x, the last scores y."""
     stage_mod.eval()
     first, last = rank == 0, rank == dist.get_world_size() - 1
-    totals = None
+    totals = torch.zeros(totals_size(classes, tokens), dtype=torch.float64, device=device)
     for x, y, counted in batches:
-        if totals is None:
-            totals = torch.zeros(totals_size(classes, tokens), dtype=torch.float64, device=y.device)
         out = schedule.eval(*((x,) if first else ()), target=y if last else None)  # loss_fn's
         if last:
             tally(totals, out.float(), y, counted)
@@ -188,8 +186,9 @@ class Pipeline(Plugin):
             batches = padded(lp.test_x, lp.test_y, batch, lp.spec.image_size)
         with torch.autocast(lp.device.type, dtype=dtype, enabled=dtype is not None):
             return evaluate(
-                self.schedule, self.stage_mod, batches, lp.rk.rank, lp.info.num_classes, lp.tokens
-            )
+                self.schedule, self.stage_mod, batches, lp.rk.rank, lp.info.num_classes,
+                lp.device, lp.tokens,
+            )  # fmt: skip
 
     def finish(self) -> None:
         stage_params = self.gather_object(models.param_count(self.stage_mod))

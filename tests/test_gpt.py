@@ -61,7 +61,7 @@ def test_blocks_are_embedding_layers_and_a_tied_head():
     net = meta("gpt-nano", 256, 256)
     parts = models.blocks(net)
     assert len(parts) == catalog.MODELS["gpt-nano"].blocks == 4 + 2
-    assert parts[-1].weight is parts[0].tokens.weight  # tied: one matrix
+    assert parts[-1].out.weight is parts[0].tokens.weight  # tied: one matrix
     assert isinstance(parts[1], gpt.Block)
 
 

@@ -180,7 +180,7 @@ def _final_weights(loop) -> dict | None:
     """The trained model's full weights, keys as models.build names them, on this rank (None
     where it holds none). Called on every rank: the gathers are collectives."""
     p, strategy = loop.plugin, loop.spec.strategy
-    if strategy == "torch-fsdp":
+    if strategy in ("torch-fsdp", "torch-tp", "torch-fsdp-tp"):  # DTensors, gathered
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         full = StateDictOptions(full_state_dict=True, cpu_offload=True)

@@ -83,7 +83,7 @@ from trainscale.analysis.cells import (
     rate,
     scaling_frame,
     t975,
-    with_seq_len,
+    with_axes,
 )
 from trainscale.analysis.comm_model import (
     COLLECTIVE_COLUMNS,
@@ -144,6 +144,6 @@ __all__ = [
     "study_name",
     "summary_text",
     "t975",
-    "with_seq_len",
+    "with_axes",
     "rate",
 ]

@@ -16,8 +16,9 @@ from trainscale.plan.matrix import MATRIX_KEYS
 
 #: A cell: every matrix value but the repeat.
 CELL = list(MATRIX_KEYS)
-#: What a cell shares with its N = 1 baseline (all of CELL but workers and nodes).
-BASELINE = [k for k in CELL if k not in ("workers", "nodes")]
+#: What a cell shares with its N = 1 baseline (all of CELL but workers, nodes and tp: torch-tp
+#: splits over all ranks, so its tp is N and its baseline the one-rank run at tp 1).
+BASELINE = [k for k in CELL if k not in ("workers", "nodes", "tp")]
 #: What a cell shares with the best single-process cell of any strategy.
 SINGLE = BASELINE[1:]
 
@@ -87,15 +88,20 @@ def ci95(values: Sequence[float]) -> tuple[float, float, float]:
     return float(x.mean()), std, float(t975(n) * std / math.sqrt(n)) if n > 1 else math.nan
 
 
-def with_seq_len(table: pd.DataFrame, column: str = "spec.seq_len") -> pd.DataFrame:
-    """`table` with its seq_len column, 0 (an image run) where a table made before the axis
-    existed has none."""
-    return table if column in table else table.assign(**{column: 0})
+#: Matrix axes added after the first tables were written, and the value their runs had.
+LATER_AXES = {"seq_len": 0, "tp": 1}
+
+
+def with_axes(table: pd.DataFrame, prefix: str = "spec.") -> pd.DataFrame:
+    """`table` with a column for every later matrix axis: seq_len 0 (an image run) and tp 1 (no
+    tensor parallelism) where a table made before the axis existed has none."""
+    missing = {prefix + k: v for k, v in LATER_AXES.items() if prefix + k not in table}
+    return table.assign(**missing) if missing else table
 
 
 def _cells_of(runs: pd.DataFrame) -> pd.DataFrame:
     """The runs table reduced to cell keys and the per-run metrics that scaling.csv averages."""
-    runs = with_seq_len(runs)
+    runs = with_axes(runs)
     d = pd.DataFrame({k: runs[f"spec.{k}"] for k in CELL})
     d["world_size"] = runs["spec.world_size"]
     d["global_batch_size"] = runs.get("spec.global_batch_size", np.nan)

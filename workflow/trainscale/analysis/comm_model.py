@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from trainscale.analysis.cells import CELL, with_seq_len
+from trainscale.analysis.cells import CELL, with_axes
 from trainscale.measure import collectives
 from trainscale.plan import catalog
 
@@ -106,13 +106,13 @@ def communication_frame(
     module docstring for every formula)."""
     if not len(scaling) or not len(runs):
         return pd.DataFrame(columns=COMM_COLUMNS)
-    scaling = with_seq_len(scaling, "seq_len")
+    scaling = with_axes(scaling, "")
     cells = scaling[
         scaling["strategy"].isin(list(COMM_VOLUME))
         & (scaling["world_size"] > 1)
         & (scaling["ok"] > 0)
     ]
-    ok = with_seq_len(runs[runs["status"] == "ok"])
+    ok = with_axes(runs[runs["status"] == "ok"])
     per_cell = ok.groupby([f"spec.{k}" for k in CELL], dropna=False).first()
     exposed = _exposed_by_cell(ok)
     rows = []

@@ -202,6 +202,7 @@ def _read_valid(paths: Sequence[str]) -> tuple[list[dict], Invalid]:
             continue
         rec["run"] = run_id(p)
         rec["spec"].setdefault("seq_len", 0)  # written before the axis: an image run
+        rec["spec"].setdefault("tp", 1)  # written before the axis: no tensor parallelism
         records.append(rec)
     return records, invalid
 

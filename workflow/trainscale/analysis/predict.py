@@ -103,7 +103,7 @@ def observations(runs: pd.DataFrame) -> pd.DataFrame:
         r = r[~r["device.logical"].map(lambda v: v is True or str(v).lower() == "true")]
     if not len(r):
         return pd.DataFrame()
-    r = aggregate.with_seq_len(r)
+    r = aggregate.with_axes(r)
     d = pd.DataFrame({k: r[f"spec.{k}"] for k in FAMILY})
     d["world_size"] = r["spec.world_size"].astype(int)
     d["nodes"] = r["spec.nodes"].astype(int)

@@ -265,7 +265,7 @@ def _points(records: list[dict], notes: dict[tuple, list[str]]) -> list[dict]:
                 r["throughput"]
             )
     groups: dict[tuple, dict] = {}
-    for c in cells.sort_values([*GROUP, "nodes", "workers"]).itertuples(index=False):
+    for c in cells.sort_values([*GROUP, "nodes", "workers", "tp"]).itertuples(index=False):
         key = tuple(getattr(c, k) for k in aggregate.CELL)
         g = groups.setdefault(
             tuple(getattr(c, k) for k in GROUP),
@@ -289,6 +289,7 @@ def _points(records: list[dict], notes: dict[tuple, list[str]]) -> list[dict]:
                 "workers": int(c.workers),
                 "nodes": int(c.nodes),
                 "world_size": int(c.world_size),
+                "tp": int(c.tp),
                 "runs": int(c.runs),
                 "ok": int(c.ok),
                 "statuses": dict(statuses.get(key, {})),

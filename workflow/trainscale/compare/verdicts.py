@@ -94,6 +94,7 @@ def cells_of(card: dict) -> dict[tuple, dict]:
         for p in g["by_n"]:
             values = {**{k: g.get(k, 0) for k in ts_card.GROUP}, "workers": p["workers"]}
             values["nodes"] = p["nodes"]
+            values["tp"] = p.get("tp", 1)  # cards made before the axis: no tensor parallelism
             out[tuple(values[k] for k in CELL)] = p
     return out
 
@@ -103,6 +104,7 @@ def label(key: tuple) -> str:
     c = dict(zip(CELL, key, strict=True))
     n = c["workers"] * c["nodes"]
     shape = f" ({c['workers']}×{c['nodes']})" if c["nodes"] != 1 else ""
+    shape += f" tp {c['tp']}" if c.get("tp", 1) > 1 else ""
     return (
         f"{c['strategy']} {c['model']} {c['dataset']} N={n}{shape} batch {c['batch_size']} "
         f"{c['batch_mode']} scale {c['scale']} {c['precision']}"

@@ -43,20 +43,28 @@ class Embedding(nn.Module):
 
 
 class SelfAttention(nn.Module):
-    """Causal multi-head self-attention: q, k, v from one projection, then the output one."""
+    """Causal multi-head self-attention: q, k and v projections, then the output one.
+
+    Three projections rather than nanoGPT's one fused `c_attn`, and the head count read from
+    the projections' width (`view(b, t, -1, head_width)`), as torchtitan's attention does: so
+    tensor parallelism splits q, k and v by whole heads (column-parallel) and each rank runs
+    its heads with no change here (trainscale.runners.torch.tensor_parallel). The same
+    parameters and FLOPs as the fused projection."""
 
     def __init__(self, width: int, heads: int) -> None:
         super().__init__()
-        self.heads = heads
-        self.qkv = nn.Linear(width, 3 * width, bias=False)
+        self.head_width = width // heads
+        self.q = nn.Linear(width, width, bias=False)
+        self.k = nn.Linear(width, width, bias=False)
+        self.v = nn.Linear(width, width, bias=False)
         self.proj = nn.Linear(width, width, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, c = x.shape
-        q, k, v = self.qkv(x).split(c, dim=2)
-        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+        b, t, _ = x.shape
+        q, k, v = (p(x).view(b, t, -1, self.head_width).transpose(1, 2)
+                   for p in (self.q, self.k, self.v))  # fmt: skip
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.proj(y.transpose(1, 2).contiguous().view(b, t, c))
+        return self.proj(y.transpose(1, 2).reshape(b, t, -1))
 
 
 class MLP(nn.Module):
@@ -86,15 +94,19 @@ class Block(nn.Module):
 
 
 class Head(nn.Module):
-    """Final LayerNorm, then logits (B, T, V) through the token embedding's matrix (tied)."""
+    """Final LayerNorm, then logits (B, T, V) through the token embedding's matrix (tied): an
+    nn.Linear whose weight is the embedding's Parameter, as nanoGPT ties `lm_head`, so tensor
+    parallelism splits it as the Linear it is."""
 
     def __init__(self, embedding: Embedding, width: int) -> None:
         super().__init__()
+        vocab = embedding.tokens.num_embeddings
         self.ln_f = nn.LayerNorm(width, bias=False)
-        self.weight = embedding.tokens.weight  # the same Parameter: tied
+        self.out = nn.Linear(width, vocab, bias=False)
+        self.out.weight = embedding.tokens.weight  # the same Parameter: tied
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(self.ln_f(x), self.weight)
+        return self.out(self.ln_f(x))
 
 
 def build(name: str, context: int, vocab: int) -> nn.Sequential:

@@ -13,6 +13,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from trainscale.plan.catalog_models import MODELS, Model, model  # noqa: F401  (the model rows)
+from trainscale.plan.catalog_tp import (  # noqa: F401  (the tensor-parallel rules)
+    TENSOR_PARALLEL,
+    data_replicas,
+    tp_batch,
+    tp_degree,
+    tp_model,
+    tp_precision,
+    tp_strategies,
+)
 
 
 @dataclass(frozen=True)
@@ -35,6 +44,9 @@ class Cell:
     user_data: bool = False  # the user's image files (`datasets:`), decoded while training
     resized: bool = False  # a built-in data set trained at another `image_size`
     own: Model | None = None  # the row of a user's own model (config `models:`)
+    tp: int = 1  # tensor-parallel degree (matrix tp)
+    seq_len: int = 0  # tokens per window (0: images)
+    classes: int = 0  # the data set's classes; its vocabulary for token data
 
     @property
     def row(self) -> Model:
@@ -217,6 +229,11 @@ _ONE_DEVICE = {
     "collectives": None,
 }
 _SHARDED = {"comm_pattern": "all-gather of parameters, reduce-scatter of gradients"}
+_TP_TRAFFIC = "all-reduce of activations in every layer (all-gather and reduce-scatter with "
+_TP_TRAFFIC += "sequence parallelism)"
+_TP_UNMEASURED = "tensor parallelism: its collectives run inside every layer's forward and "
+_TP_UNMEASURED += "backward, which need their results, so they cannot be switched off to time the "
+_TP_UNMEASURED += "step without them"
 
 #: Every strategy, in the order of figures and tables.
 STRATEGIES: dict[str, Strategy] = {
@@ -243,6 +260,32 @@ STRATEGIES: dict[str, Strategy] = {
         _row("torch-ddp", "torch", "pytorch", "torchrun", "#029e73"),
         _row(
             "torch-fsdp", "torch", "pytorch", "torchrun", "#d55e00", **_SHARDED, volume_factor=1.5
+        ),
+        _row(
+            "torch-tp",
+            "torch",
+            "tensor_parallel",
+            "torchrun",
+            "#e41a1c",
+            precisions=("fp32", "bf16"),
+            comm_pattern=_TP_TRAFFIC,
+            volume_factor=None,
+            title="torch-tp (tensor parallel)",
+            exposed_unmeasured=_TP_UNMEASURED,
+            constraints=(tp_degree, tp_model, tp_precision),
+        ),
+        _row(
+            "torch-fsdp-tp",
+            "torch",
+            "tensor_parallel",
+            "torchrun",
+            "#4daf4a",
+            precisions=("fp32", "bf16"),
+            comm_pattern=f"{_SHARDED['comm_pattern']} over dp; {_TP_TRAFFIC} over tp",
+            volume_factor=None,
+            title="torch-fsdp-tp (FSDP × tensor parallel)",
+            exposed_unmeasured=_TP_UNMEASURED,
+            constraints=(tp_degree, tp_model, tp_precision),
         ),
         _row(
             "torch-pipeline",
@@ -481,7 +524,8 @@ def _input_side(c: Cell) -> str | None:
 def why_not(c: Cell) -> str | None:
     """The reason the strategy or the model cannot run `c`, or None if they can: the strategy's
     own constraints first, then where it may run, then what the model eats and its input size."""
-    for rule in (*STRATEGIES[c.strategy].constraints, _placement, _input_kind, _input_side):
+    rules = (tp_strategies, *STRATEGIES[c.strategy].constraints, _placement, _input_kind)
+    for rule in (*rules, _input_side):
         reason = rule(c)
         if reason:
             return reason

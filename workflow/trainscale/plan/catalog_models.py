@@ -21,6 +21,7 @@ class Model:
     published_classes: int  # tokens, with the vocabulary as the classes
     input: str = "image"  # "image": (C, H, W) pixels and a label; "tokens": ids, next id
     gpt: tuple[int, int, int] | None = None  # (layers, heads, width) of a GPT
+    tp_plan: bool = False  # an own model with a tensor-parallel plan (models.<name>.tp_plan)
 
 
 def _gpt(name: str, layers: int, heads: int, width: int, params: int, context: int, vocab: int):

@@ -60,6 +60,9 @@ def why_not(
         user_data=not builtin and image,
         resized=builtin and image and tuple(shape) != tuple(data.info(values["dataset"]).shape),
         own=own.row() if own else None,
+        tp=values.get("tp", 1),
+        seq_len=values.get("seq_len", 0),
+        classes=info.num_classes,
     )
     runtime = catalog.STRATEGIES[values["strategy"]].runtime
     if own is not None and runtime == "tensorflow" and own.keras is None:
@@ -109,6 +112,25 @@ def _check_faults(faults: list[dict], runs: list[RunSpec]) -> None:
                 )
 
 
+def _split_batch(values: dict, world: int) -> tuple[int, int]:
+    """(global, per-worker) batch of a cell: the pipeline's and tensor parallelism's own splits
+    (catalog.pipeline_batch, catalog.tp_batch), else `batch_sizes`."""
+    strategy, size, mode = values["strategy"], values["batch_size"], values["batch_mode"]
+    if strategy == "torch-pipeline":
+        return pipeline_batch(size, mode, world)
+    if strategy not in catalog.TENSOR_PARALLEL:
+        return batch_sizes(size, mode, world)
+    try:
+        return catalog.tp_batch(size, mode, world, values["tp"])
+    except ValueError:
+        replicas = world // values["tp"]
+        raise ConfigError(
+            f"matrix.batch_size {size} in batch_mode 'global' does not split over the "
+            f"{replicas} data-parallel replicas of {strategy} at tp {values['tp']} on {world} "
+            f"workers; choose a multiple of {replicas} or exclude the cell"
+        ) from None
+
+
 def batch_sizes(batch_size: int, mode: str, world: int) -> tuple[int, int]:
     """(global, per-worker) batch for a batch mode; raises ConfigError if it does not split."""
     if mode == "per_worker":
@@ -147,7 +169,7 @@ def build_runs(config: dict, accelerator: str = "cpu") -> tuple[list[RunSpec], l
     layout, compile_ = config.get("memory_format", "contiguous"), config.get("compile", False)
     runs: list[RunSpec] = []
     dropped: list[Dropped] = []
-    axes = {**m, "seq_len": m.get("seq_len") or [DEFAULT_SEQ_LEN]}
+    axes = {**m, "seq_len": m.get("seq_len") or [DEFAULT_SEQ_LEN], "tp": m.get("tp") or [1]}
     token_sets = {n: tokensets.is_tokens(n, config) for n in m["dataset"]}
     answer = own_models.check(config, data_shapes(config, axes["seq_len"]))
     if own_models.problems(answer):
@@ -178,8 +200,7 @@ def build_runs(config: dict, accelerator: str = "cpu") -> tuple[list[RunSpec], l
             dropped.append(Dropped(values, reason))
             continue
         world = values["workers"] * values["nodes"]
-        split = pipeline_batch if pipe else batch_sizes
-        gbs, pwbs = split(values["batch_size"], values["batch_mode"], world)
+        gbs, pwbs = _split_batch(values, world)
         if pwbs < 2 and (own.row() if own else catalog.MODELS[values["model"]]).batchnorm:
             reason = f"{values['model']} has BatchNorm: needs at least 2 samples per worker"
             dropped.append(Dropped(values, reason))
@@ -283,7 +304,7 @@ def _short_of_tokens(values: dict, info: data.DatasetInfo, world: int, batch: in
     """Why the cell's ranks do not each get one full batch of windows of a token file (a
     dropped cell's reason for a built-in set); for the user's files a ConfigError naming the
     key, before any job."""
-    ranks = 1 if values["strategy"] == "torch-pipeline" else world
+    ranks = catalog.data_replicas(values["strategy"], world, values.get("tp", 1))
     reason = tokensets.short(values["dataset"], info, values["seq_len"], ranks, batch)
     if reason and values["dataset"] not in data.DATASETS:
         raise ConfigError(f"datasets.{values['dataset']}.train: {reason}")
@@ -298,7 +319,7 @@ def _too_few_steps(
     if limit is None:
         return None
     n = samples * values["scale"]
-    ranks = 1 if values["strategy"] == "torch-pipeline" else world
+    ranks = catalog.data_replicas(values["strategy"], world, values.get("tp", 1))
     full = n // ranks // per_worker_batch
     if full >= limit:
         return None

@@ -58,7 +58,7 @@ class OwnModel:
     def row(self) -> Model:
         """The catalog row the matrix's constraints read (blocks bound the pipeline stages)."""
         return Model(self.name, self.block_count, 1, self.batchnorm, self.params, (), 0,
-                     self.input)  # fmt: skip
+                     self.input, tp_plan=self.tp_plan is not None)  # fmt: skip
 
 
 class OwnModelError(ValueError):

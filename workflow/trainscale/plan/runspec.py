@@ -16,7 +16,8 @@ from trainscale.plan import catalog
 from trainscale.plan.own_models import OwnModel
 
 #: Matrix keys in path order. `repeat` follows them in the path; `seq_len` is in it only for
-#: token data (0, and left out of the path, for images).
+#: token data (0, and left out of the path, for images), `tp` only above 1 (so the paths of
+#: every run without tensor parallelism are those of the versions before the axis).
 MATRIX_KEYS: tuple[str, ...] = (
     "strategy",
     "model",
@@ -27,10 +28,9 @@ MATRIX_KEYS: tuple[str, ...] = (
     "batch_mode",
     "workers",
     "nodes",
+    "tp",
     "precision",
 )
-
-_IMAGE_KEYS = tuple(k for k in MATRIX_KEYS if k != "seq_len")
 
 #: A spec's JSON: sorted keys, no spaces. One encoder, made once: json.dumps with options
 #: builds a new one per call, and a dry-run writes one spec per run.
@@ -99,6 +99,7 @@ class RunSpec:
     seq_len: int = 0  # tokens per window (matrix seq_len); 0 for image data
     token_source: tokens.TokenSource | None = None  # the user's token files (`datasets:`)
     own_model: OwnModel | None = None  # the user's own model (`models:`), its facts checked
+    tp: int = 1  # tensor-parallel degree (matrix tp): ranks each layer is split over
 
     @property
     def processes(self) -> int:
@@ -107,14 +108,22 @@ class RunSpec:
         return self.world_size + (self.ps_tasks + 1 if self.ps_tasks else 0)
 
     @property
+    def data_replicas(self) -> int:
+        """Data-parallel replicas: ranks that each feed their own batch (catalog.data_replicas)."""
+        return catalog.data_replicas(self.strategy, self.world_size, self.tp)
+
+    @property
     def framework(self) -> str:
         return catalog.STRATEGIES[self.strategy].framework
 
     @property
     def path(self) -> str:
         """Run id and output sub-path: `key~value` segments, as Snakemake's Paramspace writes."""
-        keys = MATRIX_KEYS if self.seq_len else _IMAGE_KEYS
-        parts = [f"{k}~{getattr(self, k)}" for k in keys]
+        parts = [
+            f"{k}~{getattr(self, k)}"
+            for k in MATRIX_KEYS
+            if (k != "seq_len" or self.seq_len) and (k != "tp" or self.tp > 1)
+        ]
         return "/".join([*parts, f"repeat~{self.repeat}"])
 
     @property

@@ -46,6 +46,7 @@ class Plugin:
         self.frameworks: dict[str, str] = {}
         self.extra_blocks: dict = {}  # record blocks the plug-in adds (pipeline, deepspeed...)
         self.extra_memory: dict = {}  # entries it adds to the memory block
+        self.env_extra: dict = {}  # entries it adds to the env block (tensor parallel: mesh)
 
     # --- the process group -----------------------------------------------------------------
     def rank(self) -> Rank:
@@ -80,6 +81,14 @@ class Plugin:
         dist.all_gather_object(out, obj)
         return out
 
+    def data_rank(self) -> tuple[int, int]:
+        """(this rank's data-parallel replica, replicas): which share of each epoch's samples
+        it feeds. A rank is a replica of its own; where every rank walks every batch (a
+        pipeline's stages) all are one."""
+        if self.batch_of == "worker":
+            return self.loop.rk.rank, self.loop.rk.world_size
+        return 0, 1
+
     @property
     def world_size(self) -> int:
         return self.loop.rk.world_size
@@ -98,11 +107,10 @@ class Plugin:
         lp = self.loop
         if lp.loader is not None:  # user data: the loader's sampler or shards order it
             return Shard(None, lp.batch, lp.steps, self.spec.global_batch_size)
-        data_parallel = self.batch_of == "worker"  # else one replica: every rank, every batch
+        rank, replicas = self.data_rank()
         sampler = DistributedSampler(
-            Indexable(lp.train_samples), num_replicas=lp.rk.world_size if data_parallel else 1,
-            rank=lp.rk.rank if data_parallel else 0, shuffle=True, seed=self.spec.seed,
-            drop_last=True,
+            Indexable(lp.train_samples), num_replicas=replicas, rank=rank, shuffle=True,
+            seed=self.spec.seed, drop_last=True,
         )  # fmt: skip
         sampler.set_epoch(epoch)
         order = torch.tensor(list(sampler), device=lp.device) % lp.n

@@ -81,7 +81,7 @@ class Loop:
         p.connect(self.device)
         per_worker = p.batch_of == "worker"
         self.batch = spec.per_worker_batch_size if per_worker else spec.global_batch_size
-        replicas = spec.world_size if per_worker else 1
+        rank, replicas = p.data_rank()
         self.loader = None
         self.tokens = spec.seq_len > 0  # windows of token ids, next-token targets
         if spec.image_source is None and not self.tokens:
@@ -95,7 +95,6 @@ class Loop:
             full = steps_per_epoch(self.train_samples, replicas, self.batch, spec.steps_per_epoch)
         else:  # the user's images, decoded while training (imagedata), or token windows
             self.info = imagesets.spec_info(spec.to_dict())
-            rank = self.rk.rank if per_worker else 0
             if self.tokens:
                 self.loader, self.test_loader = tokendata.loaders(spec, rank, replicas, self.batch)
             else:
@@ -150,7 +149,7 @@ class Loop:
         on every rank (a sharded model's forward is a collective)."""
         if self.loader is None:
             x, y, size = self.test_x, self.test_y, self.spec.image_size
-            return memory_eval_batches(x, y, self.rk.rank, self.plugin.world_size, batch, size)
+            return memory_eval_batches(x, y, *self.plugin.data_rank(), batch, size)
         return loader_eval_batches(
             self.test_loader.epoch(1), self.device, self.plugin.all_sum, self.info.shape,
             self.tokens,
@@ -272,6 +271,7 @@ class Loop:
         env["cuda"] = torch.version.cuda if cuda else None
         env["driver"] = metrics.driver_version() if cuda else None
         env["process_group_backend"] = self.backend
+        env.update(p.env_extra)
         memory = {
             **memory_block(per_rank.max(0).values.tolist(), cuda),
             "per_rank_host_rss_bytes": [int(v) for v in per_rank[:, 0].tolist()],

@@ -1,0 +1,103 @@
+"""Tensor parallelism: `torch-tp` (every layer split over all ranks) and `torch-fsdp-tp` (a 2-D
+mesh, FSDP2 over its `dp` dimension and tensor parallelism over its `tp` dimension, as
+torchtitan lays a model out: FSDP across nodes, TP inside one). Launched by torchrun like
+torch-ddp; a plug-in on the PyTorch loop (torch_loop.py), which trains, times and records it.
+
+The ranks of one `tp` group are one data-parallel replica: they feed the same batch (the
+loop's data order by replica, `data_rank`), compute the same loss and hold one split model;
+the dp replicas read disjoint batches. The plan itself is in tp_plans.py.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+
+from trainscale.models import torch_models as models
+from trainscale.plan.matrix import RunSpec
+from trainscale.runners.torch import tp_plans
+from trainscale.runners.torch.plugin import Plugin
+from trainscale.runners.torch.pytorch import shard_units
+from trainscale.runners.torch.torch_loop import run
+from trainscale.runners.torch.torch_parts import evaluate
+
+# FSDP2 warns on every forward that a unit returned a view (DTensor's to_local of a
+# redistributed output); the loop never changes a block's output in place.
+warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
+
+#: process-group backends with the collectives sequence parallelism needs (all-gather and
+#: reduce-scatter of DTensors; gloo has both in torch 2.13: tests/test_tensor_parallel.py)
+SEQUENCE_PARALLEL_BACKENDS = ("nccl", "gloo")
+
+
+class TensorParallel(Plugin):
+    """A `dp` × `tp` DeviceMesh (dp = 1 for torch-tp): the model split over `tp` by its plan,
+    and for torch-fsdp-tp each block sharded over `dp` as torch-fsdp shards it."""
+
+    def connect(self, device: torch.device) -> None:
+        super().connect(device)
+        self.tp = self.spec.tp
+        self.dp = self.loop.rk.world_size // self.tp
+        self.mesh = init_device_mesh(device.type, (self.dp, self.tp), mesh_dim_names=("dp", "tp"))
+        self.dp_group = self.mesh["dp"].get_group()
+
+    def data_rank(self) -> tuple[int, int]:
+        """A tp group's ranks are consecutive (the mesh is row-major): one replica."""
+        return self.loop.rk.rank // self.spec.tp, self.loop.rk.world_size // self.spec.tp
+
+    def wrap(self, net: torch.nn.Module) -> None:
+        lp, spec = self.loop, self.spec
+        self.eval_model = self.net = net.to(lp.device)
+        blocks = models.blocks(net, spec.own_model)
+        self.sequence_parallel = tp_plans.parallelize(
+            net, self.mesh["tp"], blocks, spec.own_model,
+            sequence_parallel=lp.backend in SEQUENCE_PARALLEL_BACKENDS,
+        )  # fmt: skip
+        if spec.strategy == "torch-fsdp-tp":
+            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+            dtype = self.dtype
+            policy = MixedPrecisionPolicy(
+                param_dtype=dtype, reduce_dtype=torch.float32 if dtype else None
+            )
+            for unit in shard_units(blocks):
+                fully_shard(
+                    unit if len(unit) > 1 else unit[0], mesh=self.mesh["dp"], mp_policy=policy
+                )
+            fully_shard(net, mesh=self.mesh["dp"], mp_policy=policy)
+            self.dtype = None  # FSDP casts parameters and inputs itself: no autocast
+        self.model = net
+        self.opt = lp.make_optimizer(net.parameters())
+        self.scaler = torch.amp.GradScaler(lp.device.type, enabled=False)  # no fp16 (catalog)
+
+    def evaluate(self, batch: int) -> dict:
+        """As the loop scores, with the sums over the dp replicas only: a tp group's ranks
+        score the same batches."""
+        lp = self.loop
+
+        def replica_sum(t: torch.Tensor) -> torch.Tensor:
+            if self.dp > 1:
+                dist.all_reduce(t, group=self.dp_group)
+            return t
+
+        return evaluate(
+            self.eval_model, lp.test_batches(batch), lp.device, lp.info.num_classes,
+            replica_sum, None, lp.tokens,
+        )  # fmt: skip
+
+    def finish(self) -> None:
+        spec = self.spec
+        self.extra_blocks["tp"] = {
+            "degree": self.tp,
+            "data_parallel": self.dp,
+            "sequence_parallel": self.sequence_parallel,
+            "plan": spec.own_model.tp_plan if spec.own_model else "gpt",
+        }
+        self.env_extra["mesh"] = {"dp": self.dp, "tp": self.tp}
+
+
+def main(spec: RunSpec, out: str) -> None:
+    run(TensorParallel, spec, out)

@@ -504,10 +504,10 @@ def test_snakemake_reports_copied_results_without_training(tmp_path):
     summary = (results / "summary.txt").read_text()
     assert "invalid metrics files (not counted)" in summary and runs[-1].path in summary
     assert (results / "scaling.csv").exists()
-    # one batch size and one scale: these two have no data, and say so; every other figure
-    # (busbw too: the workflow ran the all-reduce benchmark for N = 2) must be a drawing, not
-    # the "no data" placeholder
-    absent = {"throughput_scale", "throughput_batch"}
+    # one batch size, one scale and one N > 1: these have nothing to show, and say so; every
+    # other figure (busbw too: the workflow ran the all-reduce benchmark for N = 2) must be a
+    # drawing, not the "no data" placeholder
+    absent = {"throughput_scale", "throughput_batch", "accuracy", "efficiency_heatmap"}
     for name in FIGURES:
         svg = (results / "figures" / f"{name}.svg").read_text()
         assert ("no data in this study" in svg) == (name in absent), name

@@ -119,7 +119,7 @@ def test_a_panel_with_one_x_value_is_left_out_and_an_empty_figure_is_not_drawn()
     ]
     d, left_out = shown(kind, Study(scaling(rows)))
     assert set(d["strategy"]) == {"torch-ddp"}
-    assert left_out == "2 panels with one batch size left out: torch (256), tf (256)"
+    assert left_out == "2 panels with one batch size left out: torch, tf"
     one = [r for r in rows if r["batch_size"] == 256]
     assert shown(kind, Study(scaling(one))) == ("batch size was not varied: 256 only", None)
 

@@ -15,6 +15,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
+from matplotlib.ticker import EngFormatter, MaxNLocator
 from matplotlib.transforms import blended_transform_factory
 
 from trainscale.analysis.aggregate import Study, human
@@ -26,6 +27,10 @@ ROW_H, PLOT_W = 0.26, 3.3
 TITLE_H, XLABEL_H, MFU_H, GAP_W = 0.3, 0.5, 0.42, 0.35
 #: Panels side by side at most: two 7-inch panels fill the report's width.
 WRAP = 2
+#: Characters of marks on one line at most (longer ones wrap).
+MARKS_LINE = 30
+#: Tick values on an axis at most: 5 stay apart at 3.3 inches, in engineering notation.
+TICKS = 5
 #: Cell keys that may tell two rows of one strategy apart (the rest are the panel's).
 CONFIG = ["batch_size", "batch_mode", "scale", "precision", "nodes", "seq_len"]
 
@@ -63,8 +68,21 @@ def _panel(sub: pd.DataFrame) -> pd.DataFrame:
     sub["_label"] = sub["strategy"] + config.where(several, "").map(
         lambda s: f" · {s}" if s else ""
     )
-    sub["_marks"] = [marks(r) for r in sub.itertuples(index=False)]
+    sub["_marks"] = [_wrap(marks(r)) for r in sub.itertuples(index=False)]
     return sub
+
+
+def _wrap(text: str) -> str:
+    """Marks longer than MARKS_LINE characters on two lines, split between words, so a flagged
+    cell does not widen every panel."""
+    if len(text) <= MARKS_LINE or " · " not in text:
+        return text
+    parts = text.split(" · ")
+    for i in range(len(parts) - 1, 0, -1):
+        first = " · ".join(parts[:i])
+        if len(first) <= MARKS_LINE:
+            return f"{first} ·\n{' · '.join(parts[i:])}"
+    return f"{parts[0]} ·\n{' · '.join(parts[1:])}"
 
 
 @figure("ranking", data=_ranking, row=("model", "dataset"), col=("world_size",))
@@ -74,7 +92,7 @@ def draw_ranking(d: pd.DataFrame, kind: Kind) -> Figure:
     colours = palette(d["strategy"], "strategy")
     mfu = bool(d["mfu_mean"].notna().any())
     longest_label = max(p["_label"].str.len().max() for _, p in panels)
-    longest_marks = max(p["_marks"].str.len().max() for _, p in panels)
+    longest_marks = max(len(line) for _, p in panels for m in p["_marks"] for line in m.split("\n"))
     label_w = 0.3 + 0.062 * longest_label
     marks_w = 0.25 + 0.056 * longest_marks
     panel_w = label_w + PLOT_W + marks_w
@@ -84,7 +102,7 @@ def draw_ranking(d: pd.DataFrame, kind: Kind) -> Figure:
     plot_h = ROW_H * (n_max + 0.6)
     top_h = TITLE_H + (MFU_H if mfu else 0.0)
     cell_h = top_h + plot_h + XLABEL_H
-    head = 0.6  # the figure's title and its legend
+    head = 0.5  # the figure's title and its legend
     width = ncols * panel_w + (ncols - 1) * GAP_W + 0.2
     height = head + nrows * cell_h
     fig = Figure(figsize=(width, height))
@@ -111,7 +129,7 @@ def draw_ranking(d: pd.DataFrame, kind: Kind) -> Figure:
     fig.legend(
         handles=handles,
         loc="upper left",
-        bbox_to_anchor=(0.1 / width, 1 - 0.34 / height),
+        bbox_to_anchor=(0.1 / width, 1 - 0.32 / height),
         ncol=len(handles),
         frameon=False,
         fontsize=8,
@@ -159,6 +177,8 @@ def _draw_panel(ax, p: pd.DataFrame, colours: dict, mfu: bool) -> None:
             tick.set_fontweight("bold")
     ax.set_xlim(0, float(np.nanmax(x + ci)) * 1.06 or 1.0)
     ax.set_xlabel(p["unit"].iloc[0] + " (steady, all workers)")
+    ax.xaxis.set_major_locator(MaxNLocator(TICKS))
+    ax.xaxis.set_major_formatter(EngFormatter(sep=" "))
     ax.grid(axis="y", visible=False)
     beside = blended_transform_factory(ax.transAxes, ax.transData)
     for yi, text, fastest in zip(y, p["_marks"], p["fastest"], strict=True):
@@ -169,7 +189,8 @@ def _draw_panel(ax, p: pd.DataFrame, colours: dict, mfu: bool) -> None:
             transform=beside,
             ha="left",
             va="center",
-            fontsize=8,
+            fontsize=8 if "\n" not in text else 7.2,
+            linespacing=1.0,
             color="0.15" if fastest else "0.35",
             fontweight="bold" if fastest else "normal",
         )
@@ -203,4 +224,5 @@ def _draw_panel(ax, p: pd.DataFrame, colours: dict, mfu: bool) -> None:
     twin.set_xlim(0, float(np.nanmax(m + mci)) * 1.1 if have.any() else 1.0)
     twin.set_xlabel("MFU % (model FLOPs / peak)", fontsize=8, labelpad=2)
     twin.tick_params(axis="x", labelsize=7.5, pad=1)
+    twin.xaxis.set_major_locator(MaxNLocator(TICKS))
     ax.set_ylim(len(p) - 0.4, -0.6)

@@ -131,12 +131,11 @@ def shown(kind: Kind, study: Study) -> tuple[pd.DataFrame | str, str | None]:
     # and dataset where the study has one of each
     named = [k for k in keys if d[k].nunique() > 1] or keys[-1:]
     which = [
-        f"{' · '.join(label(k, v) for k, v in zip(named, row[:-1], strict=True))} "
-        f"({_values(pd.Series([row[-1]]))})"
-        for row in gone[[*named, kind.axis]].head(4).itertuples(index=False)
+        " · ".join(label(k, v) for k, v in zip(named, row, strict=True))
+        for row in gone[named].head(3).itertuples(index=False)
     ]
     n = len(gone)
-    more = f" and {n - 4} more" if n > 4 else ""
-    return d[keep], (
-        f"{n} panel{'s' if n > 1 else ''} with one {name} left out: {', '.join(which)}{more}"
-    )
+    more = f" and {n - 3} more" if n > 3 else ""
+    return d[
+        keep
+    ], f"{n} panel{'s' if n > 1 else ''} with one {name} left out: {', '.join(which)}{more}"

@@ -37,6 +37,7 @@ PNG = b"\x89PNG\r\n\x1a\n"
 #: The figures a study must have, held here and not read from reports/figures.yaml, so that a
 #: figure dropped from the registry (and so from every loop over it) fails a test.
 FIGURES = (
+    "ranking",
     "throughput",
     "speedup",
     "efficiency",
@@ -83,13 +84,20 @@ def rich_study(runs: Path) -> list[Path]:
                                 data_wait=0.15 if workers == 2 else 0.02,  # N=2: input-bound
                             )
                             paths.append(write(runs, s, rec))
+    for r in range(2):  # N = 4 in one configuration: the heat map has two N > 1 to show
+        s = spec_for("torch-ddp", 4, repeat=r)
+        t = 0.5 / 4**0.8 * (1 + 0.05 * r)
+        paths.append(write(runs, s, ok_record(s, [t, t * 1.02], first=t * 1.5)))
     s = spec_for("torch-ddp", 2, repeat=2)
     paths.append(write(runs, s, failed_record(s, "failed", f"RuntimeError: {XSS}\nTraceback")))
     bad = runs / "strategy~torch" / "corrupt" / "metrics.json"
     bad.parent.mkdir(parents=True)
     bad.write_text('{"schema": "trainscale.metrics/1", "status": "ok"')
-    bench = runs.parent / "collectives" / "backend~gloo" / "workers~2" / "nodes~1.json"
-    fake_collectives(bench, {2**k: [1e-4 * k, 2e-4 * k, 3e-4 * k] for k in range(10, 14)})
+    for w in (2, 4):
+        bench = runs.parent / "collectives" / "backend~gloo" / f"workers~{w}" / "nodes~1.json"
+        fake_collectives(
+            bench, {2**k: [1e-4 * k, 2e-4 * k, 3e-4 * k] for k in range(10, 14)}, workers=w
+        )
     return paths
 
 
@@ -115,8 +123,8 @@ def test_cli_writes_tables_figures_and_report(built):
     out, study = built
     for f in ("runs.csv", "epochs.csv", "scaling.csv", "invalid.csv", "summary.txt", "report.html"):
         assert (out / f).stat().st_size > 0, f
-    assert len(study.runs) == 2 * 2 * 2 * 2 + 2 * 2 * 2 * 2 * 2 + 1  # torch + ddp + failed
-    assert len(study.scaling) == 8 + 16
+    assert len(study.runs) == 2 * 2 * 2 * 2 + 2 * 2 * 2 * 2 * 2 + 2 + 1  # torch, ddp, N=4, failed
+    assert len(study.scaling) == 8 + 16 + 1
     assert [Path(p).parent.name for p, _ in study.invalid] == ["corrupt"]
     summary = (out / "summary.txt").read_text()
     assert "invalid metrics files (not counted)" in summary and "corrupt" in summary
@@ -186,7 +194,7 @@ def test_every_line_fits_its_facet(built):
             continue  # images, not lines
         fig = kind.draw(d, kind)
         for ax in fig.axes:
-            lo, hi = ax.get_ylim()
+            lo, hi = sorted(ax.get_ylim())  # the ranking's y axis runs top down
             for ys in _data_ys(ax):
                 ys = [y for y in ys if y == y]
                 if ys:
@@ -219,24 +227,35 @@ def test_absent_data_gives_a_note_image_not_an_empty_plot(tmp_path):
     notes = {n: d.note for n, d in drawn.items()}
     absent = {n for n, note in notes.items() if note}
     assert absent == {
+        "ranking",  # one strategy at each N: nothing to rank
         "speedup",
         "efficiency",
         "efficiency_heatmap",
+        "epoch_time",  # torch at N = 1 only, torch-ddp at N = 2 only
         "throughput_scale",
         "throughput_batch",
+        "accuracy",
         "busbw",
     }
     assert "no N=1 run of torch-ddp" in notes["speedup"]
     assert "no all-reduce benchmark ran" in notes["busbw"]
-    assert "more than one dataset scale" in notes["throughput_scale"]
+    assert notes["throughput_scale"].endswith("dataset scale was not varied: 1 only")
+    assert notes["accuracy"].endswith("batch size was not varied: 64 only")
+    assert "no panel has more than one workers N (1, 2 in different panels)" in notes["epoch_time"]
+    assert "strategy" in notes["ranking"]
     for name in FIGURES:
         svg = (tmp_path / "figures" / f"{name}.svg").read_text()
         assert ET.fromstring(svg).tag.endswith("svg")  # report.svg: true writes SVG as well
         assert (tmp_path / "figures" / f"{name}.png").read_bytes().startswith(PNG)
         assert ("no data in this study" in svg) == (name in absent), name
     page = report.render_html(report.context(study, tmp_path / "figures", drawn))
+    # left out of the page: one line lists them with their reasons, and no <figure> shows them
+    line = re.search(r'<p class="left-out"[^>]*>(.*?)</p>', page, re.S).group(1)
     for name in absent:
-        assert f"Not drawn: {html.escape(notes[name])}" in page
+        title, why = figures.FIGURES[name]["title"], notes[name].split(": ", 1)[1]
+        assert html.escape(f"{title} ({why})") in line, name
+        assert f'id="figure-{name}"' not in page
+    assert len(re.findall(r'<figure id="figure-', page)) == len(FIGURES) - len(absent)
     nothing = Study.build([])
     assert all(figures.why_absent(n, nothing) for n in FIGURES)
 
@@ -485,10 +504,10 @@ def test_snakemake_reports_copied_results_without_training(tmp_path):
     summary = (results / "summary.txt").read_text()
     assert "invalid metrics files (not counted)" in summary and runs[-1].path in summary
     assert (results / "scaling.csv").exists()
-    # one batch size and one scale: these two have no data, and say so; every other figure
-    # (busbw too: the workflow ran the all-reduce benchmark for N = 2) must be a drawing, not
-    # the "no data" placeholder
-    absent = {"throughput_scale", "throughput_batch"}
+    # one batch size, one scale and one N > 1: these have nothing to show, and say so; every
+    # other figure (busbw too: the workflow ran the all-reduce benchmark for N = 2) must be a
+    # drawing, not the "no data" placeholder
+    absent = {"throughput_scale", "throughput_batch", "accuracy", "efficiency_heatmap"}
     for name in FIGURES:
         svg = (results / "figures" / f"{name}.svg").read_text()
         assert ("no data in this study" in svg) == (name in absent), name
@@ -515,6 +534,8 @@ def test_report_shows_the_communication_model(built):
     assert 'id="communication"' in page and "Communication: predicted" in page
     comm = study.communication
     assert len(comm) and set(comm["strategy"]) == {"torch-ddp"}
+    assert comm.loc[comm["world_size"] == 4, "predicted_comm_seconds"].notna().all()
+    comm = comm[comm["world_size"] == 2]
     # S = 1000 params × 4 = 4000 B, between the 2048 B (t_p50 2.2 ms) and 4096 B (2.4 ms) sizes
     b2, b4 = 2048 / 2.2e-3, 4096 / 2.4e-3
     bw = b2 + (b4 - b2) * (math.log2(4000) - 11)

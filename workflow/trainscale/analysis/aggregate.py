@@ -46,6 +46,12 @@ once (in `trainscale.analysis.cells` and, for communication.csv, `trainscale.ana
   is the best cell of another strategy, and `distinct` says whether their 95% CIs are disjoint.
   Cells on logical CPU devices (`device.logical`) are never ranked: a code-path check. Predicted
   throughput (predictions.csv) is never ranked either.
+- ranking: the report's first figure, strategies ranked by throughput. Per model, dataset
+  and N, every cell with an ok run, sorted by mean steady throughput (tokens/s on token data),
+  fastest first. A cell is "not distinguishable" from the fastest when their 95% CIs overlap
+  (x_f − ci_f ≤ x + ci), else it is slower beyond doubt; "behind" is 1 − x / x_f. Logical CPU
+  devices are shown, not ranked (as in `fastest`); tf-ps carries its mark, asynchronous
+  (trainscale.analysis.ranking).
 - communication model (communication.csv): for every DDP-family cell (torch-ddp, torch-fsdp,
   deepspeed-zero0..3) with N > 1, the predicted communication seconds per optimizer step
   t_comm = v · 2(N − 1)/N · S / B. S = gradient bytes (parameters × 4; × 2 for DeepSpeed in

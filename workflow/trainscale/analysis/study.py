@@ -36,6 +36,7 @@ from trainscale.analysis.metrics_tables import (
     read_tables,
     runs_types,
 )
+from trainscale.analysis.ranking import ranking
 from trainscale.analysis.summary import summary_text
 
 #: Table name -> its file in results/<study> (and the Snakemake input/output name it goes by).
@@ -270,6 +271,13 @@ class Study:
         if not hasattr(self, "_fastest"):
             self._fastest = fastest(self.scaling)
         return self._fastest
+
+    @property
+    def ranking(self) -> pd.DataFrame:
+        """Per model, dataset and N every cell with an ok run, fastest first (analysis.ranking)."""
+        if not hasattr(self, "_ranking"):
+            self._ranking = ranking(self.scaling)
+        return self._ranking
 
 
 def study_name(runs: pd.DataFrame, default: str = "study") -> str:

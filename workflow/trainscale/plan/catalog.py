@@ -86,6 +86,7 @@ class Strategy:
     exposed_unmeasured: str | None = None  # why its runs cannot switch gradient sync off
     constraints: tuple[Constraint, ...] = ()  # its own rules, checked before the common ones
     results_note: str = ""  # what a reader must know beside its results (tf-ps: asynchronous)
+    results_mark: str = ""  # results_note in a word or two: the flag beside its rows and dots
 
 
 def pipeline_batch(batch_size: int, mode: str, world: int) -> tuple[int, int]:
@@ -373,6 +374,7 @@ STRATEGIES: dict[str, Strategy] = {
             results_note="asynchronous training (ParameterServerStrategy): each worker step "
             "applies its own gradient of global/workers samples on the parameter servers "
             "without waiting for the other workers",
+            results_mark="asynchronous",
         ),
         _row(
             "horovod-torch",

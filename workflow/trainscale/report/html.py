@@ -98,14 +98,34 @@ def _embed(png: Path) -> str:
     return "data:image/png;base64," + base64.b64encode(png.read_bytes()).decode("ascii")
 
 
-def figure_entries(figures_dir: Path | None, drawn: dict[str, Drawn]) -> list[dict]:
-    """Every figure of figures.yaml with its PNG images embedded (PNG only: SVG files, when
-    config `report.svg` writes them, stay beside the report), or the note saying why not."""
+def left_out(drawn: dict[str, Drawn]) -> list[str]:
+    """What the Figures section leaves out and why, one phrase per figure (the single line
+    under its heading): figures with nothing to show, and the panels of the others that have
+    one value on their axis (`trainscale.report.figures.registry.shown` decides both)."""
     from trainscale.report.figures import FIGURES
 
     out = []
     for name, info in FIGURES.items():
         d = drawn[name]
+        if d.note is not None:
+            why = d.note.split(": ", 1)[1] if ": " in d.note else d.note
+            out.append(f"{info['title']} ({why})")
+        elif d.left_out:
+            out.append(f"from {info['title']}, {d.left_out}")
+    return out
+
+
+def figure_entries(figures_dir: Path | None, drawn: dict[str, Drawn]) -> list[dict]:
+    """Every figure of figures.yaml that has something to show, with its PNG images embedded
+    (PNG only: SVG files, when config `report.svg` writes them, stay beside the report), or
+    the note saying why a file is missing; figures with nothing to show are in `left_out`."""
+    from trainscale.report.figures import FIGURES
+
+    out = []
+    for name, info in FIGURES.items():
+        d = drawn[name]
+        if d.note is not None:
+            continue
         entry = {
             "name": name,
             "title": info["title"],
@@ -142,6 +162,7 @@ def context(
     return {
         **(tables if tables is not None else tables_context(study, config)),
         "figures": figure_entries(Path(figures_dir) if figures_dir else None, drawn),
+        "left_out": left_out(drawn),
         "predicted": predicted,
         "compared": compared,
     }

@@ -8,13 +8,22 @@ May import: analysis and every stage below it.
 # - `registry`: the kinds (reports/figures.yaml) and the `@figure` decorator modules register with;
 # - `style`: colours (STRATEGY_COLOURS), labels and the theme;
 # - `facets`: the facet engine (grid, legend, the generic figure of error-bar lines);
-# - `select`: what a figure draws when its facets would exceed 12;
-# - `scaling`, `timing`, `throughput`, `accuracy`, `resources`: the figure kinds;
+# - `select`: what a figure draws when its panels would hold more than 8 strategies, or its
+#   facets would exceed 12;
+# - `ranking`, `scaling`, `timing`, `throughput`, `accuracy`, `resources`: the figure kinds
+#   (`ranking`, strategies ranked by throughput, is the report's first);
 # - `render`: drawing into PNG (and SVG) files, in a process pool.
 
 from __future__ import annotations
 
-from trainscale.report.figures import accuracy, resources, scaling, throughput, timing  # noqa: F401
+from trainscale.report.figures import (  # noqa: F401
+    accuracy,
+    ranking,
+    resources,
+    scaling,
+    throughput,
+    timing,
+)
 from trainscale.report.figures.registry import FIGURES, REGISTRY
 from trainscale.report.figures.render import Drawn, plan, render, render_all, why_absent
 

@@ -198,15 +198,19 @@ def lines(
     row, col = kind.row, kind.col
     used = {x, hue, *row, *col}
     style_keys = [k for k in KEYS if k not in used and k in d]
-    d["_row"] = labels(d, row)
-    d["_col"] = labels(d, col)
+    # a facet key with one value in the figure goes into its title, not into every facet's
+    # (long facet titles ran into each other)
+    const = [k for k in (*row, *col) if k in d and d[k].nunique(dropna=False) == 1]
+    d["_row"] = labels(d, [k for k in row if k not in const])
+    d["_col"] = labels(d, [k for k in col if k not in const])
+    title = kind.title
+    if const:
+        title += " — " + " · ".join(label(k, d[k].iloc[0]) for k in const)
     d["_style"] = labels(d, style_keys, only_varying=True)
     rows, cols = sorted(d["_row"].unique()), sorted(d["_col"].unique())
     if col_order:
         cols = [c for c in col_order if c in cols]
     colours = palette(d[hue], hue)
-    # hues side by side around the true x (multiplicative, so also even on log axes)
-    dodge = {v: 1 + 0.025 * (i - (len(colours) - 1) / 2) for i, v in enumerate(colours)}
     # variants in the order of their values (batch 64 before batch 128), not of their labels
     present = [k for k in style_keys if d[k].nunique(dropna=False) > 1]
     variants = list(d.sort_values(present, kind="stable")["_style"].drop_duplicates())
@@ -253,6 +257,10 @@ def lines(
         # The facet's lines as one LineCollection and its markers as one PathCollection,
         # instead of a Line2D per line (about a millisecond each to create and draw; a 432-cell
         # study draws thousands) or a scatter per marker shape (about as costly).
+        # the facet's hues side by side around the true x (multiplicative, so also even on log
+        # axes), spread over the hues it draws, not over every hue of the figure
+        here = [v for v in colours if any(hv == v for hv, _ in series)]
+        dodge = {v: 1 + 0.025 * (i - (len(here) - 1) / 2) for i, v in enumerate(here)}
         segs, seg_colours, seg_dashes, ideal_segs, ideal_colours = [], [], [], [], []
         px, py, p_paths, p_colours = [], [], [], []  # every marker of the facet
         bars = []  # every error bar of the axes, drawn as one collection
@@ -324,7 +332,7 @@ def lines(
     # freeze the row's range before the later facets' data were in it (lines ran off the top).
     for ax in axes.flat:
         ax.set_ylim(*ylim)
-    return finish(fig, kind.title, handles)
+    return finish(fig, title, handles)
 
 
 def _x_ticks(xv: np.ndarray, positions) -> tuple[float, ...]:

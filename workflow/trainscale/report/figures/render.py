@@ -1,9 +1,11 @@
 """Drawing a study's figures into files: PNG always (what report.html embeds and `snakemake
 --report` shows), SVG as well when config `report.svg` is true.
 
-A figure without data is still written, as a small image that says "no data in this study for
-<figure>: <why>", never as an empty plot. A figure with more facets than fit is drawn as the
-parts `trainscale.report.figures.select` chooses; `Drawn` says which files and why.
+A figure with nothing to show (no data, or no facet whose axis has two values: the registry's
+`shown` decides) is left out of report.html, which lists it in one line with the reason; its file
+is still written, for `snakemake --report`, as a small image that says "no data in this study
+for <figure>: <why>", never as an empty plot. A figure with more facets or lines than fit is
+drawn as the parts `trainscale.report.figures.select` chooses; `Drawn` says which files and why.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from matplotlib.figure import Figure
 
 from trainscale.analysis.aggregate import Study
 from trainscale.report.figures import select
-from trainscale.report.figures.registry import FIGURES, REGISTRY
+from trainscale.report.figures.registry import FIGURES, REGISTRY, shown
 from trainscale.report.figures.style import theme
 
 #: 96 dpi: a 3.2-inch facet is 307 pixels wide, sharp on screen and in report.html; each
@@ -34,15 +36,17 @@ PNG_COMPRESS = 1
 class Drawn:
     """What figure `name` became: `note` says why nothing was drawn (None when drawn);
     `images` are its files' stems (name, or name--model when split) with the caption's
-    sentence on what each one shows (None: the whole study)."""
+    sentence on what each one shows (None: the whole study); `left_out` says which of its
+    panels were not drawn and why (None: none)."""
 
     note: str | None
     images: tuple[tuple[str, str | None], ...]
+    left_out: str | None = None
 
 
 def why_absent(name: str, study: Study) -> str | None:
-    """Why the study has no data for figure `name`, or None when it has."""
-    d = REGISTRY[name].data(study)
+    """Why the study has nothing to show in figure `name`, or None when it has."""
+    d, _ = shown(REGISTRY[name], study)
     return d if isinstance(d, str) else None
 
 
@@ -51,13 +55,18 @@ def plan(
 ) -> tuple[Drawn, list[select.Part]]:
     """What figure `name` will be for `study`, without drawing it (report.html reads this)."""
     kind = REGISTRY[name]
-    d = kind.data(study)
+    d, left_out = shown(kind, study)
     if isinstance(d, str):
         note = f"no data in this study for {FIGURES[name]['title'].lower()}: {d}"
         return Drawn(note, ((name, None),)), []
     speed = select.speeds(study) if speed is None else speed
     parts = select.parts(d, kind, speed, highlight)
-    return Drawn(None, tuple((p.stem, p.note) for p in parts)), parts
+    images = tuple((p.stem, " ".join(filter(None, (p.note, _sentence(left_out))))) for p in parts)
+    return Drawn(None, tuple((s, n or None) for s, n in images), left_out), parts
+
+
+def _sentence(text: str | None) -> str | None:
+    return f"{text[0].upper()}{text[1:]}." if text else None
 
 
 def note_figure(text: str) -> Figure:
@@ -99,7 +108,8 @@ def render(
             save(note_figure(drawn.note), out, name, svg)
         kind = REGISTRY[name]
         for part in parts:
-            save(kind.draw(part.data, replace(kind, title=part.title)), out, part.stem, svg)
+            drawn_as = replace(part.kind or kind, title=part.title)
+            save(kind.draw(part.data, drawn_as), out, part.stem, svg)
     return drawn
 
 

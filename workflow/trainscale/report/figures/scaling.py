@@ -10,10 +10,10 @@ from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 
 from trainscale.analysis.aggregate import Study
-from trainscale.report.figures.facets import TOP, finish, grid, reference_handle
+from trainscale.report.figures.facets import reference_handle
 from trainscale.report.figures.lined import draw_lines, lines_figure
 from trainscale.report.figures.registry import Kind, figure, ok_cells
-from trainscale.report.figures.style import MAKO, labels, relative_luminance
+from trainscale.report.figures.style import MAKO, labels, palette, relative_luminance
 
 
 def scaled(study: Study) -> pd.DataFrame | str:
@@ -87,66 +87,85 @@ def _mfu(study: Study) -> pd.DataFrame | str:
 lines_figure("mfu", data=_mfu, row=("model",), col=("dataset",))
 
 
-@figure(
-    "efficiency_heatmap",
-    data=_multi_efficiency,
-    row=("model", "dataset", "scale", "precision", "nodes"),
-    col=("strategy",),
-)
+#: Inches of a heat-map cell: wide enough for "100" at 7.5 pt, tall enough for one line.
+CELL_W, CELL_H = 0.55, 0.26
+#: Rows (strategy × batch) and columns (N) of one heat map at most: beyond, it would be too
+#: small to read at the report's width, and the scaling table says the same.
+MAX_HEAT_ROWS, MAX_HEAT_COLS = 48, 16
+HEAT_ROW = ["model", "dataset", "scale", "precision", "nodes"]
+
+
+def _heatmap(study: Study) -> pd.DataFrame | str:
+    d = _multi_efficiency(study)
+    if isinstance(d, str):
+        return d
+    rows = d.groupby(HEAT_ROW)[["strategy", "batch_size", "batch_mode"]].apply(
+        lambda g: len(g.drop_duplicates())
+    )
+    cols = d.groupby(HEAT_ROW)["world_size"].nunique()
+    if rows.max() > MAX_HEAT_ROWS or cols.max() > MAX_HEAT_COLS:
+        return (
+            f"a heat map of {rows.max()} rows × {cols.max()} workers N would be too small to read "
+            "(the scaling table lists every efficiency)"
+        )
+    return d
+
+
+@figure("efficiency_heatmap", data=_heatmap, row=tuple(HEAT_ROW))
 def draw_efficiency_heatmap(d: pd.DataFrame, kind: Kind) -> Figure:
+    """One heat map per model, dataset (and scale, precision, nodes where they vary): a row per
+    strategy (and batch where it varies), a column per N > 1, every cell of a fixed size with
+    its efficiency printed in it."""
     d = d.copy()
-    # the row label is the y label of the first column, one short line per part
-    d["_row"] = labels(d, ["model", "dataset"]) + labels(
+    d["_panel"] = labels(d, ["model", "dataset"]) + labels(
         d, ["scale", "precision", "nodes"], only_varying=True
-    ).map(lambda s: f"\n{s}" if s else "")
+    ).map(lambda s: f" · {s}" if s else "")
     mode = d["batch_mode"].nunique() > 1
-    d["_batch"] = d["batch_size"].astype(str) + (
-        " " + d["batch_mode"].str.replace("per_worker", "per-worker") if mode else ""
+    batch = (
+        "batch "
+        + d["batch_size"].astype(str)
+        + (" " + d["batch_mode"].str.replace("per_worker", "per-worker") if mode else "")
     )
-    d["_order"] = d["batch_size"]
+    varied = d["batch_size"].nunique() > 1 or mode
+    d["_row"] = d["strategy"] + (" · " + batch if varied else "")
+    order = list(palette(d["strategy"], "strategy"))  # the catalog's order of strategies
+    d["_order"] = d["strategy"].map(order.index)
     d["efficiency_pct"] = 100 * d["efficiency"]
-    rows, cols = sorted(d["_row"].unique()), sorted(d["strategy"].unique())
-    nb, nn = d["_batch"].nunique(), d["world_size"].nunique()
-    ticks = 0.065 * d["_batch"].str.len().max() + 0.15  # inches of the batch labels
-    fig, axes = grid(
-        rows,
-        cols,
-        sharey=False,
-        w=max(2.0, 0.5 * nn + 0.6),
-        h=max(1.8, 0.3 * nb + 0.6),
-        side=1.1,
-        wspace=ticks + 0.15,
-        left=ticks + 0.25 + 0.18 * (d["_row"].str.count("\n").max() + 2),
-    )
+    panels = sorted(d["_panel"].unique())
+    label_w = 0.3 + 0.065 * d["_row"].str.len().max()
+    ncol = d.groupby("_panel")["world_size"].nunique().max()
+    nrow = {p: d.loc[d["_panel"] == p, "_row"].nunique() for p in panels}
+    top, gap, bottom, side = 0.55, 0.75, 0.5, 1.2
+    width = label_w + ncol * CELL_W + side
+    height = top + sum(CELL_H * n for n in nrow.values()) + gap * (len(panels) - 1) + bottom
+    fig = Figure(figsize=(width, height))
     vmax = max(100.0, float(d["efficiency_pct"].max()))
     norm = Normalize(0, vmax)
-    facets = dict(iter(d.groupby(["_row", "strategy"], sort=False)))
-    for (ri, r), (ci, c) in ((a, b) for a in enumerate(rows) for b in enumerate(cols)):
-        ax = axes[ri, ci]
-        sub = facets.get((r, c), d.iloc[0:0])
-        ax.set_title(c)
-        if sub.empty:
-            ax.axis("off")
-            ax.text(0.5, 0.5, "no N > 1 cells", ha="center", va="center", transform=ax.transAxes)
-            continue
-        order = sub.sort_values(["_order", "_batch"])["_batch"].unique()
+    y = height - top
+    for p in panels:
+        sub = d[d["_panel"] == p].sort_values(["_order", "batch_size", "_row"])
         pivot = sub.pivot_table(
-            index="_batch", columns="world_size", values="efficiency_pct", aggfunc="first"
-        ).reindex(order)
-        heat(ax, pivot, norm, annotate=pivot.size <= 80)
+            index="_row", columns="world_size", values="efficiency_pct", aggfunc="first"
+        ).reindex(sub["_row"].unique())
+        h, w = CELL_H * len(pivot), CELL_W * pivot.shape[1]
+        y -= h
+        ax = fig.add_axes((label_w / width, y / height, w / width, h / height))
+        heat(ax, pivot, norm, annotate=True)
+        ax.set_title(p, fontsize=9, loc="left")
         ax.set_xlabel("workers N")
-        ax.set_ylabel(f"{r}\nbatch size" if ci == 0 else "")
-    width, height, right, grid_h = fig.ts_box
+        y -= gap
+    bar_h = min(height - top - bottom, 2.5)
     cax = fig.add_axes(
-        [
-            (right + 0.3) / width,
-            1 - (TOP + min(grid_h, 3.0)) / height,
+        (
+            (label_w + ncol * CELL_W + 0.35) / width,
+            (height - top - bar_h) / height,
             0.14 / width,
-            min(grid_h, 3.0) / height,
-        ]
+            bar_h / height,
+        )
     )
     fig.colorbar(ScalarMappable(norm=norm, cmap=MAKO), cax=cax, label="efficiency %")
-    return finish(fig, kind.title)
+    fig.suptitle(kind.title, y=1 - 0.08 / height, va="top", fontsize=11)
+    return fig
 
 
 def heat(ax, pivot: pd.DataFrame, norm: Normalize, annotate: bool) -> None:
@@ -171,6 +190,6 @@ def heat(ax, pivot: pd.DataFrame, norm: Normalize, annotate: bool) -> None:
                     f"{v:.0f}",
                     ha="center",
                     va="center",
-                    fontsize=7,
+                    fontsize=7.5,
                     color=".15" if light else "w",
                 )

@@ -1,4 +1,10 @@
-"""Which cells a figure draws when they would not fit: at most MAX_FACETS facets a figure.
+"""Which cells a figure draws when they would not fit: at most MAX_LINES strategies in a panel
+and MAX_FACETS facets a figure.
+
+A panel whose lines are strategies and would hold more than MAX_LINES of them is drawn as one
+panel per framework family (torch, tensorflow, horovod, deepspeed: the catalog's `framework`),
+side by side, or above one another where the figure already has several columns; where a family
+still holds too many, only the fastest MAX_LINES strategies plus `report.highlight` are drawn.
 
 A figure whose facets would exceed MAX_FACETS first draws only the strategies that matter: per
 model and dataset the FASTEST few (by the best mean throughput of any of their cells) plus
@@ -10,14 +16,19 @@ says which (`Part.note`), so a reader never mistakes a selection for the whole s
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pandas as pd
 
 from trainscale.analysis.aggregate import Study
+from trainscale.plan import catalog
 from trainscale.report.figures.registry import Kind
 
 MAX_FACETS = 12
+#: Strategies (lines) in one panel at most: beyond, close colours cross and the legend outgrows it.
+MAX_LINES = 8
+#: Facet columns a figure may grow to when it splits its panels by framework family.
+MAX_COLUMNS = 4
 #: Strategies kept per model and dataset when a figure must draw fewer (tried 3, 2, 1).
 FASTEST = 3
 GROUP = ["model", "dataset"]
@@ -31,6 +42,7 @@ class Part:
     stem: str
     title: str
     note: str | None = None
+    kind: Kind | None = None  # the facets it is drawn in, where they differ from the figure's
 
 
 def speeds(study: Study) -> pd.Series:
@@ -89,18 +101,67 @@ def _reduce(
     )
 
 
+def lines_per_panel(d: pd.DataFrame, kind: Kind) -> int:
+    """The most strategies any one panel of `kind` draws `d` with."""
+    keys = [k for k in (*kind.row, *kind.col) if k in d]
+    if not keys:
+        return d["strategy"].nunique()
+    return int(d.groupby(keys, dropna=False)["strategy"].nunique().max())
+
+
+def family(strategy: str) -> str:
+    """A strategy's framework family (the catalog's `framework`); the name itself if unknown."""
+    row = catalog.STRATEGIES.get(strategy)
+    return row.framework if row else strategy
+
+
+def by_family(
+    d: pd.DataFrame, kind: Kind, speed: pd.Series, highlight: Sequence[str]
+) -> tuple[pd.DataFrame, Kind, str | None]:
+    """`d` and `kind` as drawn with at most MAX_LINES strategies a panel (the module doc), and
+    the sentence saying how; unchanged where the lines are not strategies or already fit."""
+    if kind.hue != "strategy" or "strategy" not in d or lines_per_panel(d, kind) <= MAX_LINES:
+        return d, kind, None
+    d = d.assign(family=d["strategy"].map(family))
+    cols = len(d[[k for k in kind.col if k in d]].drop_duplicates()) if kind.col else 1
+    wide = cols * d["family"].nunique() <= MAX_COLUMNS
+    kind = (
+        replace(kind, col=(*kind.col, "family"))
+        if wide
+        else replace(kind, row=(*kind.row, "family"))
+    )
+    families = ", ".join(sorted(d["family"].unique()))
+    said = (
+        f"More than {MAX_LINES} strategies in one panel: one panel per framework family "
+        f"({families})"
+    )
+    if lines_per_panel(d, kind) <= MAX_LINES:
+        return d, kind, said + "."
+    cut, kept = fastest(d, speed, MAX_LINES, highlight)
+    return (
+        cut,
+        kind,
+        (
+            f"{said}; still more in one family, so only the {MAX_LINES} fastest per model and "
+            f"dataset plus report.highlight are drawn: {', '.join(kept)}."
+        ),
+    )
+
+
 def parts(
     d: pd.DataFrame, kind: Kind, speed: pd.Series, highlight: Sequence[str] = ()
 ) -> list[Part]:
     """The images figure `kind` is drawn as: one, or one per model (see the module doc)."""
+    d, kind, lined = by_family(d, kind, speed, highlight)
     n = n_facets(d, kind)
     if n <= MAX_FACETS:
-        return [Part(d, kind.name, kind.title)]
+        return [Part(d, kind.name, kind.title, lined, kind)]
     too_many = f"{n} facets are more than {MAX_FACETS}."
     cut, said = _reduce(d, kind, speed, highlight)
     models = sorted(cut["model"].unique()) if "model" in cut else []
     if n_facets(cut, kind) <= MAX_FACETS or len(models) < 2:
-        return [Part(cut, kind.name, kind.title, f"{too_many} {said or ''}".strip())]
+        note = " ".join(filter(None, (lined, too_many, said)))
+        return [Part(cut, kind.name, kind.title, note, kind)]
     out = []
     for i, model in enumerate(models):
         sub, said = _reduce(d[d["model"] == model], kind, speed, highlight)
@@ -110,7 +171,8 @@ def parts(
                 sub,
                 kind.name if i == 0 else f"{kind.name}--{model}",
                 f"{kind.title}: {model}",
-                f"{note} {said or ''}".strip(),
+                " ".join(filter(None, (lined, note, said))),
+                kind,
             )
         )
     return out

@@ -117,6 +117,8 @@ def label(key: str, value) -> str:
         return "per-worker batch" if value == "per_worker" else "global batch"
     if key == "nodes":
         return f"{value} node" + ("s" if value != 1 else "")
+    if key == "family":
+        return f"{value} family"
     return str(value)
 
 

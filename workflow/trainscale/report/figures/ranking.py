@@ -1,0 +1,228 @@
+"""The report's first figure, "Strategies ranked by throughput": which strategy is fastest for
+each model, dataset and N, and by how much, at a glance.
+
+One panel per (model, dataset, N), wrapped two to a row: a horizontal dot plot of the cells
+(`trainscale.analysis.ranking`) sorted by mean steady throughput, fastest on top, with 95% CI
+bars and the fastest's CI as a grey band, so a cell whose bar reaches the band is "not
+distinguishable" from it, as its mark says. MFU is a second, hollow dot per cell on the top
+axis. Rows are a fixed height, so 20 strategies stay as legible as 3.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+from matplotlib.ticker import EngFormatter, MaxNLocator
+from matplotlib.transforms import blended_transform_factory
+
+from trainscale.analysis.aggregate import Study, human
+from trainscale.report.figures.registry import Kind, figure
+from trainscale.report.figures.style import label, labels, palette
+
+#: Inches: a cell's row, the plot's width, and the space around a panel.
+ROW_H, PLOT_W = 0.26, 3.3
+TITLE_H, XLABEL_H, MFU_H, GAP_W = 0.3, 0.5, 0.42, 0.35
+#: Panels side by side at most: two 7-inch panels fill the report's width.
+WRAP = 2
+#: Characters of marks on one line at most (longer ones wrap).
+MARKS_LINE = 30
+#: Tick values on an axis at most: 5 stay apart at 3.3 inches, in engineering notation.
+TICKS = 5
+#: Cell keys that may tell two rows of one strategy apart (the rest are the panel's).
+CONFIG = ["batch_size", "batch_mode", "scale", "precision", "nodes", "seq_len"]
+
+
+def _ranking(study: Study) -> pd.DataFrame | str:
+    r = study.ranking
+    if not len(study.scaling) or not (study.scaling["ok"] > 0).any():
+        return "the study has no ok run"
+    return r if len(r) else "no ok run recorded a throughput"
+
+
+def marks(r) -> str:
+    """The words beside a row: its place against the fastest and the flags the tables give it."""
+    if r.logical:
+        words = ["logical devices, not ranked"]
+    elif r.fastest:
+        words = ["fastest"]
+    else:
+        words = [f"−{human(100 * r.behind, digits=2)} %"]
+        if r.distinguishable is False:
+            words.append("not distinguishable")
+    if r.mark:
+        words.append(r.mark)
+    if r.oversubscribed:
+        words.append("oversubscribed")
+    return " · ".join(words)
+
+
+def _panel(sub: pd.DataFrame) -> pd.DataFrame:
+    """A panel's rows, fastest first, with their label and marks."""
+    sub = sub.sort_values("rate_mean", ascending=False, kind="stable").copy()
+    # what tells a strategy's cells apart, named only where it has several (batch 64, 256)
+    config = labels(sub, [k for k in CONFIG if k in sub], only_varying=True)
+    several = sub["strategy"].duplicated(keep=False)
+    sub["_label"] = sub["strategy"] + config.where(several, "").map(
+        lambda s: f" · {s}" if s else ""
+    )
+    sub["_marks"] = [_wrap(marks(r)) for r in sub.itertuples(index=False)]
+    return sub
+
+
+def _wrap(text: str) -> str:
+    """Marks longer than MARKS_LINE characters on two lines, split between words, so a flagged
+    cell does not widen every panel."""
+    if len(text) <= MARKS_LINE or " · " not in text:
+        return text
+    parts = text.split(" · ")
+    for i in range(len(parts) - 1, 0, -1):
+        first = " · ".join(parts[:i])
+        if len(first) <= MARKS_LINE:
+            return f"{first} ·\n{' · '.join(parts[i:])}"
+    return f"{parts[0]} ·\n{' · '.join(parts[1:])}"
+
+
+@figure("ranking", data=_ranking, row=("model", "dataset"), col=("world_size",))
+def draw_ranking(d: pd.DataFrame, kind: Kind) -> Figure:
+    keys = ["model", "dataset", "world_size"]
+    panels = [(k, _panel(g)) for k, g in d.groupby(keys, sort=True)]
+    colours = palette(d["strategy"], "strategy")
+    mfu = bool(d["mfu_mean"].notna().any())
+    longest_label = max(p["_label"].str.len().max() for _, p in panels)
+    longest_marks = max(len(line) for _, p in panels for m in p["_marks"] for line in m.split("\n"))
+    label_w = 0.3 + 0.062 * longest_label
+    marks_w = 0.25 + 0.056 * longest_marks
+    panel_w = label_w + PLOT_W + marks_w
+    ncols = min(WRAP, len(panels))
+    nrows = -(-len(panels) // ncols)
+    n_max = max(len(p) for _, p in panels)
+    plot_h = ROW_H * (n_max + 0.6)
+    top_h = TITLE_H + (MFU_H if mfu else 0.0)
+    cell_h = top_h + plot_h + XLABEL_H
+    head = 0.5  # the figure's title and its legend
+    width = ncols * panel_w + (ncols - 1) * GAP_W + 0.2
+    height = head + nrows * cell_h
+    fig = Figure(figsize=(width, height))
+    for i, (key, p) in enumerate(panels):
+        r, c = divmod(i, ncols)
+        left = 0.1 + c * (panel_w + GAP_W) + label_w
+        bottom = height - head - r * cell_h - top_h - plot_h
+        ax = fig.add_axes((left / width, bottom / height, PLOT_W / width, plot_h / height))
+        _draw_panel(ax, p, colours, mfu)
+        model, dataset, n = key
+        pad = 22 if mfu else 6
+        ax.set_title(f"{model} · {dataset} · {label('world_size', n)}", pad=pad, fontsize=9.5)
+    fig.suptitle(kind.title, x=0.1 / width, ha="left", y=1 - 0.08 / height, va="top", fontsize=11)
+    handles = [
+        Line2D(
+            [], [], color="0.3", marker="o", linestyle="-", label="mean steady throughput, 95% CI"
+        ),
+        Patch(facecolor="0.88", edgecolor="none", label="the fastest's 95% CI"),
+    ]
+    if mfu:
+        handles.append(_dot("D", "none", "MFU (top axis)"))
+    if d["logical"].any():
+        handles.append(_dot("o", "white", "logical devices (not ranked)"))
+    fig.legend(
+        handles=handles,
+        loc="upper left",
+        bbox_to_anchor=(0.1 / width, 1 - 0.32 / height),
+        ncol=len(handles),
+        frameon=False,
+        fontsize=8,
+        handlelength=1.6,
+        columnspacing=1.6,
+        borderaxespad=0,
+    )
+    return fig
+
+
+def _dot(marker: str, face: str, text: str) -> Line2D:
+    return Line2D(
+        [], [], color="0.3", marker=marker, markerfacecolor=face, linestyle="none", label=text
+    )
+
+
+def _draw_panel(ax, p: pd.DataFrame, colours: dict, mfu: bool) -> None:
+    """One panel: dots with CI bars, the fastest's band, labels on the left, marks on the right,
+    and MFU on a twin top axis."""
+    y = np.arange(len(p))
+    x, ci = p["rate_mean"].to_numpy(float), p["rate_ci95"].to_numpy(float)
+    ci = np.where(np.isfinite(ci), ci, 0.0)
+    cols = np.array([colours[s] for s in p["strategy"]])
+    top = p[p["fastest"]]
+    if len(top) and np.isfinite(top["rate_ci95"].iloc[0]):  # the band a tie would reach
+        f = top.iloc[0]
+        ax.axvspan(f.rate_mean - f.rate_ci95, f.rate_mean + f.rate_ci95, color="0.88", lw=0)
+    ax.hlines(y, x - ci, x + ci, colors=cols, linewidth=1.6, zorder=2)
+    logical = p["logical"].to_numpy(bool)
+    ax.scatter(x, y, s=34, c=cols, edgecolors=cols, linewidths=1.2, zorder=3)
+    if logical.any():
+        ax.scatter(
+            x[logical],
+            y[logical],
+            s=34,
+            facecolors="white",
+            edgecolors=cols[logical],
+            linewidths=1.2,
+            zorder=3.1,
+        )
+    ax.set_ylim(len(p) - 0.4, -0.6)
+    ax.set_yticks(y, list(p["_label"]))
+    for tick, fastest in zip(ax.get_yticklabels(), p["fastest"], strict=True):
+        if fastest:
+            tick.set_fontweight("bold")
+    ax.set_xlim(0, float(np.nanmax(x + ci)) * 1.06 or 1.0)
+    ax.set_xlabel(p["unit"].iloc[0] + " (steady, all workers)")
+    ax.xaxis.set_major_locator(MaxNLocator(TICKS))
+    ax.xaxis.set_major_formatter(EngFormatter(sep=" "))
+    ax.grid(axis="y", visible=False)
+    beside = blended_transform_factory(ax.transAxes, ax.transData)
+    for yi, text, fastest in zip(y, p["_marks"], p["fastest"], strict=True):
+        ax.text(
+            1.02,
+            yi,
+            text,
+            transform=beside,
+            ha="left",
+            va="center",
+            fontsize=8 if "\n" not in text else 7.2,
+            linespacing=1.0,
+            color="0.15" if fastest else "0.35",
+            fontweight="bold" if fastest else "normal",
+        )
+    if not mfu:
+        return
+    m = 100 * p["mfu_mean"].to_numpy(float)
+    mci = 100 * p["mfu_ci95"].to_numpy(float)
+    mci = np.where(np.isfinite(mci), mci, 0.0)
+    twin = ax.twiny()
+    twin.grid(False)
+    have = np.isfinite(m)
+    ym = y + 0.3
+    twin.hlines(
+        ym[have],
+        (m - mci)[have],
+        (m + mci)[have],
+        colors=cols[have],
+        linewidth=0.8,
+        alpha=0.8,
+    )
+    twin.scatter(
+        m[have],
+        ym[have],
+        s=18,
+        marker="D",
+        facecolors="none",
+        edgecolors=cols[have],
+        linewidths=1.0,
+        zorder=3,
+    )
+    twin.set_xlim(0, float(np.nanmax(m + mci)) * 1.1 if have.any() else 1.0)
+    twin.set_xlabel("MFU % (model FLOPs / peak)", fontsize=8, labelpad=2)
+    twin.tick_params(axis="x", labelsize=7.5, pad=1)
+    twin.xaxis.set_major_locator(MaxNLocator(TICKS))
+    ax.set_ylim(len(p) - 0.4, -0.6)

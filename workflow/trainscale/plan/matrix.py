@@ -19,7 +19,14 @@ from pathlib import Path
 from trainscale import data
 from trainscale.data import imagecheck, imagesets, tokens, tokensets
 from trainscale.plan import catalog, own_models, speed_options
-from trainscale.plan.runspec import MATRIX_KEYS, ConfigError, Dropped, Fault, RunSpec
+from trainscale.plan.runspec import (
+    DIVERGE_LR,
+    MATRIX_KEYS,
+    ConfigError,
+    Dropped,
+    Fault,
+    RunSpec,
+)
 
 #: Tokens per window when matrix.seq_len is not given (the schema's default).
 DEFAULT_SEQ_LEN = 256
@@ -239,12 +246,14 @@ def build_runs(config: dict, accelerator: str = "cpu") -> tuple[list[RunSpec], l
         )
         faults = config.get("faults", [])
         for repeat in range(config["repeats"]):
+            fault = fault_for(values, repeat, faults)
+            planted = {"lr": DIVERGE_LR} if fault and fault.kind == "diverge" else {}
             runs.append(
                 RunSpec(
-                    **cell,
+                    **{**cell, **planted},
                     repeat=repeat,
                     seed=config["seed"] + repeat,
-                    fault=fault_for(values, repeat, faults),
+                    fault=fault,
                 )
             )
     if not runs:

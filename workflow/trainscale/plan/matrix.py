@@ -201,6 +201,7 @@ def build_runs(config: dict, accelerator: str = "cpu") -> tuple[list[RunSpec], l
         if reason:
             dropped.append(Dropped(values, reason))
             continue
+        _short_of_shards(values, config, world, gbs, pwbs)
         lr = effective_lr(opt["lr"], config["lr_scaling"], gbs, config["base_batch_size"])
         framework = catalog.STRATEGIES[values["strategy"]].framework
         is_ds = framework == "deepspeed"
@@ -297,6 +298,32 @@ def _short_of_tokens(values: dict, info: data.DatasetInfo, world: int, batch: in
     if reason and values["dataset"] not in data.DATASETS:
         raise ConfigError(f"datasets.{values['dataset']}.train: {reason}")
     return reason
+
+
+def _short_of_shards(values: dict, config: dict, world: int, gbs: int, pwbs: int) -> None:
+    """A ConfigError, before any job, where a WebDataset's train shards give some rank of the
+    cell no full batch (imagesets.short_of_shards, the loaders' own test). It stops the study
+    rather than dropping the cell, as a token file too small does (_short_of_tokens): both are
+    the user's files, and a cell the user asked for never goes missing quietly; the message
+    names the cell, so matrix.exclude or a smaller workers list resolves it."""
+    entry = (config.get("datasets") or {}).get(values["dataset"]) or {}
+    if entry.get("format") != "webdataset" or values["dataset"] in data.DATASETS:
+        return
+    strategy = catalog.STRATEGIES[values["strategy"]]
+    loaders = config.get("loader_workers", 0) if strategy.runtime == "torch" else 0  # tf.data
+    if values["strategy"] == "torch-pipeline" or (
+        strategy.runtime == "tensorflow" and strategy.framework != "horovod"
+    ):  # one reader of global batches (a pipeline's stages, a tf.distribute process)
+        ranks, batch = 1, gbs
+    else:  # every worker reads its own shards (torch's ranks, Horovod's Keras workers)
+        ranks, batch = world, pwbs
+    why = imagesets.short_of_shards(entry["train"], ranks, loaders, batch)
+    if why:
+        cell = ", ".join(f"{k}={values[k]}" for k in ("strategy", "workers", "nodes", "batch_size"))
+        raise ConfigError(
+            f"datasets.{values['dataset']}.train: {why} (cell {cell}); or leave the cell out "
+            "with matrix.exclude"
+        )
 
 
 def _too_few_steps(

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from trainscale import data
 from trainscale.data import imagecheck, imagesets, tokens, tokensets
-from trainscale.plan import catalog, own_models, speed_options
+from trainscale.plan import catalog, datafit, own_models, speed_options
 from trainscale.plan.runspec import (
     DIVERGE_LR,
     MATRIX_KEYS,
@@ -196,12 +196,12 @@ def build_runs(config: dict, accelerator: str = "cpu") -> tuple[list[RunSpec], l
         have = samples or info.train_samples
         if values["seq_len"] and not info.synthetic:  # a token file: windows of seq_len ids
             have = tokens.window_count(info.train_samples, values["seq_len"])
-            reason = _short_of_tokens(values, info, world, pwbs)
-        reason = reason or _too_few_steps(values, have, world, pwbs, limit)
+            reason = datafit.short_of_tokens(values, info, world, pwbs)
+        reason = reason or datafit.too_few_steps(values, have, world, pwbs, limit)
         if reason:
             dropped.append(Dropped(values, reason))
             continue
-        _short_of_shards(values, config, world, gbs, pwbs)
+        datafit.check_shards(values, config, world, gbs, pwbs)
         lr = effective_lr(opt["lr"], config["lr_scaling"], gbs, config["base_batch_size"])
         framework = catalog.STRATEGIES[values["strategy"]].framework
         is_ds = framework == "deepspeed"
@@ -287,61 +287,6 @@ def _info(values: dict, config: dict) -> data.DatasetInfo:
     if values["seq_len"]:
         return tokensets.info(name, tokensets.source_of(name, config), values["seq_len"])
     return imagesets.info(name, config)
-
-
-def _short_of_tokens(values: dict, info: data.DatasetInfo, world: int, batch: int) -> str | None:
-    """Why the cell's ranks do not each get one full batch of windows of a token file (a
-    dropped cell's reason for a built-in set); for the user's files a ConfigError naming the
-    key, before any job."""
-    ranks = 1 if values["strategy"] == "torch-pipeline" else world
-    reason = tokensets.short(values["dataset"], info, values["seq_len"], ranks, batch)
-    if reason and values["dataset"] not in data.DATASETS:
-        raise ConfigError(f"datasets.{values['dataset']}.train: {reason}")
-    return reason
-
-
-def _short_of_shards(values: dict, config: dict, world: int, gbs: int, pwbs: int) -> None:
-    """A ConfigError, before any job, where a WebDataset's train shards give some rank of the
-    cell no full batch (imagesets.short_of_shards, the loaders' own test). It stops the study
-    rather than dropping the cell, as a token file too small does (_short_of_tokens): both are
-    the user's files, and a cell the user asked for never goes missing quietly; the message
-    names the cell, so matrix.exclude or a smaller workers list resolves it."""
-    entry = (config.get("datasets") or {}).get(values["dataset"]) or {}
-    if entry.get("format") != "webdataset" or values["dataset"] in data.DATASETS:
-        return
-    strategy = catalog.STRATEGIES[values["strategy"]]
-    loaders = config.get("loader_workers", 0) if strategy.runtime == "torch" else 0  # tf.data
-    if values["strategy"] == "torch-pipeline" or (
-        strategy.runtime == "tensorflow" and strategy.framework != "horovod"
-    ):  # one reader of global batches (a pipeline's stages, a tf.distribute process)
-        ranks, batch = 1, gbs
-    else:  # every worker reads its own shards (torch's ranks, Horovod's Keras workers)
-        ranks, batch = world, pwbs
-    why = imagesets.short_of_shards(entry["train"], ranks, loaders, batch)
-    if why:
-        cell = ", ".join(f"{k}={values[k]}" for k in ("strategy", "workers", "nodes", "batch_size"))
-        raise ConfigError(
-            f"datasets.{values['dataset']}.train: {why} (cell {cell}); or leave the cell out "
-            "with matrix.exclude"
-        )
-
-
-def _too_few_steps(
-    values: dict, samples: int, world: int, per_worker_batch: int, limit: int | None
-) -> str | None:
-    """Why a cell cannot run `steps_per_epoch` steps per epoch (its data set, scaled, has fewer
-    batches), or None. A cell that ran fewer steps than the others would time something else."""
-    if limit is None:
-        return None
-    n = samples * values["scale"]
-    ranks = 1 if values["strategy"] == "torch-pipeline" else world
-    full = n // ranks // per_worker_batch
-    if full >= limit:
-        return None
-    return (
-        f"steps_per_epoch {limit} is more than the {full} steps one epoch of "
-        f"{values['dataset']} has at this batch (raise scale or samples, or lower steps_per_epoch)"
-    )
 
 
 def summary(runs: list[RunSpec], dropped: list[Dropped]) -> str:

@@ -204,6 +204,7 @@ def test_user_data_sets_become_run_specs_and_paths_stay_as_they_were(tmp_path):
         ["mine", "shards", "digits"],
         loader_workers=2,
     )
+    cfg["matrix"]["batch_size"] = [4]  # 8 shards of 6 images feed 2 ranks × 2 loaders
     assert imagecheck.problems(cfg) == []
     runs, _ = matrix.build_runs(validated(cfg))
     by = {r.dataset: r for r in runs}
@@ -212,7 +213,7 @@ def test_user_data_sets_become_run_specs_and_paths_stay_as_they_were(tmp_path):
     assert by["shards"].loader_workers == 2 and by["digits"].loader_workers == 0
     assert by["digits"].image_source is None and by["digits"].image_size is None
     assert by["digits"].path.endswith(
-        "dataset~digits/scale~1/batch_size~128/batch_mode~global/"
+        "dataset~digits/scale~1/batch_size~4/batch_mode~global/"
         "workers~2/nodes~1/precision~fp32/repeat~0"
     )
     for r in runs:
@@ -304,6 +305,41 @@ def test_a_bad_data_set_stops_snakemake_before_any_job(tmp_path):
     assert p.returncode != 0
     assert "datasets.mine.train: folder" in p.stderr + p.stdout
     assert not (tmp_path / "results").exists()
+
+
+def test_shards_that_cannot_feed_every_rank_stop_the_study_before_any_job(tmp_path):
+    """One train shard, two workers: rank 1 would get no shard. The pre-flight check applies
+    the loaders' own test per cell, names the shard count, the cell and the fix; `snakemake -n`
+    stops there. Leaving the cell out (a smaller workers list, or matrix.exclude) resolves it."""
+    write_both(tmp_path, *indexed_images(12), shard=12)
+    entry = {**shard_entry(tmp_path), "train": str(tmp_path / "webdataset" / "train-*.tar")}
+    cfg = study({"mine": entry}, ["mine"], loader_workers=1)
+    cfg["matrix"]["batch_size"] = [8]
+    with pytest.raises(matrix.ConfigError) as e:
+        matrix.build_runs(validated(cfg))
+    text = str(e.value)
+    assert text.startswith("datasets.mine.train: 1 shards give some rank no full batch of 4")
+    assert "strategy=torch-ddp, workers=2" in text and "fewer workers or loader_workers" in text
+    cfg["matrix"]["workers"] = [1, 2]
+    cfg["matrix"]["exclude"] = [{"workers": 2}]
+    (run,), _ = matrix.build_runs(validated(cfg))
+    assert run.workers == 1
+    cfg["matrix"].pop("exclude")
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    p = snakemake(tmp_path, "-n", "--configfile", str(path))
+    assert p.returncode != 0 and not (tmp_path / "results").exists()
+    assert "1 shards give some rank no full batch" in p.stderr + p.stdout
+
+
+def test_the_shard_check_counts_samples_only_where_shard_counts_cannot_settle_it(tmp_path):
+    write_both(tmp_path, *indexed_images(24), shard=6)  # 4 train shards of 6
+    pattern = str(tmp_path / "webdataset" / "train-*.tar")
+    assert imagesets.short_of_shards(pattern, 4, 0, 6) is None  # one shard, one batch each
+    assert "4 shards" in imagesets.short_of_shards(pattern, 4, 0, 7)  # 6 samples < 7
+    assert imagesets.short_of_shards(pattern, 2, 2, 6) is None
+    assert "8 readers" in imagesets.short_of_shards(pattern, 8, 0, 1)  # rank 4.. has none
+    assert imagesets.short_of_shards(str(tmp_path / "none-*.tar"), 2, 0, 1) is not None
 
 
 # --- metrics -----------------------------------------------------------------------------------

@@ -10,8 +10,8 @@ once (in `trainscale.analysis.cells` and, for communication.csv, `trainscale.ana
   batch_mode, workers, nodes, precision). N = world size = workers × nodes.
 - statistics over repeats: mean, sample standard deviation (n − 1) and the 95% confidence
   interval mean ± t(0.975, n − 1) · std / √n (Student's t) of each metric over the cell's ok
-  runs that have it (failed, oom and timeout runs are counted, never averaged); with one such
-  run the std and CI are empty.
+  runs that have it (failed, oom, timeout and diverged runs are counted, never averaged); with
+  one such run the std and CI are empty.
 - first-epoch overhead: first_epoch_seconds − steady_epoch_seconds of each run (what epoch 1's
   warm-up costs), then averaged like any other metric.
 - baseline X(1), t1: the cell with the same strategy, model, dataset, scale, batch_size,

@@ -19,8 +19,9 @@ trainscale.compare.references. Definitions:
 - 95% CI by Welch (--ci welch): mean log difference ± t(0.975, ν) · √(s²_base/n_base +
   s²_new/n_new), with Welch–Satterthwaite's ν; with 2 repeats a side ν ≤ 2 and t ≥ 4.3, so it
   flags only large, steady changes.
-- verdict: not comparable when the cell is missing on one side, has no ok run there (failed),
-  or fewer than 2 ok repeats (single repeat: no CI); slower when the CI's upper end is below 1
+- verdict: not comparable when the cell is missing on one side, has no ok run there (failed,
+  oom, timeout or diverged: a run whose loss went unsound is never compared), or fewer than
+  2 ok repeats (single repeat: no CI); slower when the CI's upper end is below 1
   and the ratio below 1 − threshold; faster when the CI's lower end is above 1 and the ratio
   above 1 + threshold; same otherwise.
 - accuracy change: mean test accuracy NEW − BASE, in percentage points.
@@ -150,7 +151,8 @@ def compare_cell(key: tuple, b: dict | None, n: dict | None, threshold: float, m
             return row
         if p["ok"] == 0:
             statuses = ", ".join(f"{c} {s}" for s, c in sorted(p["statuses"].items()))
-            row["reason"] = f"failed in {side} ({statuses})"
+            what = "diverged" if set(p["statuses"]) == {"diverged"} else "failed"
+            row["reason"] = f"{what} in {side} ({statuses})"
             return row
         if p["throughput"]["n"] < 2:
             row["reason"] = f"single repeat in {side}: no confidence interval"

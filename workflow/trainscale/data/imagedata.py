@@ -32,7 +32,13 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 
 from trainscale.data.imagedecode import decode_file, equal_steps, existing_shards, rank_samples
-from trainscale.data.imagesets import ImageDataError, RankRead, folder_classes, folder_files
+from trainscale.data.imagesets import (
+    ImageDataError,
+    RankRead,
+    folder_classes,
+    folder_files,
+    short_of_shards,
+)
 
 #: Batches each loader process prepares ahead (DataLoader prefetch_factor).
 PREFETCH_FACTOR = 2
@@ -137,13 +143,11 @@ def train_loader(
         return ImageLoader(loader, len(loader), sampler)
     shards = existing_shards(read.source.train)
     steps = equal_steps(shards, read.world_size, read.loader_workers, read.batch_size)
-    if steps == 0:
-        raise ImageDataError(
-            f"{read.source.train}: {len(shards)} shards give some rank no full batch of "
-            f"{read.batch_size} with {read.world_size} ranks × {max(1, read.loader_workers)} "
-            "loader processes; "
-            "write more (smaller) shards, or use fewer workers or loader_workers"
+    if steps == 0:  # the pre-flight check (plan.matrix) stops such a study before any job
+        why = short_of_shards(
+            read.source.train, read.world_size, read.loader_workers, read.batch_size
         )
+        raise ImageDataError(f"{read.source.train}: {why}")
     return _shard_loader(read, shards, seed, collate, pin_memory, steps)
 
 

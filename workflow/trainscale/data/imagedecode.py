@@ -23,11 +23,13 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from trainscale.data.imagesets import (
+from trainscale.data.imagesets import (  # noqa: F401  (equal_steps: the loaders' import)
     ImageDataError,
     RankRead,
+    equal_steps,
     expand_shards,
     pillow_error,
+    rank_worker_shards,
     shard_size,
 )
 
@@ -172,30 +174,6 @@ def existing_shards(pattern: str) -> list[str]:
             f"{pattern}); restore it or fix the pattern"
         )
     return shards
-
-
-def rank_worker_shards(
-    shards: list[str], rank: int, world_size: int, loader_workers: int
-) -> list[list[str]]:
-    """The shards each loader process of rank `rank` reads, as RankShards then
-    webdataset.split_by_worker split them (one list when loader_workers is 0)."""
-    mine = shards[rank::world_size]
-    workers = max(1, loader_workers)
-    return [mine[w::workers] for w in range(workers)]
-
-
-def equal_steps(shards: list[str], world_size: int, loader_workers: int, batch_size: int) -> int:
-    """Full batches every rank can take in one epoch: the fewest over ranks of the sum over its
-    loader processes of (their samples // batch_size). Every rank runs this many steps, so
-    none waits at an all-reduce another never reaches; the rest of an epoch is left unread."""
-    per_rank = [
-        sum(
-            sum(shard_size(s) for s in part) // batch_size
-            for part in rank_worker_shards(shards, r, world_size, loader_workers)
-        )
-        for r in range(world_size)
-    ]
-    return min(per_rank)
 
 
 def rank_samples(read: RankRead, shards: list[str], seed: int | None, **pipeline):

@@ -144,6 +144,52 @@ def shard_size(path: str) -> int:
     return len(shard_keys(path))
 
 
+def rank_worker_shards(
+    shards: list[str], rank: int, world_size: int, loader_workers: int
+) -> list[list[str]]:
+    """The shards each loader process of rank `rank` reads, as RankShards then
+    webdataset.split_by_worker split them (one list when loader_workers is 0)."""
+    mine = shards[rank::world_size]
+    workers = max(1, loader_workers)
+    return [mine[w::workers] for w in range(workers)]
+
+
+def equal_steps(shards: list[str], world_size: int, loader_workers: int, batch_size: int) -> int:
+    """Full batches every rank can take in one epoch: the fewest over ranks of the sum over its
+    loader processes of (their samples // batch_size). Every rank runs this many steps, so
+    none waits at an all-reduce another never reaches; the rest of an epoch is left unread."""
+    per_rank = [
+        sum(
+            sum(shard_size(s) for s in part) // batch_size
+            for part in rank_worker_shards(shards, r, world_size, loader_workers)
+        )
+        for r in range(world_size)
+    ]
+    return min(per_rank)
+
+
+def short_of_shards(pattern: str, ranks: int, loader_workers: int, batch: int) -> str | None:
+    """Why `ranks` ranks, each reading its shards of `pattern` through `loader_workers` loader
+    processes (webdataset's split: shards[rank::ranks], then by loader), cannot each take one
+    full batch of `batch`, or None when they can: the one test the pre-flight check (before
+    any job: trainscale.plan.matrix) and the loaders (at run time) both apply. Sizes are read
+    from the shards' tar headers only where shard counts cannot settle it: with at least
+    `batch` shards per loader process every rank has a full batch (a shard holds a sample;
+    trainscale.data.imagecheck checks that), with fewer shards than ranks some rank has none."""
+    shards = expand_shards(pattern)
+    readers = max(1, loader_workers)
+    if len(shards) >= ranks * readers * batch or not all(map(os.path.isfile, shards)):
+        return None  # enough; or a shard is missing, which imagecheck and the loaders name
+    if len(shards) >= ranks and equal_steps(shards, ranks, loader_workers, batch) > 0:
+        return None
+    return (
+        f"{len(shards)} shards give some rank no full batch of {batch} with {ranks} ranks × "
+        f"{readers} loader processes ({ranks * readers} readers, shards[rank::ranks] split "
+        "over each rank's loaders); write more (smaller) shards, or use fewer workers or "
+        "loader_workers"
+    )
+
+
 # --- config -> run spec ------------------------------------------------------------------------
 
 

@@ -63,7 +63,7 @@ import yaml
 
 import trainscale
 from trainscale.data import imagesets
-from trainscale.measure import classes, datawait, flops
+from trainscale.measure import classes, datawait, divergence, flops
 from trainscale.measure.device_usage import (  # noqa: F401  (runners call metrics.GpuMonitor)
     GpuMonitor,
 )
@@ -71,7 +71,7 @@ from trainscale.plan import catalog
 
 SCHEMA_ID = "trainscale.metrics/1"
 SCHEMA_PATH = Path(__file__).resolve().parents[2] / "schemas" / "metrics.schema.yaml"
-STATUSES = ("ok", "failed", "oom", "timeout")
+STATUSES = ("ok", "failed", "oom", "timeout", "diverged")
 
 
 class MetricsError(ValueError):
@@ -294,6 +294,12 @@ class Recorder:
         self.epochs: list[dict] = []
         #: the `communication` block a runner measured (runners/torch/exposed.py), or None
         self.communication: dict | None = None
+        #: the training losses seen so far; a divergence makes the record `diverged`
+        self.losses = divergence.LossWatch()
+
+    @property
+    def diverged(self) -> bool:
+        return self.losses.diverged is not None
 
     def training_starts(self) -> None:
         self.setup_seconds = time.perf_counter() - self.t0
@@ -345,6 +351,8 @@ class Recorder:
             rec["test"] = classes.per_class_block({"accuracy": None, "loss": None}, self.spec)
             for e in rec["epochs"]:
                 e["test_accuracy"] = e["test_loss"] = None
+        if self.losses.diverged is not None:
+            divergence.mark(rec, self.losses.diverged)
         return rec
 
 

@@ -18,8 +18,15 @@ from pathlib import Path
 
 from trainscale import data
 from trainscale.data import imagecheck, imagesets, tokens, tokensets
-from trainscale.plan import catalog, own_models, speed_options
-from trainscale.plan.runspec import MATRIX_KEYS, ConfigError, Dropped, Fault, RunSpec
+from trainscale.plan import catalog, datafit, own_models, speed_options
+from trainscale.plan.runspec import (
+    DIVERGE_LR,
+    MATRIX_KEYS,
+    ConfigError,
+    Dropped,
+    Fault,
+    RunSpec,
+)
 
 #: Tokens per window when matrix.seq_len is not given (the schema's default).
 DEFAULT_SEQ_LEN = 256
@@ -210,11 +217,12 @@ def build_runs(config: dict, accelerator: str = "cpu") -> tuple[list[RunSpec], l
         have = samples or info.train_samples
         if values["seq_len"] and not info.synthetic:  # a token file: windows of seq_len ids
             have = tokens.window_count(info.train_samples, values["seq_len"])
-            reason = _short_of_tokens(values, info, world, pwbs)
-        reason = reason or _too_few_steps(values, have, world, pwbs, limit)
+            reason = datafit.short_of_tokens(values, info, world, pwbs)
+        reason = reason or datafit.too_few_steps(values, have, world, pwbs, limit)
         if reason:
             dropped.append(Dropped(values, reason))
             continue
+        datafit.check_shards(values, config, world, gbs, pwbs)
         lr = effective_lr(opt["lr"], config["lr_scaling"], gbs, config["base_batch_size"])
         framework = catalog.STRATEGIES[values["strategy"]].framework
         is_ds = framework == "deepspeed"
@@ -260,12 +268,14 @@ def build_runs(config: dict, accelerator: str = "cpu") -> tuple[list[RunSpec], l
         )
         faults = config.get("faults", [])
         for repeat in range(config["repeats"]):
+            fault = fault_for(values, repeat, faults)
+            planted = {"lr": DIVERGE_LR} if fault and fault.kind == "diverge" else {}
             runs.append(
                 RunSpec(
-                    **cell,
+                    **{**cell, **planted},
                     repeat=repeat,
                     seed=config["seed"] + repeat,
-                    fault=fault_for(values, repeat, faults),
+                    fault=fault,
                 )
             )
     if not runs:
@@ -298,35 +308,6 @@ def _info(values: dict, config: dict) -> data.DatasetInfo:
     if values["seq_len"]:
         return tokensets.info(name, tokensets.source_of(name, config), values["seq_len"])
     return imagesets.info(name, config)
-
-
-def _short_of_tokens(values: dict, info: data.DatasetInfo, world: int, batch: int) -> str | None:
-    """Why the cell's ranks do not each get one full batch of windows of a token file (a
-    dropped cell's reason for a built-in set); for the user's files a ConfigError naming the
-    key, before any job."""
-    ranks = catalog.data_replicas(values["strategy"], world, values.get("tp", 1))
-    reason = tokensets.short(values["dataset"], info, values["seq_len"], ranks, batch)
-    if reason and values["dataset"] not in data.DATASETS:
-        raise ConfigError(f"datasets.{values['dataset']}.train: {reason}")
-    return reason
-
-
-def _too_few_steps(
-    values: dict, samples: int, world: int, per_worker_batch: int, limit: int | None
-) -> str | None:
-    """Why a cell cannot run `steps_per_epoch` steps per epoch (its data set, scaled, has fewer
-    batches), or None. A cell that ran fewer steps than the others would time something else."""
-    if limit is None:
-        return None
-    n = samples * values["scale"]
-    ranks = catalog.data_replicas(values["strategy"], world, values.get("tp", 1))
-    full = n // ranks // per_worker_batch
-    if full >= limit:
-        return None
-    return (
-        f"steps_per_epoch {limit} is more than the {full} steps one epoch of "
-        f"{values['dataset']} has at this batch (raise scale or samples, or lower steps_per_epoch)"
-    )
 
 
 def summary(runs: list[RunSpec], dropped: list[Dropped]) -> str:

@@ -41,6 +41,12 @@ class ConfigError(ValueError):
     """A config that cannot become a run set; the message names the key and the fix."""
 
 
+#: the learning rate a `diverge` fault (config `faults`) gives the runs it matches, from their
+#: first step: their loss explodes at once in every framework (fp32 Adam reaches ~1e21, SGD
+#: nan), so a study can show a diverged run beside healthy ones
+DIVERGE_LR = 1e6
+
+
 @dataclass(frozen=True)
 class Fault:
     """A fault injected on purpose (config `faults`): `kind` on rank `rank` in epoch `epoch`."""

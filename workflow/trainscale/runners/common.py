@@ -113,10 +113,15 @@ def record_epoch(
 
 
 def write_ok(out: str, result: dict, accuracy: object) -> None:
-    """Write a finished run's record and say so on stdout: the last line of every loop."""
+    """Write a finished run's record and say so on stdout: the last line of every loop. A
+    diverged run (trainscale.measure.divergence) ends here too: its record is its result."""
     metrics.write(out, result)
+    if result["status"] == "diverged":
+        print(f"trainscale: diverged: {result['error']}; wrote {out}", flush=True)
+        return
+    throughput = result["throughput"]
     print(
-        f"trainscale: ok, throughput {fmt_rate(result['throughput'])} samples/s, "
+        f"trainscale: ok, throughput {fmt_rate(throughput)} samples/s, "
         f"test accuracy {accuracy}; wrote {out}",
         flush=True,
     )
@@ -131,8 +136,8 @@ def maybe_fault(spec: RunSpec, rank: int, epoch: int) -> None:
     runner calls this half-way through each epoch, so the fault strikes mid-epoch, between
     collectives, as real ones do."""
     f = spec.fault
-    if f is None or f.rank != rank or f.epoch != epoch:
-        return
+    if f is None or f.kind == "diverge" or f.rank != rank or f.epoch != epoch:
+        return  # a planted divergence is the spec's learning rate (plan.runspec.DIVERGE_LR)
     print(f"trainscale: injecting fault {f.kind!r} on rank {rank} in epoch {epoch}", flush=True)
     if f.kind == "raise":
         raise RuntimeError(f"injected fault: rank {rank} raised in epoch {epoch}")

@@ -41,7 +41,7 @@ import tf_keras as keras  # noqa: E402
 
 from trainscale import data  # noqa: E402
 from trainscale.data import imagesets  # noqa: E402
-from trainscale.measure import datawait, metrics  # noqa: E402
+from trainscale.measure import datawait, divergence, metrics  # noqa: E402
 from trainscale.measure.device_usage import CpuUsage  # noqa: E402
 from trainscale.measure.memory import PhasePeaks  # noqa: E402
 from trainscale.models import keras_models  # noqa: E402
@@ -262,7 +262,8 @@ class EpochClock(keras.callbacks.Callback):
     one (no `_supports_tf_logs`), which waits for the step to finish; under the strategies every
     step ends in an all-reduce, so the epoch's end is synchronised across replicas and workers.
     `mid_epoch(epoch)` runs before the middle step (the fault hook); `after_epoch(epoch,
-    seconds, step_seconds, logs)` runs after the clock stops.
+    seconds, step_seconds, logs, losses)` runs after the clock stops, `losses` the loss Keras
+    logged after each step (its running mean over the epoch, already on the host).
     """
 
     def __init__(self, after_epoch, mid_epoch=None, steps: int = 0) -> None:
@@ -272,10 +273,11 @@ class EpochClock(keras.callbacks.Callback):
         self._epoch = 0
         self._t_epoch = self._t_step = 0.0
         self._steps: list[float] = []
+        self._losses: list[float] = []
 
     def on_epoch_begin(self, epoch, logs=None) -> None:
         self._epoch = epoch + 1
-        self._steps = []
+        self._steps, self._losses = [], []
         self._t_epoch = time.perf_counter()
 
     def on_train_batch_begin(self, batch, logs=None) -> None:
@@ -285,10 +287,11 @@ class EpochClock(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None) -> None:
         self._steps.append(time.perf_counter() - self._t_step)
+        self._losses.append(float((logs or {}).get("loss", np.nan)))
 
     def on_epoch_end(self, epoch, logs=None) -> None:
         seconds = time.perf_counter() - self._t_epoch
-        self.after_epoch(epoch + 1, seconds, self._steps, dict(logs or {}))
+        self.after_epoch(epoch + 1, seconds, self._steps, dict(logs or {}), self._losses)
 
 
 def phase_peaks(gpu: bool, replicas: int) -> PhasePeaks:
@@ -373,10 +376,17 @@ def run(plugin: KerasStrategy, out: str) -> None:
     test: dict[str, float | None] = {"accuracy": None, "loss": None}
     memory = phase_peaks(p.gpu, p.replicas)
 
-    def after_epoch(epoch: int, seconds: float, step_seconds: list[float], logs: dict) -> None:
+    def after_epoch(
+        epoch: int, seconds: float, step_seconds: list[float], logs: dict, logged: list[float]
+    ) -> None:
         wait = waits.take()
         ranks = [r[0] for r, _ in plugin.gather([wait], metrics.hostname())]
         train_loss = plugin.mean_over_workers(float(logs["loss"]))
+        if diverged(epoch, divergence.step_losses(logged)):
+            model.stop_training = True  # after this epoch, on every worker alike
+            if p.rank == 0:
+                print(f"epoch {epoch}/{spec.epochs}: {rec.losses.diverged.message()}", flush=True)
+            return  # not recorded: its figures are of steps that trained nothing
         scored = None
         if evaluates(spec, synthetic, epoch):
             # every worker evaluates: under the strategies evaluation is collective
@@ -388,6 +398,15 @@ def run(plugin: KerasStrategy, out: str) -> None:
             rec, spec, epoch, seconds, steps, train_loss, step_seconds, scored, p.rank == 0
         )
         e.update(datawait.epoch_fields(wait, ranks))
+
+    def diverged(epoch: int, losses: list[float]) -> bool:
+        """Whether any worker's loss went unsound in this epoch (trainscale.measure.divergence):
+        decided alike on every worker, which each log their own loss under Horovod."""
+        here = rec.losses.first_unsound(losses) is not None
+        if plugin.mean_over_workers(float(here)) == 0:
+            return False
+        rec.losses.epoch(epoch, losses, elsewhere=True)
+        return True
 
     clock = EpochClock(after_epoch, lambda e: maybe_fault(spec, p.rank, e), steps)
     gpu = metrics.GpuMonitor(

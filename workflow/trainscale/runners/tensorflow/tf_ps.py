@@ -41,7 +41,7 @@ import tf_keras as keras  # noqa: E402
 from trainscale import data  # noqa: E402
 from trainscale.launch import tfrun  # noqa: E402
 from trainscale.launch.slurm import expand_nodelist  # noqa: E402
-from trainscale.measure import metrics  # noqa: E402
+from trainscale.measure import divergence, metrics  # noqa: E402
 from trainscale.measure.memory import PhasePeaks, memory_block  # noqa: E402
 from trainscale.models import keras_models  # noqa: E402
 from trainscale.plan import catalog  # noqa: E402
@@ -305,6 +305,13 @@ def main(spec: RunSpec, out: str) -> None:
     snapshots: dict[int, list[np.ndarray]] = {}  # epoch -> trained weights, scored after fit
 
     def after_epoch(epoch: int, seconds: float, loss: float) -> None:
+        watch = rec.losses  # only the epoch's mean loss is read here (logs stay remote)
+        if watch.first_unsound([loss]) is not None:  # put at the epoch's last step
+            watch.diverged = divergence.Divergence(epoch, worker_steps, loss, watch.last)
+            model.stop_training = True
+            print(f"epoch {epoch}/{spec.epochs}: {watch.diverged.message()}", flush=True)
+            return
+        watch.epoch(epoch, [loss])
         if common.evaluates(spec, synthetic, epoch):  # fit runs in strategy.scope(): score later
             snapshots[epoch] = joined_weights(model)
         e = rec.epoch(

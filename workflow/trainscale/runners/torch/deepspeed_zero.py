@@ -181,6 +181,7 @@ class ZeRO(Plugin):
         self.input_dtype = None if self.loop.tokens else self.dtype  # ids stay integers
         self.micro = spec.per_worker_batch_size // spec.grad_accum
         self.breakdown_sum = dict.fromkeys(TIMERS, 0.0)
+        self.steady_steps = 0  # a diverged run stops early
         self.engine.train()
 
     def losses_per_step(self) -> int:
@@ -199,6 +200,7 @@ class ZeRO(Plugin):
             engine.step()
             loss_sum += loss.detach()
         if self.steady:
+            self.steady_steps += 1
             snap = engine.get_wall_clock_timers()
             for k, name in TIMERS.items():
                 self.breakdown_sum[k] += snap.get(name, 0.0)
@@ -215,15 +217,19 @@ class ZeRO(Plugin):
             grad_accum=self.spec.grad_accum,
         )  # fmt: skip
 
+    def skipped_steps(self) -> int | None:
+        """Steps DeepSpeed's fp16 loss scaler skipped on an overflow (its own count)."""
+        return int(self.engine.skipped_steps) if self.spec.precision == "fp16" else None
+
     def finish(self) -> None:
-        steady_steps = self.loop.steps * (self.spec.epochs - 1)
+        n = self.steady_steps
         self.extra_memory = {"zero_estimate_bytes": self.zero_estimate}
         self.extra_blocks = {
             "deepspeed": {
                 "config": self.config,
                 "fragment": self.spec.deepspeed_config,
                 "init_seconds": self.init_seconds,
-                "breakdown_ms": {k: v / steady_steps for k, v in self.breakdown_sum.items()},
+                "breakdown_ms": {k: v / n if n else None for k, v in self.breakdown_sum.items()},
             }
         }
 

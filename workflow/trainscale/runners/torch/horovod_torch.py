@@ -112,9 +112,10 @@ class Horovod(Plugin):
         if self.scaler.is_enabled():  # fp16: Horovod's AMP recipe
             self.scaler.scale(loss).backward()
             self.opt.synchronize()  # all-reduce first, then unscale and step
-            with self.opt.skip_synchronize():
-                self.scaler.step(self.opt)
-            self.scaler.update()
+            with self.skips.counting(self.scaler):
+                with self.opt.skip_synchronize():
+                    self.scaler.step(self.opt)
+                self.scaler.update()
         else:
             loss.backward()
             self.opt.step()
@@ -167,7 +168,8 @@ def train_elastic(plugin: Horovod) -> list[dict]:
             if hvd.rank() == 0:
                 print(f"horovod elastic: {hvd.size()} workers from epoch {state.epoch}", flush=True)
         while state.epoch <= loop.spec.epochs:
-            loop.epoch(state.epoch)
+            if loop.epoch(state.epoch) is None:
+                return  # diverged: every rank saw it in the same all-reduced losses
             state.history = [dict(e) for e in loop.rec.epochs]
             state.test = dict(loop.test)
             state.epoch += 1

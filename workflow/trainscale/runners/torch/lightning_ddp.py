@@ -117,7 +117,7 @@ class EpochClock(pl.Callback):
         self.run = run
         self.t_epoch = self.t_step = 0.0
         self.step_seconds: list[float] = []
-        self.loss_sum = torch.zeros((), device=run.device)
+        self.losses: list[torch.Tensor] = []  # read after the epoch: no per-step wait
 
     def on_train_start(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
         self.run.rec.training_starts()
@@ -125,7 +125,7 @@ class EpochClock(pl.Callback):
 
     def on_train_epoch_start(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
         self.step_seconds = []
-        self.loss_sum = torch.zeros((), device=self.run.device)
+        self.losses = []
         self.run.barrier()
         self.t_epoch = time.perf_counter()
 
@@ -135,14 +135,16 @@ class EpochClock(pl.Callback):
         self.t_step = time.perf_counter()
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx: int) -> None:
-        self.loss_sum += outputs["loss"].detach().float()
+        self.losses.append(outputs["loss"].detach().float())
         sync(self.run.device)
         self.step_seconds.append(time.perf_counter() - self.t_step)
 
     def on_train_epoch_end(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
         self.run.barrier()
         seconds = time.perf_counter() - self.t_epoch
-        self.run.epoch_done(trainer.current_epoch + 1, seconds, self.loss_sum, self.step_seconds)
+        epoch = trainer.current_epoch + 1
+        if not self.run.epoch_done(epoch, seconds, self.losses, self.step_seconds):
+            trainer.should_stop = True  # diverged: on every rank (the losses are all-reduced)
 
 
 class LightningRun:
@@ -219,11 +221,19 @@ class LightningRun:
         dist.barrier()
 
     def epoch_done(
-        self, epoch: int, seconds: float, loss_sum: torch.Tensor, step_seconds: list[float]
-    ) -> None:
+        self, epoch: int, seconds: float, losses: list[torch.Tensor], step_seconds: list[float]
+    ) -> bool:
+        """Record a finished epoch; False where its loss diverged (trainscale.measure.divergence),
+        which then goes unrecorded and ends the run."""
         spec, rk = self.spec, self.rk
-        dist.all_reduce(loss_sum)
-        train_loss = (loss_sum / (self.steps * rk.world_size)).item()
+        per_step = torch.stack(losses) if losses else torch.zeros(0, device=self.device)
+        dist.all_reduce(per_step)  # each step's loss summed over ranks, the same on every rank
+        per_step /= rk.world_size
+        train_loss = (per_step.sum() / self.steps).item()
+        if self.rec.losses.epoch(epoch, per_step.tolist()) is not None:
+            if rk.is_main:
+                print(f"epoch {epoch}/{spec.epochs}: {self.rec.losses.diverged.message()}")
+            return False
         scored = evaluates(spec, self.info.synthetic, epoch)
         if scored:
             self.memory.evaluation_starts()
@@ -248,6 +258,7 @@ class LightningRun:
                 f"{fmt_rate(e['samples_per_second'])} samples/s, loss {train_loss:.4f}",
                 flush=True,
             )
+        return True
 
     def trainer(self, out: str) -> pl.Trainer:
         spec = self.spec

@@ -12,7 +12,14 @@ import torch.distributed as dist
 from torch.utils.data.distributed import DistributedSampler
 
 from trainscale.runners.common import Rank, detect_rank
-from trainscale.runners.torch.torch_parts import DTYPES, Indexable, evaluate, leave, loss_of
+from trainscale.runners.torch.torch_parts import (
+    DTYPES,
+    Indexable,
+    SkippedSteps,
+    evaluate,
+    leave,
+    loss_of,
+)
 
 if TYPE_CHECKING:
     from trainscale.runners.torch.torch_loop import Loop
@@ -47,6 +54,7 @@ class Plugin:
         self.extra_blocks: dict = {}  # record blocks the plug-in adds (pipeline, deepspeed...)
         self.extra_memory: dict = {}  # entries it adds to the memory block
         self.env_extra: dict = {}  # entries it adds to the env block (tensor parallel: mesh)
+        self.skips = SkippedSteps()  # fp16 steps the GradScaler skipped
 
     # --- the process group -----------------------------------------------------------------
     def rank(self) -> Rank:
@@ -134,8 +142,9 @@ class Plugin:
         self.opt.zero_grad(set_to_none=True)
         if self.scaler.is_enabled():
             self.scaler.scale(loss).backward()
-            self.scaler.step(self.opt)
-            self.scaler.update()
+            with self.skips.counting(self.scaler):
+                self.scaler.step(self.opt)
+                self.scaler.update()
         else:
             loss.backward()
             self.opt.step()
@@ -151,9 +160,15 @@ class Plugin:
 
     # --- after the epochs ------------------------------------------------------------------
     def train(self) -> None:
-        """Every epoch, in order (Horovod elastic runs them under its own driver)."""
+        """Every epoch, in order, until the loss diverges (Horovod elastic runs them under its
+        own driver)."""
         for epoch in range(1, self.spec.epochs + 1):
-            self.loop.epoch(epoch)
+            if self.loop.epoch(epoch) is None:
+                return
+
+    def skipped_steps(self) -> int | None:
+        """Steps fp16's loss scaling skipped (torch_parts.SkippedSteps); None without it."""
+        return self.skips.total() if self.spec.precision == "fp16" else None
 
     def exposed(self, shard: Shard) -> dict | None:
         """The `communication` block (exposed.py), or None where there is none."""

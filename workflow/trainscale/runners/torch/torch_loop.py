@@ -40,7 +40,7 @@ from trainscale.runners.common import (
     write_ok,
 )
 from trainscale.runners.torch import flop_count
-from trainscale.runners.torch.exposed import batches_of
+from trainscale.runners.torch.exposed import batches_of, block
 from trainscale.runners.torch.plugin import Plugin, Shard
 from trainscale.runners.torch.torch_parts import (
     group_backend,
@@ -49,6 +49,7 @@ from trainscale.runners.torch.torch_parts import (
     memory_eval_batches,
     phase_peaks,
     rank_device,
+    skipped_block,
     sync,
     to_tensors,
 )
@@ -168,8 +169,9 @@ class Loop:
         ys = torch.cat([y for _, y in drawn])
         return batches_of(xs, ys, torch.arange(len(ys), device=self.device), size, dtype)
 
-    def epoch(self, epoch: int) -> dict:
-        """One barrier-timed epoch over this rank's shard, then its evaluation; its record."""
+    def epoch(self, epoch: int) -> dict | None:
+        """One barrier-timed epoch over this rank's shard, then its evaluation; its record, or
+        None where the loss diverged in it (trainscale.measure.divergence: the run stops)."""
         spec, p, dev = self.spec, self.plugin, self.device
         p.epoch_starts(epoch)
         shard = self.last_shard = p.shard(epoch)
@@ -193,9 +195,16 @@ class Loop:
         seconds = time.perf_counter() - t_epoch
         if self.cpu:
             self.cpu.span_ends()
-        loss_sum = torch.stack(losses).float().sum() if losses else torch.zeros((), device=dev)
         waits = p.gather_object(batches.seconds)  # every rank's wait, after the timed span
-        train_loss = (p.all_sum(loss_sum) / (steps * p.losses_per_step())).item()
+        # each step's loss, the mean over ranks: one all-reduce after the timed span, so every
+        # rank sees the same losses and stops after the same epoch if they diverged
+        stacked = torch.stack(losses).float() if losses else torch.zeros(0, device=dev)
+        per_step = p.all_sum(stacked) / p.losses_per_step()
+        train_loss = (per_step.sum() / steps).item()
+        if self.rec.losses.epoch(epoch, per_step.tolist()) is not None:
+            if self.rk.is_main:
+                print(f"epoch {epoch}/{spec.epochs}: {self.rec.losses.diverged.message()}")
+            return None  # not recorded: its figures are of steps that trained nothing
         scored = evaluates(spec, self.info.synthetic, epoch)
         if scored:
             self.memory.evaluation_starts()
@@ -258,7 +267,9 @@ class Loop:
         p, cuda = self.plugin, self.cuda
         graphs = {"compiled_graphs": compiled_graphs()}  # before the no-sync steps compile more
         per_rank, utilization, energy, hosts = self.gather()
-        if p.world_size > 1:  # after the timed epochs and the peaks; in none of their figures
+        if p.world_size > 1 and self.rec.diverged:
+            self.rec.communication = block([], None, None, "not measured: the run diverged")
+        elif p.world_size > 1:  # after the timed epochs and the peaks; in none of their figures
             comm = p.exposed(self.last_shard)
             if comm is not None:
                 self.rec.communication = comm
@@ -300,6 +311,7 @@ class Loop:
             ),
             launch=metrics.launch_info(),
             **p.extra_blocks,
+            **skipped_block(p.skipped_steps()),
         )
         write_ok(out, result, result["test"]["accuracy"])
 

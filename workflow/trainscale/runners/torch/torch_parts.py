@@ -5,6 +5,7 @@ memory of each phase, the device sync and the torchrun exit.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Callable, Iterable, Iterator
@@ -100,6 +101,32 @@ def make_optimizer(spec: RunSpec, params) -> torch.optim.Optimizer:
     return torch.optim.SGD(
         params, lr=spec.lr, momentum=spec.momentum, weight_decay=spec.weight_decay
     )
+
+
+class SkippedSteps:
+    """Optimizer steps fp16's GradScaler skipped because a gradient overflowed: by design, not
+    divergence (trainscale.measure.divergence). Counted on the device, so no step waits for
+    it: a skipped step lowers the loss scale, a taken one never does."""
+
+    def __init__(self) -> None:
+        self.count: torch.Tensor | None = None
+
+    @contextlib.contextmanager
+    def counting(self, scaler: torch.amp.GradScaler) -> Iterator[None]:
+        """Around `scaler.step` and `scaler.update` (after the scaled backward, which sets the
+        scale up): counts the step if the scaler skipped it."""
+        before = scaler._get_scale_async().clone()  # the tensor get_scale() would wait for
+        yield
+        hit = (scaler._get_scale_async() < before).to(torch.int64)
+        self.count = hit if self.count is None else self.count + hit
+
+    def total(self) -> int:
+        return 0 if self.count is None else int(self.count.item())
+
+
+def skipped_block(skipped: int | None) -> dict:
+    """The record's `precision` block, for a run whose loss scaling can skip steps."""
+    return {} if skipped is None else {"precision": {"skipped_steps": skipped}}
 
 
 class Indexable:

@@ -10,6 +10,7 @@ import math
 import pandas as pd
 import pytest
 
+from trainscale.analysis import comm_model
 from trainscale.models import gpt
 from trainscale.plan.matrix import build_runs
 
@@ -19,7 +20,7 @@ from conftest import base_config, launch, reuse_deepspeed_ops, run_test_study, s
 #: validation loss after the same steps matches torch's (horovod-torch's Adam starts at step 1
 #: by Horovod's own state broadcast; TensorFlow initialises its own weights)
 SAME_AS_ONE_PROCESS = ("torch-ddp", "torch-fsdp", "deepspeed-zero2", "deepspeed-zero3",
-                       "torch-pipeline", "lightning-ddp")  # fmt: skip
+                       "torch-pipeline", "lightning-ddp", "torch-tp")  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +33,7 @@ def gpt_study(tmp_path_factory) -> dict:
 
 def test_every_strategy_trains_gpt_nano_on_tokens(gpt_study):
     recs = gpt_study["recs"]
-    assert len(recs) == 16
+    assert len(recs) == 18
     failed = [(r["spec"]["strategy"], r["error"]) for r in recs if r["status"] != "ok"]
     assert not failed
     params = {r["model"]["params"] for r in recs}
@@ -61,6 +62,36 @@ def test_report_gives_token_cells_in_tokens_per_second(gpt_study):
     assert scaling["tokens_per_second_mean"].gt(0).all() and scaling["mfu_mean"].gt(0).all()
     assert "tokens/s" in (results / "summary.txt").read_text()
     assert "tokens/s" in (results / "report.html").read_text()
+
+
+def test_tensor_parallel_cells_are_recorded_scaled_and_modelled(gpt_study):
+    """torch-tp at 2 ranks (tp 2) against its one-rank run (tp 1): its mesh and split in the
+    record, a speedup in scaling.csv, and its activation traffic in communication.csv."""
+    results = gpt_study["results"]
+    tp = [r for r in gpt_study["recs"] if r["spec"]["strategy"] == "torch-tp"]
+    assert sorted((r["spec"]["workers"], r["spec"]["tp"]) for r in tp) == [(1, 1), (2, 2)]
+    two = next(r for r in tp if r["spec"]["tp"] == 2)
+    assert two["env"]["mesh"] == {"dp": 1, "tp": 2} and two["tp"]["sequence_parallel"]
+    scaling = pd.read_csv(results / "scaling.csv")
+    row = scaling[(scaling["strategy"] == "torch-tp") & (scaling["workers"] == 2)].iloc[0]
+    assert row["tp"] == 2 and row["speedup"] > 0
+    # the communication model over the study's tables and a gloo benchmark of 2 ranks at a
+    # flat 1 GB/s (this study runs none: collectives.enabled false)
+    coll = pd.DataFrame(
+        {"status": "ok", "backend": "gloo", "workers": 2, "nodes": 1, "world_size": 2,
+         "bytes": [2.0**10, 2.0**30], "busbw_bytes_per_second": 1e9}
+    )  # fmt: skip
+    runs = pd.read_csv(results / "runs.csv", low_memory=False)
+    comm = comm_model.communication_frame(scaling, runs, coll)
+    row = comm[comm["strategy"] == "torch-tp"].iloc[0]
+    # 4 layers with sequence parallelism: (4·4 + 2.5) activations of 8·64·128 fp32 values,
+    # plus half the logits (8·64·256)
+    activation = 8 * 64 * 128 * 4
+    assert row["tp_message_bytes"] == activation
+    assert row["tp_bytes"] == 18.5 * activation + 8 * 64 * 256 * 4 / 2
+    # 2(n − 1)/n · V / B, and no FSDP part at dp 1
+    assert row["predicted_comm_seconds"] == pytest.approx(row["tp_bytes"] / 1e9)
+    assert "tensor parallelism: activations" in row["note"]
 
 
 def test_the_bar_on_synthetic_tokens(tmp_path):

@@ -64,8 +64,17 @@ once (in `trainscale.analysis.cells` and, for communication.csv, `trainscale.ana
   (smaller buckets reach lower busbw), one reduction per optimizer step, and no overlap of
   communication with computation (DDP overlaps its buckets with the backward, so it can beat
   the model).
+- tensor parallelism in the communication model (torch-tp, torch-fsdp-tp, GPT models):
+  t_comm = 2(tp − 1)/tp · V_tp / B + [dp > 1] 1.5 · 2(dp − 1)/dp · S_dp / B, with V_tp the
+  activation traffic of one step over the tp group in all-reduce-equivalent bytes
+  ((4L + 2.5)·A with sequence parallelism, (6L + 2)·A without, plus ½·b·T·V for the logits'
+  all-gather; A = b·T·C activation bytes, trainscale.analysis.tp_traffic) and S_dp the FSDP
+  gradient of params / tp × 4 bytes. B is read from the cell's benchmark at A bytes (and at
+  S_dp); the tp group is smaller than the benchmark's world in torch-fsdp-tp (said in the
+  row's note). TP's collectives cannot be switched off, so no exposed time is measured.
 - measured step seconds: mean steady epoch seconds / optimizer steps per epoch, steps =
-  (train samples // N) // per-worker batch, or the study's `steps_per_epoch` when smaller.
+  (train samples // R) // per-worker batch, or the study's `steps_per_epoch` when smaller;
+  R the data-parallel replicas: N, 1 for torch-pipeline, N / tp for tensor parallelism.
 - communication share: t_comm / measured step seconds, the fraction of a step the model
   attributes to moving gradients (above 100 %: the benchmark's busbw is lower than training
   achieved, e.g. thanks to overlap).

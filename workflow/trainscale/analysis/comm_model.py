@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from trainscale.analysis import tp_traffic
 from trainscale.analysis.cells import CELL, with_axes
 from trainscale.measure import collectives
 from trainscale.plan import catalog
@@ -84,6 +85,8 @@ COMM_COLUMNS = [
     "params",
     "gradient_bytes",
     "allreduce_volume",
+    "tp_bytes",
+    "tp_message_bytes",
     "busbw_bytes_per_second",
     "predicted_comm_seconds",
     "steps_per_epoch",
@@ -108,7 +111,7 @@ def communication_frame(
         return pd.DataFrame(columns=COMM_COLUMNS)
     scaling = with_axes(scaling, "")
     cells = scaling[
-        scaling["strategy"].isin(list(COMM_VOLUME))
+        scaling["strategy"].isin([*COMM_VOLUME, *catalog.TENSOR_PARALLEL])
         & (scaling["world_size"] > 1)
         & (scaling["ok"] > 0)
     ]
@@ -123,7 +126,25 @@ def communication_frame(
         backend = "nccl" if r.get("device.kind") == "cuda" else "gloo"
         params = float(r["model.params"])
         size = gradient_bytes(c.strategy, c.precision, params)
-        steps = (int(r["data.train_samples"]) // n) // int(r["spec.per_worker_batch_size"])
+        volume, tp, dp = COMM_VOLUME.get(c.strategy, 0.0), int(c.tp), n
+        traffic, tp_note = None, ""
+        if c.strategy in catalog.TENSOR_PARALLEL:  # FSDP over dp of params / tp, TP over tp
+            dp = n // tp
+            volume = 1.5 if dp > 1 else 0.0
+            size = gradient_bytes("torch-fsdp", c.precision, params / tp)
+            sp = bool(r.get("tp.sequence_parallel", True))
+            batch = int(r["spec.per_worker_batch_size"])
+            vocab = r.get("data.vocab_size")
+            traffic = tp_traffic.tp_bytes(c.model, int(c.seq_len), vocab, batch, c.precision, sp)
+            tp_note = (
+                "tensor parallelism: activations by tp_traffic, busbw of the tp group read at "
+                "the cell's workers × nodes"
+                if traffic
+                else f"no traffic model of {c.model}'s tensor parallelism (its widths are its "
+                "own); FSDP's part only"
+            )
+        replicas = catalog.data_replicas(c.strategy, n, tp)
+        steps = (int(r["data.train_samples"]) // replicas) // int(r["spec.per_worker_batch_size"])
         limit = r.get("spec.steps_per_epoch")
         if limit is not None and not pd.isna(limit):
             steps = min(steps, int(limit))
@@ -134,7 +155,9 @@ def communication_frame(
             backend=backend,
             params=params,
             gradient_bytes=size,
-            allreduce_volume=COMM_VOLUME[c.strategy],
+            allreduce_volume=volume,
+            tp_bytes=traffic[0] if traffic else np.nan,
+            tp_message_bytes=traffic[1] if traffic else np.nan,
             steps_per_epoch=steps,
             measured_step_seconds=step_s,
             efficiency=c.efficiency,
@@ -167,7 +190,9 @@ def communication_frame(
             rows.append(row)
             continue
         bw = busbw_at(sub, size)
-        t_comm = COMM_VOLUME[c.strategy] * collectives.bus_factor(n) * size / bw
+        t_comm = volume * collectives.bus_factor(dp) * size / bw if volume else 0.0
+        if traffic:
+            t_comm += collectives.bus_factor(tp) * traffic[0] / busbw_at(sub, traffic[1])
         t1 = c.baseline_steady_epoch_seconds
         ideal = t1 / n
         row.update(
@@ -176,7 +201,8 @@ def communication_frame(
             comm_share=t_comm / step_s,
             network_bound_efficiency=ideal / (ideal + steps * t_comm),
         )
-        notes = [f"no network-bound efficiency: {c.baseline_note}"] if pd.isna(t1) else []
+        notes = [tp_note] if tp_note else []
+        notes += [f"no network-bound efficiency: {c.baseline_note}"] if pd.isna(t1) else []
         if size > sub["bytes"].max():
             notes.append(
                 f"busbw at S read at {int(sub['bytes'].max())} bytes, the largest size measured "

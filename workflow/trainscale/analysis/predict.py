@@ -415,9 +415,22 @@ def predict_study(
             pred_rows += rows
             notes += why
             check_rows += family_check(fam, net)
+    if len(runs):
+        ok = runs[runs["status"] == "ok"]
+        for s in sorted(set(ok["spec.strategy"]) & set(catalog.TENSOR_PARALLEL)):
+            notes.append(f"{s}: no prediction ({NO_TP_PREDICTION})")
     pred = pd.DataFrame(pred_rows, columns=PREDICTION_COLUMNS)
     check = pd.DataFrame(check_rows, columns=CHECK_COLUMNS)
     return pred, check, notes
+
+
+#: Why the tensor-parallel strategies get no predicted scaling.
+NO_TP_PREDICTION = (
+    "the model extrapolates a data-parallel step: compute of a per-worker batch plus a gradient "
+    "all-reduce. Tensor parallelism splits each layer's compute over tp ranks (its efficiency "
+    "falls with the narrower matrices) and puts activation traffic on the critical path of "
+    "every layer; its predicted traffic per step is in communication.csv"
+)
 
 
 #: predict.world_sizes by default: 4 … 512, powers of 2.

@@ -27,6 +27,7 @@ _HOROVOD += "tensors only)"
 #: PyTorch 2.13, DeepSpeed 0.19, Horovod 0.28; besides every TensorFlow-runtime strategy)
 NO_CHANNELS_LAST: dict[str, str] = {
     "torch-fsdp": _FSDP,
+    "torch-fsdp-tp": _FSDP,
     "torch-pipeline": _PIPELINE,
     **dict.fromkeys(catalog.names(framework="deepspeed"), _DEEPSPEED),
     **dict.fromkeys(catalog.names(runner="horovod_torch"), _HOROVOD),

@@ -14,27 +14,31 @@ from torch import nn
 
 
 class SelfAttention(nn.Module):
-    """Multi-head self-attention: q, k and v from one (C, 3C) projection, then (C, C) out.
+    """Multi-head self-attention: q, k and v projections (C, C) each, then (C, C) out.
 
     ``F.scaled_dot_product_attention`` lets each backend pick its fused kernel (flash
     attention on a GPU that has it). The parameters are those of ``nn.MultiheadAttention``
-    and of Keras' ``MultiHeadAttention``: 4·C² + 4·C, so a Keras twin counts the same.
+    and of Keras' ``MultiHeadAttention``: 4·C² + 4·C, so a Keras twin counts the same. The
+    head count is read from the projections' width (``view(b, t, -1, head_width)``), so under
+    tensor parallelism (``tp_plan``) each rank runs the heads it holds.
     """
 
     def __init__(self, width: int, heads: int, *, causal: bool) -> None:
         super().__init__()
         if width % heads:
             raise ValueError(f"width {width} is not a multiple of heads {heads}")
-        self.heads, self.causal = heads, causal
-        self.qkv = nn.Linear(width, 3 * width)
+        self.head_width, self.causal = width // heads, causal
+        self.q = nn.Linear(width, width)
+        self.k = nn.Linear(width, width)
+        self.v = nn.Linear(width, width)
         self.proj = nn.Linear(width, width)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, c = x.shape
-        q, k, v = self.qkv(x).split(c, dim=2)
-        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+        b, t, _ = x.shape
+        q, k, v = (p(x).view(b, t, -1, self.head_width).transpose(1, 2)
+                   for p in (self.q, self.k, self.v))  # fmt: skip
         y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
-        return self.proj(y.transpose(1, 2).reshape(b, t, c))
+        return self.proj(y.transpose(1, 2).reshape(b, t, -1))
 
 
 class Block(nn.Module):
@@ -52,3 +56,21 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.norm_1(x))
         return x + self.mlp(self.norm_2(x))
+
+
+def tp_plan() -> dict:
+    """The tensor-parallel plan of one ``Block`` (config ``models.<name>.tp_plan``), by
+    submodule name: Megatron-LM's split, q, k and v column-parallel (whole heads per rank) and
+    the attention's output row-parallel, the MLP's first linear column- and its second
+    row-parallel. trainscale applies it to every block of ``blocks`` that has these
+    submodules; the embedding and the head stay whole on every rank."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    return {
+        "attn.q": ColwiseParallel(),
+        "attn.k": ColwiseParallel(),
+        "attn.v": ColwiseParallel(),
+        "attn.proj": RowwiseParallel(),
+        "mlp.0": ColwiseParallel(),
+        "mlp.2": RowwiseParallel(),
+    }

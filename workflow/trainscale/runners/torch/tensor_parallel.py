@@ -69,6 +69,9 @@ class TensorParallel(Plugin):
                 )
             fully_shard(net, mesh=self.mesh["dp"], mp_policy=policy)
             self.dtype = None  # FSDP casts parameters and inputs itself: no autocast
+        if spec.compile:  # each block after the split (and sharding), as torchtitan compiles
+            for block in blocks:
+                block.forward = torch.compile(block.forward)
         self.model = net
         self.opt = lp.make_optimizer(net.parameters())
         self.scaler = torch.amp.GradScaler(lp.device.type, enabled=False)  # no fp16 (catalog)

@@ -109,18 +109,33 @@ def parallelize(
     sequence_parallel: bool,
 ) -> bool:
     """Lay tensor parallelism over `mesh` on `net` in place: a GPT's whole-model plan, or the
-    user's plan on each of its `blocks` (the rest stays replicated: every rank computes it on
-    the same data). Ties the GPT's head to its embedding again (parallelize_module gives each a
-    DTensor of its own). Returns whether sequence parallelism is on."""
+    user's plan on each of its `blocks` that has the plan's submodules (the rest stays
+    replicated: every rank of the group computes it on the same data). Ties the GPT's head to
+    its embedding again (parallelize_module gives each a DTensor of its own). Returns whether
+    sequence parallelism is on."""
     if own is None:
         layers = len(blocks) - 2
         parallelize_module(net, mesh, gpt_plan(layers, sequence_parallel))
         net[-1].out.weight = net[0].tokens.weight
         return sequence_parallel
     plan = own_block_plan(own)
-    for block in blocks:
+    split = [b for b in blocks if all(_has(b, name) for name in plan)]
+    if not split:
+        raise ValueError(
+            f"models.{own.name}.tp_plan ({own.tp_plan}) names {sorted(plan)}, which no module "
+            f"of models.{own.name}.blocks ({own.blocks}) has all of: name submodules of one block"
+        )
+    for block in split:
         parallelize_module(block, mesh, plan)
     return any(isinstance(s, SequenceParallel) for s in plan.values())
+
+
+def _has(module: nn.Module, name: str) -> bool:
+    try:
+        module.get_submodule(name)
+    except AttributeError:
+        return False
+    return True
 
 
 def full_weights(net: nn.Module) -> dict[str, torch.Tensor]:

@@ -2,15 +2,19 @@
 2- and 4-rank runs over gloo that must end with one process's weights from the same initial
 weights and data (the plan in trainscale/runners/torch/tp_plans.py)."""
 
+import json
+import subprocess
+
 import numpy as np
 import pytest
 
+from trainscale.analysis import tp_traffic
 from trainscale.measure import metrics
 from trainscale.plan import catalog
 from trainscale.plan.matrix import build_runs
 
 import tap
-from conftest import ROOT, launch, validated
+from conftest import PYTHON, ROOT, launch, run_env, validated
 
 
 def runs_of(strategy, workers=2, tp=(1,), model="gpt-nano", dataset="shakespeare", **kw):
@@ -204,3 +208,45 @@ def test_an_own_model_with_a_tp_plan_ends_with_one_process_weights(tmp_path):
         np.testing.assert_allclose(final[k], ref[k], rtol=RTOL, atol=ATOL, err_msg=k)
     assert rec["tp"] == {"degree": 2, "data_parallel": 1, "sequence_parallel": False,
                          "plan": "tinymodels.transformer:tp_plan"}  # fmt: skip
+
+
+COUNT_COLLECTIVES = """
+import json, sys, torch, torch.distributed as dist, torch.nn.functional as F
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor.debug import CommDebugMode
+from trainscale.models import gpt
+from trainscale.runners.torch import tp_plans
+
+torch.set_num_threads(1)
+dist.init_process_group("gloo")
+out = {}
+for sp in (False, True):
+    torch.manual_seed(0)
+    net = gpt.build("gpt-nano", 32, 256)
+    mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
+    tp_plans.parallelize(net, mesh, list(net), None, sp)
+    ids = torch.randint(0, 256, (4, 33))
+    with CommDebugMode() as comm:
+        logits = net(ids[:, :-1])
+        F.cross_entropy(logits.reshape(-1, 256), ids[:, 1:].reshape(-1)).backward()
+    out[str(sp)] = {str(k).split(".")[-1]: v for k, v in comm.get_comm_counts().items()}
+if dist.get_rank() == 0:
+    json.dump(out, open(sys.argv[1], "w"))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_the_traffic_model_counts_the_collectives_the_plan_runs(tmp_path):
+    """comm_model's TP traffic (analysis/tp_traffic.py) is counted from the plan: DTensor's
+    CommDebugMode sees exactly those collectives in one training step of gpt-nano (4 layers)."""
+    script, counts = tmp_path / "count.py", tmp_path / "counts.json"
+    script.write_text(COUNT_COLLECTIVES)
+    p = subprocess.run(
+        [PYTHON, "-m", "torch.distributed.run", "--nproc-per-node=2", str(script), str(counts)],
+        env=run_env(), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr[-3000:]
+    seen = json.loads(counts.read_text())
+    for sp in (False, True):
+        assert seen[str(sp)] == tp_traffic.collectives_per_step(4, sp), sp

@@ -13,6 +13,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from trainscale.plan.catalog_models import MODELS, Model, model  # noqa: F401  (the model rows)
+from trainscale.plan.catalog_rules import (  # noqa: F401  (pipeline_batch: the split)
+    PIPELINE_PRECISIONS,
+    PS_PRECISIONS,
+    arrays_only,
+    lightning_data,
+    lightning_fp16,
+    pipeline_batch,
+    pipeline_microbatches,
+    pipeline_precision,
+    pipeline_schedule,
+    pipeline_stages,
+    ps_precision,
+    ps_tokens,
+)
 from trainscale.plan.catalog_tp import (  # noqa: F401  (the tensor-parallel rules)
     TENSOR_PARALLEL,
     data_replicas,
@@ -59,7 +73,7 @@ class Cell:
 
 
 #: A constraint: the reason a user reads when `cell` cannot run, or None when it can.
-Constraint = Callable[[Cell], "str | None"]
+Constraint = Callable[[Cell], "str | None"]  # (catalog_rules.Constraint, with Cell resolved)
 
 
 @dataclass(frozen=True)
@@ -87,111 +101,6 @@ class Strategy:
     constraints: tuple[Constraint, ...] = ()  # its own rules, checked before the common ones
     results_note: str = ""  # what a reader must know beside its results (tf-ps: asynchronous)
     results_mark: str = ""  # results_note in a word or two: the flag beside its rows and dots
-
-
-def pipeline_batch(batch_size: int, mode: str, world: int) -> tuple[int, int]:
-    """(global, per-worker) batch of torch-pipeline: no data parallelism, so every stage sees
-    the whole global batch (`per_worker` mode: batch_size × stages, weak scaling)."""
-    gbs = batch_size * world if mode == "per_worker" else batch_size
-    return gbs, gbs
-
-
-# torch-pipeline's own constraints: one stage per worker, cut between the model's top-level
-# blocks; the global batch is split into `microbatches` equal micro-batches.
-
-
-def _pipeline_stages(c: Cell) -> str | None:
-    blocks = c.row.blocks
-    if c.own is not None and blocks == 0:
-        return (
-            f"torch-pipeline: {c.model} has no `blocks` that run it end to end "
-            f"(models.{c.model}.blocks): the pipeline cuts its stages between them"
-        )
-    if blocks < c.world:
-        return (
-            f"torch-pipeline: {c.model} has {blocks} blocks, too few for {c.world} pipeline "
-            "stages (one per worker)"
-        )
-    return None
-
-
-def _pipeline_microbatches(c: Cell) -> str | None:
-    gbs, _ = pipeline_batch(c.batch_size, c.batch_mode, c.world)
-    if gbs % c.microbatches:
-        return f"torch-pipeline: microbatches {c.microbatches} do not divide the batch of {gbs}"
-    if gbs // c.microbatches < 2 and c.row.batchnorm:
-        return f"torch-pipeline: {c.model} has BatchNorm: needs micro-batches of at least 2"
-    return None
-
-
-def _pipeline_precision(c: Cell) -> str | None:
-    """fp16 would need a loss scaler whose skipped steps agree across stages; there is none."""
-    if c.precision not in STRATEGIES["torch-pipeline"].precisions:
-        return (
-            f"torch-pipeline: {c.precision} needs a loss scaler that skips steps on every stage "
-            "alike; use bf16"
-        )
-    return None
-
-
-def _arrays_only(why: str) -> Constraint:
-    """A strategy that trains on in-memory arrays only: the user's image files (`datasets:`),
-    decoded while training, are dropped from its cells with `why`."""
-
-    def rule(c: Cell) -> str | None:
-        if not c.user_data:
-            return None
-        return f"{c.strategy}: trains on in-memory arrays only; {c.dataset} is image files: {why}"
-
-    return rule
-
-
-def _lightning_data(c: Cell) -> str | None:
-    if c.user_data or c.resized:
-        return (
-            f"lightning-ddp: trains on the in-memory arrays at their stored size; {c.dataset} "
-            "is image files or resized by `image_size`, which Lightning's own DataLoader here "
-            "does not read: use torch-ddp"
-        )
-    return None
-
-
-def _lightning_fp16(c: Cell) -> str | None:
-    if c.precision == "fp16" and c.accelerator != "cuda":
-        return "lightning-ddp: Lightning silently runs fp16 as bf16 on CPU; use precision bf16"
-    return None
-
-
-def _pipeline_schedule(c: Cell) -> str | None:
-    if c.schedule == "1f1b" and c.microbatches < c.world:
-        return f"torch-pipeline: 1F1B needs microbatches ({c.microbatches}) ≥ stages ({c.world})"
-    return None
-
-
-def _ps_precision(c: Cell) -> str | None:
-    """tf-keras refuses mixed-precision policies under ParameterServerStrategy ("Mixed
-    precision is not supported with the tf.distribute.Strategy: ParameterServerStrategyV2")."""
-    if c.precision not in STRATEGIES["tf-ps"].precisions:
-        return (
-            f"tf-ps: {c.precision} is a mixed-precision policy, which tf-keras does not support "
-            "under ParameterServerStrategy; use fp32"
-        )
-    return None
-
-
-def _ps_tokens(c: Cell) -> str | None:
-    """Keras' model.fit under ParameterServerStrategy traces the input function once, with an
-    InputContext of one pipeline (id 0), and runs that one graph on every worker: no worker
-    learns its index, so the workers cannot read disjoint windows (tokens.TrainWindows by rank),
-    and a seeded order would be the same on every worker."""
-    if c.data_input == "tokens":
-        return (
-            "tf-ps: Keras' model.fit under ParameterServerStrategy gives every worker the same "
-            "input graph and no worker index, so its workers cannot read disjoint windows of "
-            f"{c.dataset} (each would train on the same windows in the same order); use "
-            "tf-multiworker or horovod-keras"
-        )
-    return None
 
 
 ALL_PRECISIONS = ("fp32", "fp16", "bf16")
@@ -294,7 +203,7 @@ STRATEGIES: dict[str, Strategy] = {
             "pipeline",
             "torchrun",
             "#cc78bc",
-            precisions=("fp32", "bf16"),
+            precisions=PIPELINE_PRECISIONS,
             comm_pattern="activations and gradients between neighbouring stages",
             volume_factor=None,
             collectives=None,
@@ -302,11 +211,11 @@ STRATEGIES: dict[str, Strategy] = {
             "gradients passed between stages, which the schedule needs; its cost is the "
             "pipeline bubble",
             constraints=(
-                _pipeline_stages,
-                _pipeline_microbatches,
-                _pipeline_precision,
-                _pipeline_schedule,
-                _arrays_only(
+                pipeline_stages,
+                pipeline_microbatches,
+                pipeline_precision,
+                pipeline_schedule,
+                arrays_only(
                     "every stage would need the loader's batches in the same order, which the "
                     "pipeline runner does not arrange"
                 ),
@@ -347,7 +256,7 @@ STRATEGIES: dict[str, Strategy] = {
             collectives="tf.distribute",
             exposed_unmeasured=_KERAS_FIT,
             constraints=(
-                _arrays_only(
+                arrays_only(
                     "its data auto-sharding would decode every global batch on every worker "
                     "and keep its share; use tf-mirrored on one node or horovod-keras"
                 ),
@@ -367,8 +276,8 @@ STRATEGIES: dict[str, Strategy] = {
             volume_factor=None,
             collectives=None,
             title="tf-ps (ParameterServerStrategy)",
-            precisions=("fp32",),
-            constraints=(_ps_precision, _ps_tokens),
+            precisions=PS_PRECISIONS,
+            constraints=(ps_precision, ps_tokens),
             exposed_unmeasured="ParameterServerStrategy: asynchronous, every worker step talks "
             "to the parameter servers; there is no gradient synchronisation to switch off",
             results_note="asynchronous training (ParameterServerStrategy): each worker step "
@@ -403,7 +312,7 @@ STRATEGIES: dict[str, Strategy] = {
             collectives="horovod",
             elastic=True,
             constraints=(
-                _arrays_only(
+                arrays_only(
                     "its loaders are split over a fixed set of ranks and cannot be re-split "
                     "when the world shrinks or grows"
                 ),
@@ -445,7 +354,7 @@ STRATEGIES: dict[str, Strategy] = {
             "#792ee5",
             exposed_unmeasured="Lightning's DDP forward is its training_step, whose gradient "
             "synchronisation cannot be switched off from outside without timing Lightning itself",
-            constraints=(_lightning_fp16, _lightning_data),
+            constraints=(lightning_fp16, lightning_data),
         ),
     )
 }

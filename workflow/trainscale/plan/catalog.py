@@ -144,6 +144,14 @@ _TP_TRAFFIC += "sequence parallelism)"
 _TP_UNMEASURED = "tensor parallelism: its collectives run inside every layer's forward and "
 _TP_UNMEASURED += "backward, which need their results, so they cannot be switched off to time the "
 _TP_UNMEASURED += "step without them"
+#: the tensor-parallel rows' common facts: bf16 or fp32, traffic of activations (no multiple of
+#: the gradient's all-reduce: modelled apart, analysis/tp_traffic.py), collectives not timed
+_TP = {
+    "precisions": ("fp32", "bf16"),
+    "volume_factor": None,
+    "exposed_unmeasured": _TP_UNMEASURED,
+    "constraints": (tp_degree, tp_model, tp_precision),
+}
 
 #: Every strategy, in the order of figures and tables.
 STRATEGIES: dict[str, Strategy] = {
@@ -177,26 +185,20 @@ STRATEGIES: dict[str, Strategy] = {
             "tensor_parallel",
             "torchrun",
             "#e41a1c",
-            precisions=("fp32", "bf16"),
+            **_TP,
             comm_pattern=_TP_TRAFFIC,
-            volume_factor=None,
             title="torch-tp (tensor parallel)",
-            exposed_unmeasured=_TP_UNMEASURED,
-            constraints=(tp_degree, tp_model, tp_precision),
-        ),
+        ),  # fmt: skip
         _row(
             "torch-fsdp-tp",
             "torch",
             "tensor_parallel",
             "torchrun",
             "#4daf4a",
-            precisions=("fp32", "bf16"),
+            **_TP,
             comm_pattern=f"{_SHARDED['comm_pattern']} over dp; {_TP_TRAFFIC} over tp",
-            volume_factor=None,
             title="torch-fsdp-tp (FSDP × tensor parallel)",
-            exposed_unmeasured=_TP_UNMEASURED,
-            constraints=(tp_degree, tp_model, tp_precision),
-        ),
+        ),  # fmt: skip
         _row(
             "torch-pipeline",
             "torch",

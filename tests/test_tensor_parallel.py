@@ -240,3 +240,14 @@ def test_the_traffic_model_counts_the_collectives_the_plan_runs(tmp_path):
     seen = json.loads(counts.read_text())
     for sp in (False, True):
         assert seen[str(sp)] == tp_traffic.collectives_per_step(4, sp), sp
+
+
+def test_the_reports_communication_table_gives_tp_traffic_in_the_note():
+    from types import SimpleNamespace
+
+    from trainscale.report import rows
+
+    tp = SimpleNamespace(note="tensor parallelism: activations", tp_bytes=3 * 2**20)
+    assert rows._comm_note(tp) == "tensor-parallel traffic 3.00 MiB per step; " + tp.note
+    ddp = SimpleNamespace(note="", tp_bytes=float("nan"))
+    assert rows._comm_note(ddp) == ""

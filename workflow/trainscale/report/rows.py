@@ -265,10 +265,19 @@ def communication_rows(study: Study) -> list[dict]:
                 "exposed": _seconds(getattr(r, "measured_exposed_seconds", None)),
                 "exposed_share": pct(getattr(r, "exposed_share", None)),
                 "exposed_method": str(getattr(r, "exposed_method", "") or ""),
-                "note": r.note if isinstance(r.note, str) else "",
+                "note": _comm_note(r),
             }
         )
     return rows
+
+
+def _comm_note(r) -> str:
+    """The row's note, with a tensor-parallel cell's activation traffic per step first."""
+    note = r.note if isinstance(r.note, str) else ""
+    tp_bytes = getattr(r, "tp_bytes", None)
+    if tp_bytes is None or na(tp_bytes):
+        return note
+    return f"tensor-parallel traffic {mib(tp_bytes)} per step; {note}".rstrip("; ")
 
 
 def failed_rows(study: Study) -> list[dict]:

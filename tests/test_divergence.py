@@ -8,6 +8,7 @@ DeepSpeed, a Horovod, a Lightning and a Keras run diverge beside a healthy torch
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -142,8 +143,8 @@ STUDY = {
 def test_planted_divergence_in_every_framework_beside_a_healthy_run(tmp_path):
     cfg = tmp_path / "study.yaml"
     cfg.write_text(yaml.safe_dump(STUDY))
-    target = "results/diverge/summary.txt"
-    p = snakemake(tmp_path, target, "--cores", "2", "--configfile", str(cfg))
+    target, card = "results/diverge/summary.txt", "results/diverge/scaling-card.json"
+    p = snakemake(tmp_path, target, card, "--cores", "2", "--configfile", str(cfg))
     assert p.returncode == 0, p.stderr[-4000:]  # a diverged run's job succeeds
     recs = {r["spec"]["strategy"]: r for r, _ in study_records(tmp_path / "results" / "diverge")}
     assert recs["torch-ddp"]["status"] == "ok", recs["torch-ddp"]["error"]
@@ -155,3 +156,6 @@ def test_planted_divergence_in_every_framework_beside_a_healthy_run(tmp_path):
         assert rec["error"].startswith("loss became ")
     summary = (tmp_path / target).read_text()
     assert "[diverged]" in summary and "N=1: torch-ddp" in summary, summary
+    # the scaling card (its schema's failure statuses) lists them as failures
+    failures = json.loads((tmp_path / card).read_text())["failures"]["runs"]
+    assert sorted(f["status"] for f in failures) == ["diverged"] * len(STUDY["faults"])

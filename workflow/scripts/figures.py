@@ -1,14 +1,13 @@
 """Snakemake script: every figure of reports/figures.yaml as PNG (and SVG with config
 `report.svg`) from the study's tables (trainscale.report.pipeline.figures)."""
 
-import sys
+import contextlib
 from pathlib import Path
 
 from trainscale.analysis.study import Study
 from trainscale.report import pipeline
 
-with open(snakemake.log[0], "w") as log:
-    sys.stderr = log
+with open(snakemake.log[0], "w") as log, contextlib.redirect_stderr(log):
     study = Study.read(snakemake.input, snakemake.config["study"])
     out = Path(snakemake.output[0]).parent
     drawn = pipeline.figures(study, out, dict(snakemake.config), jobs=snakemake.threads)

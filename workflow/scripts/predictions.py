@@ -1,14 +1,13 @@
 """Snakemake script: predictions.csv, prediction_check.csv and the predicted-scaling figure
 (trainscale.report.pipeline.predictions)."""
 
-import sys
+import contextlib
 from pathlib import Path
 
 from trainscale.analysis.study import Study
 from trainscale.report import pipeline
 
-with open(snakemake.log[0], "w") as log:
-    sys.stderr = log
+with open(snakemake.log[0], "w") as log, contextlib.redirect_stderr(log):
     study = Study.read(snakemake.input, snakemake.config["study"])
     notes = pipeline.predictions(
         study.runs,

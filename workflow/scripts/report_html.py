@@ -1,6 +1,6 @@
 """Snakemake script: results/<study>/report.html, self-contained, from the tables and figures."""
 
-import sys
+import contextlib
 from pathlib import Path
 
 from trainscale.analysis.study import Study
@@ -10,8 +10,7 @@ from trainscale.compare import verdicts as compare
 from trainscale.report import html as report
 from trainscale.report import predict_plot
 
-with open(snakemake.log[0], "w") as log:
-    sys.stderr = log
+with open(snakemake.log[0], "w") as log, contextlib.redirect_stderr(log):
     study = Study.read(snakemake.input, snakemake.config["study"])
     compared = None
     base = snakemake.params.compare_with

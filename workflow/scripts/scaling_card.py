@@ -2,13 +2,12 @@
 (params.metrics: the rule's input is runs.csv, written from the same files) and its all-reduce
 benchmark (trainscale.compare.card), validated against its schema."""
 
-import sys
+import contextlib
 from pathlib import Path
 
 from trainscale.compare import card
 
-with open(snakemake.log[0], "w") as log:
-    sys.stderr = log
+with open(snakemake.log[0], "w") as log, contextlib.redirect_stderr(log):
     built = card.from_files(
         list(snakemake.params.metrics),
         list(snakemake.input.collectives),

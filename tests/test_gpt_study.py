@@ -92,6 +92,9 @@ def test_tensor_parallel_cells_are_recorded_scaled_and_modelled(gpt_study):
     # 2(n − 1)/n · V / B, and no FSDP part at dp 1
     assert row["predicted_comm_seconds"] == pytest.approx(row["tp_bytes"] / 1e9)
     assert "tensor parallelism: activations" in row["note"]
+    # the report says why the scaling prediction leaves it out
+    html = (results / "report.html").read_text()
+    assert "Not predicted:" in html and "<code>torch-tp</code>: the model extrapolates" in html
 
 
 def test_the_bar_on_synthetic_tokens(tmp_path):

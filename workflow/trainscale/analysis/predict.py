@@ -415,13 +415,19 @@ def predict_study(
             pred_rows += rows
             notes += why
             check_rows += family_check(fam, net)
-    if len(runs):
-        ok = runs[runs["status"] == "ok"]
-        for s in sorted(set(ok["spec.strategy"]) & set(catalog.TENSOR_PARALLEL)):
-            notes.append(f"{s}: no prediction ({NO_TP_PREDICTION})")
+    notes += [f"{s}: no prediction ({why})" for s, why in not_covered(runs)]
     pred = pd.DataFrame(pred_rows, columns=PREDICTION_COLUMNS)
     check = pd.DataFrame(check_rows, columns=CHECK_COLUMNS)
     return pred, check, notes
+
+
+def not_covered(runs: pd.DataFrame) -> list[tuple[str, str]]:
+    """(strategy, why) for each strategy with ok runs that the model does not predict because
+    of what it is (the tensor-parallel ones), for the report beside the predictions."""
+    if not len(runs):
+        return []
+    ok = set(runs.loc[runs["status"] == "ok", "spec.strategy"])
+    return [(s, NO_TP_PREDICTION) for s in catalog.TENSOR_PARALLEL if s in ok]
 
 
 #: Why the tensor-parallel strategies get no predicted scaling.

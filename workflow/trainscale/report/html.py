@@ -203,6 +203,7 @@ def tables_context(study: Study, config: dict | None = None) -> dict:
         "failed_collectives": rows.failed_collective_rows(study),
         "failed": rows.failed_rows(study),
         "failed_more": max(0, n_failed - rows.MAX_RUNS),
+        "not_predicted": predict.not_covered(runs),
         "invalid": study.invalid[: rows.MAX_RUNS],
         "invalid_more": max(0, len(study.invalid) - rows.MAX_RUNS),
         "environment": rows.environment(study),

@@ -26,8 +26,8 @@ def builder_call(input: str, shape: tuple[int, ...], classes: int) -> dict:
 
 
 def resolved(own: OwnModel, which: str):
-    """The builder `which` ("torch" or "keras") of `own`, its `code:` folders on sys.path
-    first (a job's PYTHONPATH has them already; an in-process caller may not)."""
+    """The callable `which` ("torch", "keras" or "tp_plan") of `own`, its `code:` folders on
+    sys.path first (a job's PYTHONPATH has them already; an in-process caller may not)."""
     for folder in reversed(own.code):
         if folder not in sys.path:
             sys.path.insert(0, folder)

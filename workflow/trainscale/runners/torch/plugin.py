@@ -150,12 +150,17 @@ class Plugin:
             self.opt.step()
         return loss.detach()
 
+    def replica_sum(self, t: torch.Tensor) -> torch.Tensor:
+        """`t` summed over the data-parallel replicas (each rank is one): what evaluation adds
+        up, since the replicas score disjoint test batches."""
+        return self.all_sum(t)
+
     def evaluate(self, batch: int) -> dict:
         """The `test` block's accuracy, loss and confusion (torch_parts.evaluate)."""
         lp = self.loop
         return evaluate(
             self.eval_model, lp.test_batches(batch), lp.device, lp.info.num_classes,
-            self.all_sum, getattr(self, "input_dtype", None), lp.tokens,
+            self.replica_sum, getattr(self, "input_dtype", None), lp.tokens,
         )  # fmt: skip
 
     # --- after the epochs ------------------------------------------------------------------

@@ -29,7 +29,7 @@ DISTRIBUTED = catalog.names(runner="pytorch", one_process=False)
 
 
 def shard(
-    net: torch.nn.Module, dtype: torch.dtype | None, compile: bool = False, own=None
+    net: torch.nn.Module, dtype: torch.dtype | None, compile: bool = False, own=None, mesh=None
 ) -> torch.nn.Module:
     """FSDP2: every top-level block with parameters is one shard unit (its parameters are
     all-gathered just before it runs and freed after; blocks that share a parameter are one
@@ -38,19 +38,26 @@ def shard(
     update matches DDP's; the optimizer keeps fp32 shards. With `compile`, each block's
     forward is compiled after it is sharded, so FSDP's hooks (all-gather, reduce-scatter) run
     eagerly around compiled blocks (compiling the sharded root, or a block with its hooks,
-    builds no graph: FSDP keeps TorchDynamo out of its hooks and all they call)."""
+    builds no graph: FSDP keeps TorchDynamo out of its hooks and all they call). `mesh`: the
+    DeviceMesh to shard over (torch-fsdp-tp: its dp dimension); None: every rank."""
     # imported here: torch.distributed.fsdp loads TorchDynamo and DTensor (~1 s), which only
     # torch-fsdp uses, and every torch run would pay it at start
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32 if dtype else None)
     for unit in shard_units(models.blocks(net, own)):
-        fully_shard(unit if len(unit) > 1 else unit[0], mp_policy=policy)
+        fully_shard(unit if len(unit) > 1 else unit[0], mesh=mesh, mp_policy=policy)
     if compile:
-        for block in models.blocks(net, own):
-            block.forward = torch.compile(block.forward)
-    fully_shard(net, mp_policy=policy)
+        compile_blocks(models.blocks(net, own))
+    fully_shard(net, mesh=mesh, mp_policy=policy)
     return net
+
+
+def compile_blocks(blocks: list[torch.nn.Module]) -> None:
+    """torch.compile each block's forward in place, after sharding or splitting has laid its
+    hooks around it (torchtitan's per-block compile)."""
+    for block in blocks:
+        block.forward = torch.compile(block.forward)
 
 
 def shard_units(blocks: list[torch.nn.Module]) -> list[list[torch.nn.Module]]:

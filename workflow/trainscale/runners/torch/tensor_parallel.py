@@ -20,9 +20,8 @@ from trainscale.models import torch_models as models
 from trainscale.plan.matrix import RunSpec
 from trainscale.runners.torch import tp_plans
 from trainscale.runners.torch.plugin import Plugin
-from trainscale.runners.torch.pytorch import shard_units
+from trainscale.runners.torch.pytorch import compile_blocks, shard
 from trainscale.runners.torch.torch_loop import run
-from trainscale.runners.torch.torch_parts import evaluate
 
 # FSDP2 warns on every forward that a unit returned a view (DTensor's to_local of a
 # redistributed output); the loop never changes a block's output in place.
@@ -46,7 +45,7 @@ class TensorParallel(Plugin):
 
     def data_rank(self) -> tuple[int, int]:
         """A tp group's ranks are consecutive (the mesh is row-major): one replica."""
-        return self.loop.rk.rank // self.spec.tp, self.loop.rk.world_size // self.spec.tp
+        return self.loop.rk.rank // self.tp, self.dp
 
     def wrap(self, net: torch.nn.Module) -> None:
         lp, spec = self.loop, self.spec
@@ -56,40 +55,20 @@ class TensorParallel(Plugin):
             net, self.mesh["tp"], blocks, spec.own_model,
             sequence_parallel=lp.backend in SEQUENCE_PARALLEL_BACKENDS,
         )  # fmt: skip
-        if spec.strategy == "torch-fsdp-tp":
-            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-            dtype = self.dtype
-            policy = MixedPrecisionPolicy(
-                param_dtype=dtype, reduce_dtype=torch.float32 if dtype else None
-            )
-            for unit in shard_units(blocks):
-                fully_shard(
-                    unit if len(unit) > 1 else unit[0], mesh=self.mesh["dp"], mp_policy=policy
-                )
-            fully_shard(net, mesh=self.mesh["dp"], mp_policy=policy)
+        if spec.strategy == "torch-fsdp-tp":  # torch-fsdp's units over the dp dimension
+            shard(net, self.dtype, spec.compile, spec.own_model, mesh=self.mesh["dp"])
             self.dtype = None  # FSDP casts parameters and inputs itself: no autocast
-        if spec.compile:  # each block after the split (and sharding), as torchtitan compiles
-            for block in blocks:
-                block.forward = torch.compile(block.forward)
+        elif spec.compile:  # each block after the split, as torchtitan compiles
+            compile_blocks(blocks)
         self.model = net
         self.opt = lp.make_optimizer(net.parameters())
         self.scaler = torch.amp.GradScaler(lp.device.type, enabled=False)  # no fp16 (catalog)
 
-    def evaluate(self, batch: int) -> dict:
-        """As the loop scores, with the sums over the dp replicas only: a tp group's ranks
-        score the same batches."""
-        lp = self.loop
-
-        def replica_sum(t: torch.Tensor) -> torch.Tensor:
-            if self.dp > 1:
-                dist.all_reduce(t, group=self.dp_group)
-            return t
-
-        return evaluate(
-            self.eval_model, lp.test_batches(batch), lp.device, lp.info.num_classes,
-            replica_sum, None, lp.tokens,
-        )  # fmt: skip
+    def replica_sum(self, t: torch.Tensor) -> torch.Tensor:
+        """Over the dp replicas only: a tp group's ranks score the same batches."""
+        if self.dp > 1:
+            dist.all_reduce(t, group=self.dp_group)
+        return t
 
     def finish(self) -> None:
         spec = self.spec

@@ -18,11 +18,8 @@ all-reduced and then cut along the sequence, where torchtitan's RoPE models redu
 
 from __future__ import annotations
 
-import pkgutil
-import sys
 from collections.abc import Sequence
 
-import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate, Shard
@@ -36,33 +33,31 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
+from trainscale.models.own import resolved
 from trainscale.plan.own_models import OwnModel
 
 
 def gpt_block_plan(sequence_parallel: bool) -> dict[str, ParallelStyle]:
-    """The plan of one GPT block (trainscale.models.gpt.Block), by submodule name."""
-    if not sequence_parallel:
-        return {
-            "attn.q": ColwiseParallel(),
-            "attn.k": ColwiseParallel(),
-            "attn.v": ColwiseParallel(),
-            "attn.proj": RowwiseParallel(),
-            "mlp.fc": ColwiseParallel(),
-            "mlp.proj": RowwiseParallel(),
-        }
-    gather = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
-    return {
-        "ln_1": SequenceParallel(),
-        "attn": gather,
+    """The plan of one GPT block (trainscale.models.gpt.Block), by submodule name. The
+    row-parallel outputs are all-reduced, or with sequence parallelism reduce-scattered along
+    the sequence, whose norms then run on each rank's share and whose attention and MLP inputs
+    are gathered first."""
+    out = Shard(1) if sequence_parallel else Replicate()
+    plan: dict[str, ParallelStyle] = {
         "attn.q": ColwiseParallel(),
         "attn.k": ColwiseParallel(),
         "attn.v": ColwiseParallel(),
-        "attn.proj": RowwiseParallel(output_layouts=Shard(1)),
-        "ln_2": SequenceParallel(),
-        "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+        "attn.proj": RowwiseParallel(output_layouts=out),
         "mlp.fc": ColwiseParallel(),
-        "mlp.proj": RowwiseParallel(output_layouts=Shard(1)),
+        "mlp.proj": RowwiseParallel(output_layouts=out),
     }
+    if sequence_parallel:
+        for norm, layer in (("ln_1", "attn"), ("ln_2", "mlp")):
+            plan[norm] = SequenceParallel()
+            plan[layer] = PrepareModuleInput(
+                input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
+            )
+    return plan
 
 
 def gpt_plan(layers: int, sequence_parallel: bool) -> dict[str, ParallelStyle]:
@@ -89,10 +84,7 @@ def gpt_plan(layers: int, sequence_parallel: bool) -> dict[str, ParallelStyle]:
 def own_block_plan(own: OwnModel) -> dict[str, ParallelStyle]:
     """The user's `tp_plan` callable's plan of one block (a dict of submodule name -> style);
     TypeError naming the key when it returns anything else."""
-    for folder in reversed(own.code):
-        if folder not in sys.path:
-            sys.path.insert(0, folder)
-    plan = pkgutil.resolve_name(own.tp_plan)()
+    plan = resolved(own, "tp_plan")()
     if not isinstance(plan, dict) or not all(isinstance(v, ParallelStyle) for v in plan.values()):
         raise TypeError(
             f"models.{own.name}.tp_plan ({own.tp_plan}) returned {type(plan).__name__}, not a "
@@ -136,12 +128,3 @@ def _has(module: nn.Module, name: str) -> bool:
     except AttributeError:
         return False
     return True
-
-
-def full_weights(net: nn.Module) -> dict[str, torch.Tensor]:
-    """Every parameter as one full tensor (DTensors gathered): a collective, on every rank."""
-    out = {}
-    for name, p in net.named_parameters():
-        full = p.full_tensor() if hasattr(p, "full_tensor") else p
-        out[name] = full.detach()
-    return out

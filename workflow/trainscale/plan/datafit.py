@@ -22,12 +22,11 @@ from trainscale.plan import catalog
 from trainscale.plan.runspec import ConfigError
 
 
-def short_of_tokens(values: dict, info: data.DatasetInfo, world: int, batch: int) -> str | None:
-    """Why the cell's ranks do not each get one full batch of windows of a token file (a
-    dropped cell's reason for a built-in set); for the user's files a ConfigError naming the
-    key, before any job."""
-    ranks = catalog.data_replicas(values["strategy"], world, values.get("tp", 1))
-    reason = tokensets.short(values["dataset"], info, values["seq_len"], ranks, batch)
+def short_of_tokens(values: dict, info: data.DatasetInfo, replicas: int, batch: int) -> str | None:
+    """Why the cell's `replicas` (catalog.data_replicas) do not each get one full batch of
+    windows of a token file (a dropped cell's reason for a built-in set); for the user's files
+    a ConfigError naming the key, before any job."""
+    reason = tokensets.short(values["dataset"], info, values["seq_len"], replicas, batch)
     if reason and values["dataset"] not in data.DATASETS:
         raise ConfigError(f"datasets.{values['dataset']}.train: {reason} ({_cell(values)})")
     return reason
@@ -39,7 +38,7 @@ def _cell(values: dict) -> str:
     return "cell " + ", ".join(f"{k}={values[k]}" for k in keys)
 
 
-def check_shards(values: dict, config: dict, world: int, gbs: int, pwbs: int) -> None:
+def check_shards(values: dict, config: dict, replicas: int, gbs: int, pwbs: int) -> None:
     """A ConfigError, before any job, where a WebDataset's train shards give some rank of the
     cell no full batch (imagesets.short_of_shards, the loaders' own test). It stops the study
     rather than dropping the cell, as a token file too small does (short_of_tokens): both are
@@ -55,7 +54,7 @@ def check_shards(values: dict, config: dict, world: int, gbs: int, pwbs: int) ->
     ):  # one reader of global batches (a pipeline's stages, a tf.distribute process)
         ranks, batch = 1, gbs
     else:  # every replica reads its own shards (torch's ranks or tp groups, Horovod's Keras)
-        ranks, batch = catalog.data_replicas(values["strategy"], world, values.get("tp", 1)), pwbs
+        ranks, batch = replicas, pwbs
     why = imagesets.short_of_shards(entry["train"], ranks, loaders, batch)
     if why:
         raise ConfigError(
@@ -65,15 +64,14 @@ def check_shards(values: dict, config: dict, world: int, gbs: int, pwbs: int) ->
 
 
 def too_few_steps(
-    values: dict, samples: int, world: int, per_worker_batch: int, limit: int | None
+    values: dict, samples: int, replicas: int, per_worker_batch: int, limit: int | None
 ) -> str | None:
     """Why a cell cannot run `steps_per_epoch` steps per epoch (its data set, scaled, has fewer
-    batches), or None. A cell that ran fewer steps than the others would time something else."""
+    batches over its `replicas`), or None. A cell that ran fewer steps than the others would
+    time something else."""
     if limit is None:
         return None
-    n = samples * values["scale"]
-    ranks = catalog.data_replicas(values["strategy"], world, values.get("tp", 1))
-    full = n // ranks // per_worker_batch
+    full = samples * values["scale"] // replicas // per_worker_batch
     if full >= limit:
         return None
     return (

@@ -67,8 +67,8 @@ def why_not(
         user_data=not builtin and image,
         resized=builtin and image and tuple(shape) != tuple(data.info(values["dataset"]).shape),
         own=own.row() if own else None,
-        tp=values.get("tp", 1),
-        seq_len=values.get("seq_len", 0),
+        tp=values["tp"],
+        seq_len=values["seq_len"],
         classes=info.num_classes,
     )
     runtime = catalog.STRATEGIES[values["strategy"]].runtime
@@ -208,6 +208,7 @@ def build_runs(config: dict, accelerator: str = "cpu") -> tuple[list[RunSpec], l
             continue
         world = values["workers"] * values["nodes"]
         gbs, pwbs = _split_batch(values, world)
+        replicas = catalog.data_replicas(values["strategy"], world, values["tp"])
         if pwbs < 2 and (own.row() if own else catalog.MODELS[values["model"]]).batchnorm:
             reason = f"{values['model']} has BatchNorm: needs at least 2 samples per worker"
             dropped.append(Dropped(values, reason))
@@ -217,12 +218,12 @@ def build_runs(config: dict, accelerator: str = "cpu") -> tuple[list[RunSpec], l
         have = samples or info.train_samples
         if values["seq_len"] and not info.synthetic:  # a token file: windows of seq_len ids
             have = tokens.window_count(info.train_samples, values["seq_len"])
-            reason = datafit.short_of_tokens(values, info, world, pwbs)
-        reason = reason or datafit.too_few_steps(values, have, world, pwbs, limit)
+            reason = datafit.short_of_tokens(values, info, replicas, pwbs)
+        reason = reason or datafit.too_few_steps(values, have, replicas, pwbs, limit)
         if reason:
             dropped.append(Dropped(values, reason))
             continue
-        datafit.check_shards(values, config, world, gbs, pwbs)
+        datafit.check_shards(values, config, replicas, gbs, pwbs)
         lr = effective_lr(opt["lr"], config["lr_scaling"], gbs, config["base_batch_size"])
         framework = catalog.STRATEGIES[values["strategy"]].framework
         is_ds = framework == "deepspeed"

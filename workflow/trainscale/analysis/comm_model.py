@@ -130,7 +130,7 @@ def communication_frame(
         traffic, tp_note = None, ""
         if c.strategy in catalog.TENSOR_PARALLEL:  # FSDP over dp of params / tp, TP over tp
             dp = n // tp
-            volume = 1.5 if dp > 1 else 0.0
+            volume = COMM_VOLUME["torch-fsdp"] if dp > 1 else 0.0
             size = gradient_bytes("torch-fsdp", c.precision, params / tp)
             sp = bool(r.get("tp.sequence_parallel", True))
             batch = int(r["spec.per_worker_batch_size"])

@@ -131,10 +131,10 @@ def figure_entries(figures_dir: Path | None, drawn: dict[str, Drawn]) -> list[di
             "title": info["title"],
             "category": info["category"],
             "caption": _caption(name),
-            "note": d.note,
+            "note": None,
             "images": [],
         }
-        for stem, selection in d.images if d.note is None else ():
+        for stem, selection in d.images:
             png = figures_dir / f"{stem}.png" if figures_dir else None
             if png is None or not png.exists():
                 entry["note"] = f"figure file {stem}.png is missing"

@@ -1,7 +1,9 @@
 """The pre-flight check of the user's own models, run in a child process by
-trainscale.plan.own_models before any job: `python -m trainscale.models.preflight` reads the
-request (JSON on stdin: `code` and each model's entry with the (shape, classes) pairs it will
-be built at) and writes the answer (JSON on stdout).
+trainscale.plan.own_models before any job: `python -m trainscale.models.preflight REQUEST
+ANSWER` reads the request (a JSON file: `code` and each model's entry with the (shape, classes)
+pairs it will be built at) and writes the answer to the file ANSWER. Both are files of their
+own because the user's code may print, log or warn anywhere, at import, build or forward:
+stdout and stderr are only a log.
 
 For each model it imports the builder, builds the model on the meta device (no memory, no
 time) at every pair, runs a forward pass of a batch of 2 there and checks the logits' shape,
@@ -15,6 +17,7 @@ from __future__ import annotations
 import json
 import pkgutil
 import sys
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -147,8 +150,9 @@ def _said(e: Exception) -> str:
     return f"{type(e).__name__}: {e}".strip().splitlines()[0]
 
 
-def main() -> None:
-    request = json.load(sys.stdin)
+def main(argv: list[str]) -> None:
+    asked, answered = argv
+    request = json.loads(Path(asked).read_text())
     code = request["code"]
     answer = {}
     for name, entry in request["models"].items():
@@ -158,8 +162,10 @@ def main() -> None:
         answer[name] = facts
         line = ", ".join(f"{v:,} at {k}" for k, v in facts["params"].items())
         print(f"trainscale: models.{name}: {line or 'not built'} parameters", file=sys.stderr)
-    json.dump(answer, sys.stdout)
+    tmp = Path(answered).with_suffix(".partial")
+    tmp.write_text(json.dumps(answer))
+    tmp.replace(answered)  # whole or absent: a child killed half-way leaves no answer
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

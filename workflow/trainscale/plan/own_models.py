@@ -7,8 +7,10 @@ The check imports the builders, builds each model on the meta device for every d
 paired with, and reads back the facts the matrix needs (blocks, BatchNorm, parameters). It
 runs in a child process (trainscale.models.preflight): only studies with their own models pay
 for importing torch (and TensorFlow for a twin), and the Snakefile's own process stays free of
-both. Its answer is cached by the models' entries, the data shapes and the source files, so a
-repeated `snakemake -n` does not import anything again.
+both. The child is given its request and the file for its answer; what the user's code prints,
+logs or warns goes to a log beside the cache, so it never corrupts the answer. The answer is
+cached by the models' entries, the data shapes and the source files, so a repeated
+`snakemake -n` does not import anything again.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +30,8 @@ from trainscale.plan.catalog_models import Model
 #: where pre-flight answers are kept, under the directory Snakemake runs in
 CACHE = Path(".cache") / "trainscale" / "own-models"
 WORKFLOW = Path(__file__).resolve().parents[2]
+#: the pre-flight child builds every model on the meta device: seconds, not minutes
+TIMEOUT_SECONDS = 600
 
 
 @dataclass(frozen=True)
@@ -56,9 +61,11 @@ class OwnModel:
         return cls(**{**d, "code": tuple(d.get("code", ()))})
 
     def row(self) -> Model:
-        """The catalog row the matrix's constraints read (blocks bound the pipeline stages)."""
+        """The catalog row the matrix's constraints read (blocks that run the model end to end
+        bound the pipeline stages; any named blocks carry a tensor-parallel plan)."""
         return Model(self.name, self.block_count, 1, self.batchnorm, self.params, (), 0,
-                     self.input, tp_plan=self.tp_plan is not None)  # fmt: skip
+                     self.input, tp_plan=self.tp_plan is not None,
+                     named_blocks=self.blocks is not None)  # fmt: skip
 
 
 class OwnModelError(ValueError):
@@ -79,6 +86,14 @@ def pairs(config: dict, name: str, shapes: dict[str, list[tuple]]) -> list[list]
     """[[shape, classes], ...] the model `name` will be built at: the data sets of its kind."""
     kind = config["models"][name].get("input") or "image"
     return [list(p) for p in sorted({(tuple(s), k) for s, k in shapes.get(kind, [])})]
+
+
+def _entry(config: dict, name: str) -> dict:
+    """The `models:` entry of `name` as the check reads it, the schema's defaults filled in
+    or not: the same request, and cache key, before and after the config's defaults."""
+    entry = config["models"][name]
+    full = {**entry, "kwargs": entry.get("kwargs") or {}, "input": entry.get("input") or "image"}
+    return {k: v for k, v in full.items() if v is not None}
 
 
 def _sources(config: dict) -> list[str]:
@@ -117,25 +132,49 @@ def check(config: dict, shapes: dict[str, list[tuple]]) -> dict:
         return {}
     request = {
         "code": list(code_paths(config)),
-        "models": {n: {**config["models"][n], "pairs": pairs(config, n, shapes)} for n in own},
+        "models": {n: {**_entry(config, n), "pairs": pairs(config, n, shapes)} for n in own},
     }
-    path = CACHE / f"{_key(request, _sources(config))}.json"
+    key = _key(request, _sources(config))
+    path = CACHE / f"{key}.json"
     if path.is_file():
         return json.loads(path.read_text())
+    return _ask_child(request, path, CACHE / f"{key}.log", own)
+
+
+def _ask_child(request: dict, path: Path, log: Path, own: list[str]) -> dict:
+    """Run the pre-flight child: the request and its answer are files of their own, so what
+    the user's code prints, logs or warns (to stdout or stderr, at import, build or forward)
+    goes to `log` and never into the answer; the answer is cached at `path` when clean."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
         [str(WORKFLOW), *request["code"], *filter(None, [env.get("PYTHONPATH")])]
     )
-    p = subprocess.run(
-        [sys.executable, "-m", "trainscale.models.preflight"], input=json.dumps(request),
-        capture_output=True, text=True, env=env, timeout=600,
-    )  # fmt: skip
-    if p.returncode != 0:
-        tail = (p.stderr or p.stdout).strip().splitlines()[-1:] or ["no output"]
-        raise OwnModelError(f"models: the pre-flight check of {', '.join(own)} stopped: {tail[0]}")
-    answer = json.loads(p.stdout)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="trainscale-preflight-") as tmp:
+        asked, answered = Path(tmp) / "request.json", Path(tmp) / "answer.json"
+        asked.write_text(json.dumps(request))
+        with open(log, "w") as out:
+            try:
+                code = subprocess.run(
+                    [sys.executable, "-m", "trainscale.models.preflight", str(asked),
+                     str(answered)],
+                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
+                    timeout=TIMEOUT_SECONDS,
+                ).returncode  # fmt: skip
+            except subprocess.TimeoutExpired:
+                code = None
+        answer = json.loads(answered.read_text()) if answered.is_file() else None
+    if code != 0 or answer is None:
+        lines = log.read_text(errors="replace").strip().splitlines()
+        last = (
+            f"no answer within {TIMEOUT_SECONDS} s" if code is None
+            else lines[-1] if lines else f"exit code {code}, no output"
+        )  # fmt: skip
+        raise OwnModelError(
+            f"models: the pre-flight check of {', '.join(own)} stopped: {last} (its whole "
+            f"output: {log})"
+        )
     if not any(a["problems"] for a in answer.values()):
-        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(answer, sort_keys=True))
     return answer
 

@@ -52,6 +52,14 @@ def final_weights(tap: Path, strategy: str, rank: int = 0) -> dict[str, np.ndarr
     return load(path)
 
 
+def ended_weights(tap: Path, strategy: str, rank: int = 0) -> dict[str, np.ndarray]:
+    """The weights rank `rank` of a PyTorch-family run held once its record was written (after
+    the no-sync steps of exposed communication), as final_weights gives them."""
+    path = tap / f"ended-{strategy}-{rank}.pt"
+    assert path.exists(), f"no weights of {strategy} rank {rank} after its report in {tap}"
+    return load(path)
+
+
 def losses(tap: Path) -> list[float]:
     """Every training loss a PyTorch runner computed (a pipeline: its last stage's, one per
     micro-batch), in time order."""

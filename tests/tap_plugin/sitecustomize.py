@@ -21,7 +21,9 @@ TRAINSCALE_TEST_TAP=DIR, and every process of a run (each rank) writes into DIR
   losses: the labels of the batch (with one sample per class, which samples were fed);
 - `final-<strategy>-<rank>.pt`: the trained model's full weights (keys as `models.build`
   names them: FSDP's and ZeRO-3's gathered, a pipeline's stages put together) when the PyTorch
-  loop (`trainscale.runners.torch.torch_loop.Loop.report`) starts its report, after the last epoch.
+  loop (`trainscale.runners.torch.torch_loop.Loop.report`) starts its report, after the last epoch;
+- `ended-<strategy>-<rank>.pt`: the same weights once the report is written, after the extra
+  steps of exposed communication, which must have put the trained weights back.
 
 It wraps those functions after their module is imported (a meta-path finder), so the runners
 run unchanged. tests/tap.py reads the files back.
@@ -204,11 +206,16 @@ def _patch_torch_loop(mod) -> None:
     def report(self, out):
         import torch
 
-        weights = _final_weights(self)
-        if weights:
-            path = os.path.join(TAP, f"final-{self.spec.strategy}-{self.rk.rank}.pt")
-            torch.save({k: v.detach().float().cpu() for k, v in weights.items()}, path)
-        return real(self, out)
+        def save(kind: str) -> None:
+            weights = _final_weights(self)
+            if weights:
+                path = os.path.join(TAP, f"{kind}-{self.spec.strategy}-{self.rk.rank}.pt")
+                torch.save({k: v.detach().float().cpu() for k, v in weights.items()}, path)
+
+        save("final")
+        done = real(self, out)
+        save("ended")  # after the record: the no-sync steps of exposed communication undone
+        return done
 
     mod.Loop.report = report
 

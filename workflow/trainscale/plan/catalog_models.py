@@ -22,6 +22,8 @@ class Model:
     input: str = "image"  # "image": (C, H, W) pixels and a label; "tokens": ids, next id
     gpt: tuple[int, int, int] | None = None  # (layers, heads, width) of a GPT
     tp_plan: bool = False  # an own model with a tensor-parallel plan (models.<name>.tp_plan)
+    named_blocks: bool = False  # an own model naming its blocks (models.<name>.blocks), whether
+    # or not they run it end to end (`blocks` counts them only where they do)
 
 
 def _gpt(name: str, layers: int, heads: int, width: int, params: int, context: int, vocab: int):

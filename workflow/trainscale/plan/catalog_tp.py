@@ -79,7 +79,7 @@ def tp_model(c: Cell) -> str | None:
                 f"{c.strategy}: {c.model} gives no tensor-parallel plan "
                 f"(models.{c.model}.tp_plan: a callable returning one block's plan)"
             )
-        if not row.blocks:
+        if not row.named_blocks:
             return (
                 f"{c.strategy}: {c.model} names no blocks (models.{c.model}.blocks) to lay its "
                 "tp_plan on"

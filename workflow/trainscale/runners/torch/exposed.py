@@ -94,11 +94,29 @@ def batches_of(
     return batches
 
 
+def held_tensors(model: torch.nn.Module) -> list[torch.Tensor]:
+    """Every parameter and buffer of `model` once, as the module holds them at rest.
+
+    Asking the module for its state dict first runs FSDP2's pre-state-dict hooks, which put
+    the sharded DTensor parameters back on every module: after a forward without backward
+    (the evaluation) FSDP2 leaves the root's parameters unsharded, plain tensors, until its
+    next backward. Each tensor is taken once, by identity: a tied matrix, or a module reachable
+    by two attributes, appears under several names but is one tensor. Non-persistent buffers,
+    which the state dict leaves out, are taken from `buffers()`."""
+    held = {id(t): t for t in model.state_dict(keep_vars=True).values()}
+    for b in model.buffers():
+        held.setdefault(id(b), b)
+    return list(held.values())
+
+
 @contextmanager
 def weights_kept(model: torch.nn.Module, opt: torch.optim.Optimizer):
     """Put back the parameters, buffers and optimizer state after the block: the no-sync
-    steps must not change what the run trained (final weights are compared by tests)."""
-    saved = [t.detach().clone() for t in (*model.parameters(), *model.buffers())]
+    steps must not change what the run trained (final weights are compared by tests). Each
+    tensor is copied back into the very object it was saved from, found again at rest
+    (`held_tensors`), so a DTensor is restored from a DTensor and a plain tensor from a
+    plain one, whatever the no-sync steps left gathered."""
+    saved = [(t, t.detach().clone()) for t in held_tensors(model)]
     state = {
         p: {k: v.detach().clone() if torch.is_tensor(v) else v for k, v in s.items()}
         for p, s in opt.state.items()
@@ -106,8 +124,9 @@ def weights_kept(model: torch.nn.Module, opt: torch.optim.Optimizer):
     try:
         yield
     finally:
+        held_tensors(model)  # FSDP2: the sharded parameters registered again
         with torch.no_grad():
-            for t, s in zip((*model.parameters(), *model.buffers()), saved, strict=True):
+            for t, s in saved:
                 t.copy_(s)
         opt.state.clear()
         opt.state.update(state)

@@ -25,9 +25,18 @@ from test_runners import make as runners_make
 
 from trainscale.analysis.study import Study
 from trainscale.measure import metrics
-from trainscale.plan.matrix import Fault
+from trainscale.plan.runspec import Fault
 
-from conftest import PYTHON, ROOT, SNAKEMAKE, launch, load_yaml, run_env, snakemake
+from conftest import (
+    PYTHON,
+    ROOT,
+    SNAKEMAKE,
+    launch,
+    load_yaml,
+    run_env,
+    snakemake,
+    study_records,
+)  # fmt: skip
 
 pytestmark = pytest.mark.slow
 
@@ -197,14 +206,18 @@ def test_killed_workflow_reruns_the_incomplete_run_and_keeps_finished_ones(tmp_p
 def test_fault_study_runs_end_to_end_with_concurrent_jobs(tmp_path):
     """`.test/faults.yaml`: good and deliberately failing 2-worker runs of several frameworks,
     4 jobs at once on this machine (oversubscribed on purpose: --cores 8): no run collides on
-    ports or files, every good run is ok, every faulty one recorded, and the report lists them."""
+    ports or files, every good run is ok, every faulty one recorded, and the report lists them.
+    A run whose fault strikes a part after training (evaluation, the memory gather, exposed
+    communication, the FLOP count, the framework block) stays ok with that part null."""
     conf = ROOT / ".test" / "faults.yaml"
     p = snakemake(tmp_path, "--cores", "8", "--keep-going", "--configfile", str(conf))
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     cfg = load_yaml(conf)
     res = tmp_path / "results" / cfg["study"]
     study = Study.read(res)
-    faulty = {(f["match"]["strategy"], f["match"]["batch_size"]): f["kind"] for f in cfg["faults"]}
+    cell = lambda f: (f["match"]["strategy"], f["match"]["batch_size"])  # noqa: E731
+    faulty = {cell(f): f["kind"] for f in cfg["faults"] if not f.get("part")}
+    parts = {cell(f): f["part"] for f in cfg["faults"] if f.get("part")}
     expect = {"raise": "failed", "hang": "timeout", "oom": "oom", "kill": "failed"}
     for _, row in study.runs.iterrows():
         kind = faulty.get((row["spec.strategy"], row["spec.batch_size"]))
@@ -214,6 +227,26 @@ def test_fault_study_runs_end_to_end_with_concurrent_jobs(tmp_path):
     for kind in set(faulty.values()):
         assert expect[kind] in html
     assert "injected fault" in html
+    # a fault in a part after training: the run is ok, that part null and named, the rest kept
+    recs = {(r["spec"]["strategy"], r["spec"]["batch_size"]): r for r, _ in study_records(res)}
+    for key, part in parts.items():
+        rec = recs[key]
+        assert rec["status"] == "ok" and rec["throughput"] > 0 and len(rec["epochs"]) == 2, key
+        assert [w["part"] for w in rec["warnings"]] == [part], key
+        assert "injected fault: the " + part in rec["warnings"][0]["error"]
+        assert (rec["test"]["accuracy"] is None) == (part == "evaluation"), key
+        assert (rec["memory"]["peak_host_rss_bytes"] is None) == (part == "memory"), key
+        assert (rec["flops"]["per_sample"] is None) == (part == "flops"), key
+        exposed = (rec.get("communication") or {}).get("exposed_seconds_per_step")
+        if part == "communication":
+            assert exposed is None and rec["communication"]["method"] is None
+        elif key[0] == "torch-ddp":
+            assert exposed is not None, key
+    clean = recs[("torch-ddp", 256)]  # a failed run has no part warnings
+    assert clean["warnings"] == []
+    assert "Failed parts of runs that trained" in html
+    summary = (res / "summary.txt").read_text()
+    assert all(f": {part}: RuntimeError: injected fault" in summary for part in parts.values())
 
 
 def test_a_stopped_supervisor_stops_its_run(tmp_path):

@@ -1,9 +1,11 @@
 """summary.txt: the study's answers in plain text (the fastest strategy per model and N with its
-efficiency, every cell's mean ± 95% CI, what failed or was invalid), and `human`, the number
+efficiency, every cell's mean ± 95% CI, what failed, which measurements after training failed,
+or was invalid), and `human`, the number
 format every table, card and page shares."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pandas as pd
@@ -117,7 +119,23 @@ def summary_text(
         first = failed["error"].astype(object).where(failed["error"].notna(), "")
         first = first.astype(str).str.strip().str.split("\n", n=1).str[0]
         lines += list("  [" + failed["status"] + "] " + failed["run"] + ": " + first)
+    parts = failed_parts(df)
+    if parts:
+        lines += ["", "failed parts of runs that trained (their figures null, the rest kept):"]
+        lines += [f"  {run}: {part}: {error}" for run, part, error in parts]
     if invalid:
         lines += ["", "invalid metrics files (not counted):"]
         lines.extend(f"  {p}: {why}" for p, why in invalid)
     return "\n".join(lines) + "\n"
+
+
+def failed_parts(df: pd.DataFrame) -> list[tuple[str, str, str]]:
+    """(run, part, error) of every measurement after training that failed in a run that kept
+    its training record (runs.csv's `warnings`: trainscale.runners.guarded), by run path."""
+    if not len(df) or "warnings" not in df.columns:
+        return []
+    out = []
+    for run, text in df.sort_values("run")[["run", "warnings"]].itertuples(index=False):
+        if isinstance(text, str) and text.startswith("["):
+            out += [(run, w["part"], w["error"]) for w in json.loads(text)]
+    return out

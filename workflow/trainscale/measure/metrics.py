@@ -42,6 +42,9 @@ Every per-run figure in metrics.json is defined here, once:
   extra steps with gradient synchronisation off (after the timed epochs, in no other figure);
   exposed_seconds_per_step = max(0, steady step − compute); method says how synchronisation
   was switched off, or is null with the reason (trainscale/runners/torch/exposed.py).
+- warnings: the measurements after the timed steps that raised (evaluation, the memory gather,
+  exposed communication, the FLOP count, the strategy's own block), each {part, error}; their
+  figures are null and the run keeps its training record and status (runners/guarded.py).
 """
 
 from __future__ import annotations
@@ -296,6 +299,8 @@ class Recorder:
         self.communication: dict | None = None
         #: the training losses seen so far; a divergence makes the record `diverged`
         self.losses = divergence.LossWatch()
+        #: the parts after training that failed ({"part", "error"}: runners/guarded.py)
+        self.warnings: list[dict] = []
 
     @property
     def diverged(self) -> bool:
@@ -340,6 +345,7 @@ class Recorder:
         rec["setup_seconds"] = self.setup_seconds
         rec["wall_seconds"] = time.perf_counter() - self.t0
         rec.update(parts)
+        rec["warnings"] = list(self.warnings)
         rec["data"] = {**imagesets.data_block(self.spec), **rec["data"]}  # format, input_shape
         if self.spec.get("world_size", 1) > 1:
             rec["communication"] = self.communication or not_measured_communication(
@@ -422,6 +428,7 @@ def empty_record(spec: dict, status: str, error: str | None) -> dict:
         "wall_seconds": None,
         "launch": {"command": None, "mode": None, "exit_code": None},
         "flops": flops.block(None, None),
+        "warnings": [],
     }
 
 

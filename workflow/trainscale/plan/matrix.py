@@ -3,7 +3,7 @@
 `build_runs` is a pure function of the (schema-validated) config; each `RunSpec`
 (trainscale.plan.runspec) it returns is what a run is. Which combinations cannot run is the
 catalog's to say (`catalog.why_not`); this module adds what only the whole config knows: batch
-splits, exclusions, faults, steps per epoch. `trainscale check CONFIG` checks config
+splits, exclusions, faults (plan.faults), steps per epoch. `trainscale check CONFIG` checks config
 files without running anything. This module imports neither torch nor TensorFlow, so the
 Snakefile stays fast.
 """
@@ -18,13 +18,12 @@ from pathlib import Path
 
 from trainscale import data
 from trainscale.data import imagecheck, imagesets, tokens, tokensets
-from trainscale.plan import catalog, datafit, own_models, speed_options
+from trainscale.plan import catalog, datafit, faults, own_models, speed_options
 from trainscale.plan.runspec import (
     DIVERGE_LR,
     MATRIX_KEYS,
     ConfigError,
     Dropped,
-    Fault,
     RunSpec,
 )
 
@@ -85,38 +84,6 @@ pipeline_batch = catalog.pipeline_batch
 
 def _excluded(values: dict, exclude: list[dict]) -> bool:
     return any(all(values.get(k) == v for k, v in rule.items()) for rule in exclude)
-
-
-def fault_for(values: dict, repeat: int, faults: list[dict]) -> Fault | None:
-    """The first configured fault whose `match` fits this run, if any."""
-    for f in faults:
-        if all({**values, "repeat": repeat}.get(k) == v for k, v in f["match"].items()):
-            return Fault(f["kind"], f.get("rank", 0), f.get("epoch", 1))
-    return None
-
-
-def _check_faults(faults: list[dict], runs: list[RunSpec]) -> None:
-    for i, f in enumerate(faults):
-        hit = [r for r in runs if r.fault is not None and fault_for(r.to_dict(), r.repeat, [f])]
-        if not hit:
-            raise ConfigError(
-                f"faults[{i}].match {f['match']} matches no run of the matrix; fix its values "
-                "or remove the entry"
-            )
-        for r in hit:
-            processes = 1 if catalog.STRATEGIES[r.strategy].one_process else r.world_size
-            if r.ps_tasks:  # tf-ps: only its coordinator (rank 0) runs Python training code
-                processes = 1
-            if r.fault.rank >= processes:
-                raise ConfigError(
-                    f"faults[{i}].rank {r.fault.rank} does not exist in {r.path} "
-                    f"({processes} processes); use a rank below {processes}"
-                )
-            if r.fault.epoch > r.epochs:
-                raise ConfigError(
-                    f"faults[{i}].epoch {r.fault.epoch} is after the last epoch ({r.epochs}); "
-                    "use an epoch between 1 and epochs"
-                )
 
 
 def _split_batch(values: dict, world: int) -> tuple[int, int]:
@@ -267,9 +234,9 @@ def build_runs(config: dict, accelerator: str = "cpu") -> tuple[list[RunSpec], l
             own_model=own,
             **imagesets.run_fields(values["dataset"], config),
         )
-        faults = config.get("faults", [])
+        planted_faults = config.get("faults", [])
         for repeat in range(config["repeats"]):
-            fault = fault_for(values, repeat, faults)
+            fault = faults.fault_for(values, repeat, planted_faults)
             planted = {"lr": DIVERGE_LR} if fault and fault.kind == "diverge" else {}
             runs.append(
                 RunSpec(
@@ -285,7 +252,7 @@ def build_runs(config: dict, accelerator: str = "cpu") -> tuple[list[RunSpec], l
             + summary(runs, dropped)
             + "; widen matrix or shorten matrix.exclude"
         )
-    _check_faults(config.get("faults", []), runs)
+    faults.check(config.get("faults", []), runs)
     return runs, dropped
 
 

@@ -49,11 +49,14 @@ DIVERGE_LR = 1e6
 
 @dataclass(frozen=True)
 class Fault:
-    """A fault injected on purpose (config `faults`): `kind` on rank `rank` in epoch `epoch`."""
+    """A fault injected on purpose (config `faults`): `kind` on rank `rank` in epoch `epoch`;
+    with `part`, an exception in that measurement after training (runners.guarded.PARTS) on
+    every rank instead."""
 
     kind: str
     rank: int = 0
     epoch: int = 1
+    part: str | None = None
 
 
 @dataclass(frozen=True)

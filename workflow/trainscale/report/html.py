@@ -202,6 +202,7 @@ def tables_context(study: Study, config: dict | None = None) -> dict:
         "n_collectives": rows.n_measured_collectives(study),
         "failed_collectives": rows.failed_collective_rows(study),
         "failed": rows.failed_rows(study),
+        "failed_parts": rows.failed_part_rows(study),
         "failed_more": max(0, n_failed - rows.MAX_RUNS),
         "not_predicted": predict.not_covered(runs),
         "invalid": study.invalid[: rows.MAX_RUNS],

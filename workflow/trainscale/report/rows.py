@@ -14,6 +14,7 @@ import yaml
 
 from trainscale.analysis import aggregate
 from trainscale.analysis.aggregate import Study, human, rate
+from trainscale.analysis.summary import failed_parts
 from trainscale.plan import catalog
 
 #: Rows of the scaling and communication tables in report.html at most (one per cell).
@@ -300,6 +301,13 @@ def failed_rows(study: Study) -> list[dict]:
             }
         )
     return rows
+
+
+def failed_part_rows(study: Study) -> list[dict]:
+    """The measurements after training that failed in runs that kept their training record
+    (summary.failed_parts), at most MAX_RUNS."""
+    parts = failed_parts(study.runs)[:MAX_RUNS]
+    return [{"run": run, "part": part, "error": error} for run, part, error in parts]
 
 
 def _values(series: pd.Series, split: bool = False) -> str:

@@ -136,8 +136,9 @@ def maybe_fault(spec: RunSpec, rank: int, epoch: int) -> None:
     runner calls this half-way through each epoch, so the fault strikes mid-epoch, between
     collectives, as real ones do."""
     f = spec.fault
-    if f is None or f.kind == "diverge" or f.rank != rank or f.epoch != epoch:
-        return  # a planted divergence is the spec's learning rate (plan.runspec.DIVERGE_LR)
+    if f is None or f.kind == "diverge" or f.part or f.rank != rank or f.epoch != epoch:
+        return  # a planted divergence is the spec's learning rate (plan.runspec.DIVERGE_LR);
+        # a fault in a part after training raises there (trainscale.runners.guarded)
     print(f"trainscale: injecting fault {f.kind!r} on rank {rank} in epoch {epoch}", flush=True)
     if f.kind == "raise":
         raise RuntimeError(f"injected fault: rank {rank} raised in epoch {epoch}")

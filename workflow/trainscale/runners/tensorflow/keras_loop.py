@@ -54,6 +54,7 @@ from trainscale.runners.common import (  # noqa: E402
     steps_per_epoch,
     write_ok,
 )
+from trainscale.runners.guarded import Parts  # noqa: E402
 from trainscale.runners.tensorflow import keras_tokens  # noqa: E402
 from trainscale.runners.tensorflow.keras_data import (  # noqa: E402
     eval_dataset,
@@ -336,6 +337,15 @@ def none_for_nan(row) -> list[float | None]:
     return [None if np.isnan(v) else float(v) for v in row]
 
 
+def every_worker(plugin: KerasStrategy, rank: int, error: str | None) -> list[str | None]:
+    """Every worker's outcome of a part (runners.guarded.Parts' agreement), in rank order,
+    through the plug-in's all-gather: another worker's error as a flag (its text is in its
+    own log)."""
+    flags = [row[0] for row, _ in plugin.gather([float(error is not None)], metrics.hostname())]
+    return [(error if r == rank else "an error in that worker's log") if flag else None
+            for r, flag in enumerate(flags)]  # fmt: skip
+
+
 def run(plugin: KerasStrategy, out: str) -> None:
     """Train the run spec's model with `plugin`'s strategy; rank 0 writes the record to `out`."""
     spec = plugin.spec
@@ -375,6 +385,15 @@ def run(plugin: KerasStrategy, out: str) -> None:
     synthetic = info.synthetic
     test: dict[str, float | None] = {"accuracy": None, "loss": None}
     memory = phase_peaks(p.gpu, p.replicas)
+    # evaluation and the measurements after training: each may fail, the run goes on
+    parts = Parts(spec, rec.warnings, agree=lambda error: every_worker(plugin, p.rank, error))
+
+    def scores() -> dict:
+        memory.evaluation_starts()
+        try:
+            return plugin.evaluate(model, arrays, test_x, p)
+        finally:
+            memory.evaluation_ends()
 
     def after_epoch(
         epoch: int, seconds: float, step_seconds: list[float], logs: dict, logged: list[float]
@@ -388,12 +407,12 @@ def run(plugin: KerasStrategy, out: str) -> None:
                 print(f"epoch {epoch}/{spec.epochs}: {rec.losses.diverged.message()}", flush=True)
             return  # not recorded: its figures are of steps that trained nothing
         scored = None
-        if evaluates(spec, synthetic, epoch):
+        if evaluates(spec, synthetic, epoch) and not parts.failed("evaluation"):
             # every worker evaluates: under the strategies evaluation is collective
-            memory.evaluation_starts()
-            test.update(plugin.evaluate(model, arrays, test_x, p))
-            memory.evaluation_ends()
-            scored = (test["accuracy"], test["loss"])
+            scored_now = parts.run("evaluation", scores, epoch=epoch)
+            test.clear()
+            test.update(scored_now or {"accuracy": None, "loss": None})
+            scored = (test["accuracy"], test["loss"]) if scored_now is not None else None
         e = record_epoch(
             rec, spec, epoch, seconds, steps, train_loss, step_seconds, scored, p.rank == 0
         )
@@ -425,9 +444,12 @@ def run(plugin: KerasStrategy, out: str) -> None:
         utilization, energy = cpu.result()
 
     # every worker process's peaks, utilisation, energy and host, on rank 0 in rank order
-    gathered = plugin.gather([*memory.finish(), utilization, energy], metrics.hostname())
+    gathered = parts.run(
+        "memory", lambda: plugin.gather([*memory.finish(), utilization, energy], metrics.hostname())
+    )
+    extra = parts.run("framework", plugin.extra_metrics, collective=False) or {}
     if plugin.final_rank(p) == 0:
         counts = (info, out, train_samples, test_samples)
-        result = record(plugin, p, rec, model, gathered, test, counts)
+        result = record(plugin, p, rec, model, gathered, test, counts, parts, extra)
         write_ok(out, result, test["accuracy"] if not synthetic else "n/a")
     plugin.teardown()

@@ -21,23 +21,24 @@ from trainscale.runners.common import check_oversubscribed  # noqa: E402
 from trainscale.runners.tensorflow import keras_flops  # noqa: E402
 
 if TYPE_CHECKING:
+    from trainscale.runners.guarded import Parts
     from trainscale.runners.tensorflow.keras_loop import KerasStrategy, Placement
 
 
-def record(plugin: KerasStrategy, p: Placement, rec, model, gathered, test, counts: tuple) -> dict:
+def record(
+    plugin: KerasStrategy, p: Placement, rec, model, gathered, test, counts: tuple,
+    parts: Parts, extra: dict,
+) -> dict:  # fmt: skip
     """The metrics record from rank 0's epochs and every worker's gathered figures: peak memory
     the max over workers (and each one's, in rank order), energy summed, utilisation averaged;
-    `counts` is (data set info, the record's path, train samples, test samples)."""
+    `counts` is (data set info, the record's path, train samples, test samples). `gathered` is
+    None where the gather failed, `extra` the strategy's own blocks; the FLOP count is a part
+    that may fail too (runners.guarded)."""
     spec = plugin.spec
     info, out, train_samples, test_samples = counts
-    rows = [r for r, _ in gathered]
-    peaks = [max(r[i] for r in rows) for i in range(4)]
-    utils = [r[4] for r in rows if r[4] is not None]
-    energies = [r[5] for r in rows if r[5] is not None]
+    hosts = [h for _, h in gathered] if gathered is not None else [metrics.hostname()]
     frameworks = {"tensorflow": tf.__version__, "tf-keras": keras.__version__}
-    env = metrics.environment(
-        rec.start_utc, {**frameworks, **plugin.frameworks}, [h for _, h in gathered]
-    )
+    env = metrics.environment(rec.start_utc, {**frameworks, **plugin.frameworks}, hosts)
     if p.gpu:
         env["cuda"] = tf.sysconfig.get_build_info().get("cuda_version")
         env["driver"] = metrics.driver_version()
@@ -47,31 +48,54 @@ def record(plugin: KerasStrategy, p: Placement, rec, model, gathered, test, coun
         name = metrics.cpu_name()
         if p.logical:  # so that every table showing the device says what it was
             name += f" (as {p.replicas} logical devices)"
-    devices = len(gathered) * p.replicas
-    return rec.record(
-        flops=keras_flops.counted(
+    devices = len(hosts) * p.replicas if gathered is not None else spec.world_size
+    counted = parts.run(
+        "flops",
+        lambda: keras_flops.counted(
             spec, info.shape, info.num_classes, name if p.gpu else None, out, devices
         ),
+        collective=False,
+    )
+    return rec.record(
+        flops=counted,
         model={"params": keras_models.param_count(model)},
         data={"train_samples": train_samples, "test_samples": test_samples},
         test=dict(test),
-        memory={
-            **memory_block(peaks, p.gpu),
-            "per_rank_host_rss_bytes": [int(r[0]) for r in rows],
-            "per_rank_device_bytes": [int(r[1]) for r in rows] if p.gpu else None,
-        },
+        memory=memory_of(gathered, p.gpu),
         device={
             "kind": "cuda" if p.gpu else "cpu",
             "name": name,
             "count": devices,
             "logical": p.logical,
-            "utilization_mean": sum(utils) / len(utils) if utils else None,
-            "energy_joules": sum(energies) if energies else None,
+            **usage_of(gathered),
         },
         env=env,
         oversubscribed=check_oversubscribed(
             spec.workers, spec.threads_per_worker + spec.loader_workers
         ),
         launch=metrics.launch_info(),
-        **plugin.extra_metrics(),
+        **extra,
     )
+
+
+def memory_of(gathered: list | None, gpu: bool) -> dict:
+    """The `memory` block from every worker's gathered peaks (nulls where the gather failed)."""
+    if gathered is None:
+        return {"peak_host_rss_bytes": None, "peak_device_bytes": None}
+    rows = [r for r, _ in gathered]
+    return {
+        **memory_block([max(r[i] for r in rows) for i in range(4)], gpu),
+        "per_rank_host_rss_bytes": [int(r[0]) for r in rows],
+        "per_rank_device_bytes": [int(r[1]) for r in rows] if gpu else None,
+    }
+
+
+def usage_of(gathered: list | None) -> dict:
+    """Utilisation averaged and energy summed over the workers that measured them."""
+    rows = [r for r, _ in gathered or []]
+    utils = [r[4] for r in rows if r[4] is not None]
+    energies = [r[5] for r in rows if r[5] is not None]
+    return {
+        "utilization_mean": sum(utils) / len(utils) if utils else None,
+        "energy_joules": sum(energies) if energies else None,
+    }

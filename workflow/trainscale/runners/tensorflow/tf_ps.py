@@ -47,6 +47,7 @@ from trainscale.models import keras_models  # noqa: E402
 from trainscale.plan import catalog  # noqa: E402
 from trainscale.plan.matrix import RunSpec, gpu_count  # noqa: E402
 from trainscale.runners import common  # noqa: E402
+from trainscale.runners.guarded import Parts  # noqa: E402
 from trainscale.runners.tensorflow import keras_flops  # noqa: E402
 from trainscale.runners.tensorflow.keras_data import nhwc, normaliser  # noqa: E402
 from trainscale.runners.tensorflow.keras_loop import POLICIES, make_optimizer  # noqa: E402
@@ -340,15 +341,26 @@ def main(spec: RunSpec, out: str) -> None:
     )
     memory = PhasePeaks()  # the chief's host memory: training's, then evaluation's
     test: dict = {"accuracy": None, "loss": None}
+    # the chief's evaluation and measurements after training: each may fail, the run goes on
+    parts = Parts(spec, rec.warnings)
     memory.evaluation_starts()
     classes = arrays.info.num_classes
-    for epoch, weights in snapshots.items():
+
+    def scores(weights: list) -> dict:
         accuracy, test_loss, predicted = chief_evaluation(spec, weights, arrays, test_x)
-        rec.epochs[epoch - 1].update(test_accuracy=accuracy, test_loss=test_loss)
         confusion = np.zeros((classes, classes), np.int64)  # rows true, columns predicted
         np.add.at(confusion, (np.asarray(arrays.test_y), np.asarray(predicted)), 1)
-        test.update(accuracy=accuracy, loss=test_loss, confusion=confusion.tolist())
+        return {"accuracy": accuracy, "loss": test_loss, "confusion": confusion.tolist()}
+
+    for epoch, weights in snapshots.items():
+        scored = parts.run("evaluation", lambda w=weights: scores(w), epoch=epoch)
+        if scored is None:
+            test = {"accuracy": None, "loss": None}
+            break
+        rec.epochs[epoch - 1].update(test_accuracy=scored["accuracy"], test_loss=scored["loss"])
+        test.update(scored)
     memory.evaluation_ends()
+    peaks = parts.run("memory", lambda: list(memory.finish()))
 
     env = metrics.environment(
         rec.start_utc,
@@ -358,14 +370,20 @@ def main(spec: RunSpec, out: str) -> None:
     env.update(ps_tasks=spec.ps_tasks, note=ASYNC_NOTE)
     if gpus:
         env["driver"] = metrics.driver_version()
-    result = rec.record(
-        flops=keras_flops.counted(
+    counted = parts.run(
+        "flops",
+        lambda: keras_flops.counted(
             spec, arrays.info.shape, arrays.info.num_classes, None, out, spec.world_size
         ),
+    )
+    result = rec.record(
+        flops=counted,
         model={"params": keras_models.param_count(model)},
         data={"train_samples": train_samples, "test_samples": len(arrays.test_y)},
         test={k: None if synthetic else v for k, v in test.items()},
-        memory=memory_block(list(memory.finish()), False),
+        memory=memory_block(peaks, False)
+        if peaks is not None
+        else {"peak_host_rss_bytes": None, "peak_device_bytes": None},
         device={
             "kind": "cuda" if gpus else "cpu",
             "name": "GPU" if gpus else metrics.cpu_name(),

@@ -52,6 +52,7 @@ from trainscale.runners.common import (
     steps_per_epoch,
     write_ok,
 )
+from trainscale.runners.guarded import Parts
 from trainscale.runners.torch import flop_count
 from trainscale.runners.torch.exposed import block
 from trainscale.runners.torch.lightning_data import InMemory, ShardBatches, SizedWait, WindowEpochs
@@ -171,6 +172,8 @@ class LightningRun:
         self.gpu = metrics.GpuMonitor(read=reader)
         self.memory: PhasePeaks = phase_peaks(self.device)
         self.test = {"accuracy": None, "loss": None}
+        #: evaluation and the measurements after training: each may fail, the run goes on
+        self.parts = Parts(spec, self.rec.warnings, agree=_every_rank)
 
     def image_data(self) -> DataLoader:
         """The in-memory arrays on the device and torch-ddp's order of them, as a DataLoader of
@@ -234,12 +237,11 @@ class LightningRun:
             if rk.is_main:
                 print(f"epoch {epoch}/{spec.epochs}: {self.rec.losses.diverged.message()}")
             return False
-        scored = evaluates(spec, self.info.synthetic, epoch)
+        scored = evaluates(spec, self.info.synthetic, epoch) and not self.parts.failed("evaluation")
         if scored:
-            self.memory.evaluation_starts()
-            self.test = evaluate(self.net, self.test_batches(), self.device,
-                                 self.info.num_classes, _all_sum, tokens=self.tokens)  # fmt: skip
-            self.memory.evaluation_ends()
+            scores = self.parts.run("evaluation", self.evaluate, epoch=epoch)
+            scored = scores is not None
+            self.test = scores if scored else {"accuracy": None, "loss": None}
         e = self.rec.epoch(
             seconds,
             samples=self.steps * spec.global_batch_size,
@@ -259,6 +261,15 @@ class LightningRun:
                 flush=True,
             )
         return True
+
+    def evaluate(self) -> dict:
+        """torch-ddp's test scores of the trained net, its memory kept apart from training's."""
+        self.memory.evaluation_starts()
+        try:
+            return evaluate(self.net, self.test_batches(), self.device, self.info.num_classes,
+                            _all_sum, tokens=self.tokens)  # fmt: skip
+        finally:
+            self.memory.evaluation_ends()
 
     def trainer(self, out: str) -> pl.Trainer:
         spec = self.spec
@@ -286,8 +297,8 @@ class LightningRun:
             module = torch.compile(module)
         self.trainer(out).fit(module, train_dataloaders=self.waits)
 
-    def report(self, out: str) -> None:
-        """Every rank's memory peaks and host name gathered; rank 0 writes the record."""
+    def gather(self) -> tuple[torch.Tensor, float | None, float | None, list[str]]:
+        """Every rank's peaks (rows), the mean utilisation and summed energy, and the hosts."""
         utilization, energy = self.gpu.stop()
         peaks = torch.tensor(self.memory.finish(), dtype=torch.float64, device=self.device)
         gathered = [torch.zeros_like(peaks) for _ in range(self.rk.world_size)]
@@ -295,11 +306,17 @@ class LightningRun:
         per_rank = torch.stack(gathered).cpu()
         usage: list = [None] * self.rk.world_size  # (host, GPU, energy, utilisation) per rank
         dist.all_gather_object(usage, (metrics.hostname(), self.uuid, energy, utilization))
-        hosts = [u[0] for u in usage]
         if self.cuda:
             energy = energy_once_per_device([u[2] for u in usage], [u[:2] for u in usage])
             utils = [u[3] for u in usage if u[3] is not None]
             utilization = sum(utils) / len(utils) if utils else None
+        return per_rank, utilization, energy, [u[0] for u in usage]
+
+    def report(self, out: str) -> None:
+        """Every rank's memory peaks and host name gathered; rank 0 writes the record. A part
+        after training may fail without losing it (trainscale.runners.guarded)."""
+        gathered = self.parts.run("memory", self.gather)
+        per_rank, utilization, energy, hosts = gathered or (None, None, None, [metrics.hostname()])
         if self.rk.world_size > 1:
             self.rec.communication = block(self.rec.epochs, None, None, NO_EXPOSED)
         if not self.rk.is_main:
@@ -309,20 +326,26 @@ class LightningRun:
         env["cuda"] = torch.version.cuda if self.cuda else None
         env["driver"] = metrics.driver_version() if self.cuda else None
         env["process_group_backend"] = self.backend
-        counted = flop_count.counted(self.spec, self.info.shape, self.info.num_classes,
-                                     self.device, out, self.spec.world_size)  # fmt: skip
-        result = self.rec.record(
-            flops=counted,
-            model={"params": models.param_count(self.net), **model_facts(self.net)},
-            data=self.samples,
-            test=dict(self.test),
-            memory={
+        counted = self.parts.run(
+            "flops", lambda: flop_count.counted(self.spec, self.info.shape, self.info.num_classes,
+                                                self.device, out, self.spec.world_size),
+            collective=False,
+        )  # fmt: skip
+        memory = {"peak_host_rss_bytes": None, "peak_device_bytes": None}
+        if per_rank is not None:
+            memory = {
                 **memory_block(per_rank.max(0).values.tolist(), self.cuda),
                 "per_rank_host_rss_bytes": [int(v) for v in per_rank[:, 0].tolist()],
                 "per_rank_device_bytes": [int(v) for v in per_rank[:, 1].tolist()]
                 if self.cuda
                 else None,
-            },
+            }
+        result = self.rec.record(
+            flops=counted,
+            model={"params": models.param_count(self.net), **model_facts(self.net)},
+            data=self.samples,
+            test=dict(self.test),
+            memory=memory,
             device={
                 "kind": self.device.type,
                 "name": torch.cuda.get_device_name(self.device)
@@ -337,6 +360,13 @@ class LightningRun:
             launch=metrics.launch_info(),
         )
         write_ok(out, result, result["test"]["accuracy"])
+
+
+def _every_rank(error: str | None) -> list[str | None]:
+    """Every rank's outcome of a part (runners.guarded.Parts' agreement)."""
+    out: list = [None] * dist.get_world_size()
+    dist.all_gather_object(out, error)
+    return out
 
 
 @record

@@ -39,6 +39,7 @@ from trainscale.runners.common import (
     steps_per_epoch,
     write_ok,
 )
+from trainscale.runners.guarded import Parts
 from trainscale.runners.torch import flop_count
 from trainscale.runners.torch.exposed import batches_of, block
 from trainscale.runners.torch.plugin import Plugin, Shard
@@ -120,6 +121,8 @@ class Loop:
         read = metrics.GpuMonitor.nvml_reader(self.device.index, uuid) if self.cuda else None
         self.gpu = metrics.GpuMonitor(read=read)
         self.cpu = None if self.cuda else CpuUsage(spec.threads_per_worker, self.rk.local_rank == 0)
+        #: evaluation and the measurements after training: each may fail, the run goes on
+        self.parts = Parts(spec, self.rec.warnings, agree=p.gather_object)
 
     def build_model(self) -> torch.nn.Module:
         """The run's model as `models.build` makes it from the current seed, in the run's
@@ -205,11 +208,11 @@ class Loop:
             if self.rk.is_main:
                 print(f"epoch {epoch}/{spec.epochs}: {self.rec.losses.diverged.message()}")
             return None  # not recorded: its figures are of steps that trained nothing
-        scored = evaluates(spec, self.info.synthetic, epoch)
+        scored = evaluates(spec, self.info.synthetic, epoch) and not self.parts.failed("evaluation")
         if scored:
-            self.memory.evaluation_starts()
-            self.test.update(p.evaluate(shard.batch))
-            self.memory.evaluation_ends()
+            scores = self.parts.run("evaluation", lambda: self.evaluate(shard.batch), epoch=epoch)
+            scored = scores is not None
+            self.test = scores if scored else {"accuracy": None, "loss": None}
         e = self.rec.epoch(
             seconds,
             samples=steps * shard.step_samples,
@@ -228,6 +231,14 @@ class Loop:
                 flush=True,
             )
         return e
+
+    def evaluate(self, batch: int) -> dict:
+        """The plug-in's test scores, its memory kept apart from training's peaks."""
+        self.memory.evaluation_starts()
+        try:
+            return {"accuracy": None, "loss": None, **self.plugin.evaluate(batch)}
+        finally:
+            self.memory.evaluation_ends()
 
     def samples(self) -> dict:
         """The record's train and test sample counts (user data: counted in its files)."""
@@ -263,17 +274,23 @@ class Loop:
         )
 
     def report(self, out: str) -> None:
-        """The gathers, the plug-in's extra measurements and blocks, and rank 0's record."""
-        p, cuda = self.plugin, self.cuda
+        """The gathers, the plug-in's extra measurements and blocks, and rank 0's record. Each
+        part after training may fail without losing the record (trainscale.runners.guarded):
+        its figures stay null and the record's `warnings` say why."""
+        p, cuda, parts = self.plugin, self.cuda, self.parts
         graphs = {"compiled_graphs": compiled_graphs()}  # before the no-sync steps compile more
-        per_rank, utilization, energy, hosts = self.gather()
+        gathered = parts.run("memory", self.gather)
+        per_rank, utilization, energy, hosts = gathered or (None, None, None, [metrics.hostname()])
         if p.world_size > 1 and self.rec.diverged:
             self.rec.communication = block([], None, None, "not measured: the run diverged")
         elif p.world_size > 1:  # after the timed epochs and the peaks; in none of their figures
-            comm = p.exposed(self.last_shard)
+            comm = parts.run("communication", lambda: p.exposed(self.last_shard))
             if comm is not None:
                 self.rec.communication = comm
-        p.finish()
+            elif parts.failed("communication"):
+                self.rec.communication = block([], None, None, "not measured: it failed (warnings)")
+        if parts.run("framework", p.finish) is None and parts.failed("framework"):
+            p.extra_blocks, p.extra_memory = {}, {}
         if not self.rk.is_main:
             return
         env = metrics.environment(
@@ -283,15 +300,19 @@ class Loop:
         env["driver"] = metrics.driver_version() if cuda else None
         env["process_group_backend"] = self.backend
         env.update(p.env_extra)
-        memory = {
-            **memory_block(per_rank.max(0).values.tolist(), cuda),
-            "per_rank_host_rss_bytes": [int(v) for v in per_rank[:, 0].tolist()],
-            "per_rank_device_bytes": [int(v) for v in per_rank[:, 1].tolist()] if cuda else None,
-            **p.extra_memory,
-        }
-        counted = flop_count.counted(
-            self.spec, self.info.shape, self.info.num_classes, self.device, out, p.device_count
-        )
+        memory = {"peak_host_rss_bytes": None, "peak_device_bytes": None, **p.extra_memory}
+        if per_rank is not None:
+            memory.update(memory_block(per_rank.max(0).values.tolist(), cuda))
+            memory["per_rank_host_rss_bytes"] = [int(v) for v in per_rank[:, 0].tolist()]
+            memory["per_rank_device_bytes"] = (
+                [int(v) for v in per_rank[:, 1].tolist()] if cuda else None
+            )
+        counted = parts.run(
+            "flops", lambda: flop_count.counted(self.spec, self.info.shape,
+                                                self.info.num_classes, self.device, out,
+                                                p.device_count),
+            collective=False,
+        )  # fmt: skip
         result = self.rec.record(
             flops=counted,
             model={"params": self.params, "memory_format": self.layout, **graphs},

@@ -169,6 +169,23 @@ def torch_study(tmp_path_factory) -> dict:
     }
 
 
+def shipped_studies_cwd(work: Path) -> None:
+    """`work` made a directory the shipped study files (.test/*.yaml) can be read from, as
+    `make dryrun` reads them from the repository: `snakemake export_data`'s digits (read by
+    .test/imagedata.yaml) and the third-party model's `code:` folder (.test/thirdparty.yaml)."""
+    from trainscale.data import export_data
+
+    export_data.export("digits", str(ROOT / "data"), work / "results" / "export" / "digits")
+    link_test_models(work)
+
+
+def link_test_models(work: Path) -> None:
+    """.test/models (the `code:` of .test/thirdparty.yaml, relative to where Snakemake runs)
+    in `work`."""
+    (work / ".test").mkdir(exist_ok=True)
+    (work / ".test" / "models").symlink_to(ROOT / ".test" / "models", target_is_directory=True)
+
+
 def reuse_deepspeed_ops(work: Path) -> None:
     """The DeepSpeed op this checkout's .cache holds (built once by the DeepSpeed tests' runs,
     47 s on 2 cores), copied into a study's `work` dir: the deepspeed_ops rule still runs and

@@ -11,10 +11,9 @@ import yaml
 
 from trainscale.analysis import aggregate
 from trainscale.analysis.study import Study
-from trainscale.data import export_data
 from trainscale.plan import matrix
 
-from conftest import ROOT, snakemake, validated
+from conftest import ROOT, shipped_studies_cwd, snakemake, validated
 
 GOOD = {"strategy": ["torch"], "model": ["seed-small"], "dataset": ["digits"], "exclude": []}
 
@@ -112,8 +111,9 @@ def test_malformed_yaml_stops_snakemake_and_the_checker_names_file_and_line(tmp_
 
 
 def test_config_checker_accepts_the_shipped_configs(capsys, tmp_path, monkeypatch):
-    # .test/imagedata.yaml reads `snakemake export_data`'s output, relative to where it runs
-    export_data.export("digits", str(ROOT / "data"), tmp_path / "results" / "export" / "digits")
+    # .test/imagedata.yaml reads `snakemake export_data`'s output, .test/thirdparty.yaml imports
+    # from .test/models, both relative to where it runs
+    shipped_studies_cwd(tmp_path)
     monkeypatch.chdir(tmp_path)
     configs = [ROOT / "config.yaml", *sorted((ROOT / ".test").glob("*.yaml"))]
     assert matrix.main([str(c) for c in configs]) == 0

@@ -3,11 +3,10 @@ import json
 import pytest
 from snakemake.exceptions import WorkflowError
 
-from trainscale.data import export_data
 from trainscale.plan import matrix
 from trainscale.plan.matrix import ConfigError, RunSpec, build_runs
 
-from conftest import ROOT, base_config, load_yaml, validated
+from conftest import ROOT, base_config, load_yaml, shipped_studies_cwd, validated
 
 
 def test_defaults_come_from_schema():
@@ -191,9 +190,9 @@ def test_unimplemented_strategy_is_an_error(monkeypatch):
 
 
 def test_shipped_configs_build(root, tmp_path, monkeypatch):
-    # .test/imagedata.yaml trains on what `snakemake export_data` writes, relative to the
-    # directory Snakemake runs in: write it there and run from there
-    export_data.export("digits", str(ROOT / "data"), tmp_path / "results" / "export" / "digits")
+    # .test/imagedata.yaml trains on what `snakemake export_data` writes, .test/thirdparty.yaml
+    # imports from .test/models, both relative to the directory Snakemake runs in
+    shipped_studies_cwd(tmp_path)
     monkeypatch.chdir(tmp_path)
     for path in [ROOT / "config.yaml", *sorted((ROOT / ".test").glob("*.yaml"))]:
         runs, _ = build_runs(validated(load_yaml(path)))

@@ -25,6 +25,7 @@ import tap
 from conftest import (
     PYTHON,
     ROOT,
+    link_test_models,
     load_yaml,
     reuse_deepspeed_ops,
     run_env,
@@ -37,12 +38,6 @@ SEQ_LEN, VOCAB = 32, 256  # the study's seq_len; shakespeare's byte vocabulary
 #: the strategies whose runs time extra no-sync steps, then restore what they trained
 EXPOSED = ("torch-ddp", "torch-fsdp", "deepspeed-zero0", "deepspeed-zero1", "deepspeed-zero2",
            "deepspeed-zero3", "horovod-torch", "horovod-torch-elastic")  # fmt: skip
-
-
-def study_cwd(work) -> None:
-    """The study's `code:` folder (.test/models, relative to Snakemake's directory) in `work`."""
-    (work / ".test").mkdir(exist_ok=True)
-    (work / ".test" / "models").symlink_to(MODELS, target_is_directory=True)
 
 
 def gpt_facts() -> tuple[int, int, int]:
@@ -61,7 +56,7 @@ def gpt_facts() -> tuple[int, int, int]:
 def thirdparty(tmp_path_factory) -> dict:
     work = tmp_path_factory.mktemp("thirdparty")
     reuse_deepspeed_ops(work)
-    study_cwd(work)
+    link_test_models(work)
     env = run_env(**tap.env(work / "tap"))
     results, _ = run_test_study(work, "thirdparty", "runs.csv", "summary.txt", env=env)
     recs = {r["spec"]["strategy"]: r for r, _ in study_records(results)}
@@ -122,7 +117,7 @@ def test_fsdp_tp_trains_it_and_keeps_its_weights(tmp_path):
 def test_what_it_prints_never_reaches_the_preflight_answer(tmp_path):
     """`trainscale check` builds it in the pre-flight child: its print, log line and warning go
     to the child's log beside the cache, and the answer arrives whole."""
-    study_cwd(tmp_path)
+    link_test_models(tmp_path)
     shutil.copy(ROOT / ".test" / "thirdparty.yaml", tmp_path / "study.yaml")
     p = subprocess.run([PYTHON, "-m", "trainscale", "check", "study.yaml"], cwd=tmp_path,
                        env=run_env(), capture_output=True, text=True, timeout=300)  # fmt: skip

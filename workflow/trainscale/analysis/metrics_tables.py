@@ -285,9 +285,9 @@ def _flatten(d: dict, prefix: str = "", out: dict | None = None) -> dict:
         kind = type(v)  # JSON's own types: exact checks are faster than isinstance
         if kind is dict:
             _flatten(v, f"{prefix}{k}.", out)  # an empty dict has no leaves: no column
-        elif kind is list:
+        elif kind is list:  # an empty one is no value: CSV reads "" back as NA anyway
             nested = any(type(x) in (list, dict) for x in v)
-            out[prefix + k] = json.dumps(v) if nested else " ".join(map(str, v))
+            out[prefix + k] = None if not v else json.dumps(v) if nested else " ".join(map(str, v))
         else:
             out[prefix + k] = v
     return out

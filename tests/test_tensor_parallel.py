@@ -141,9 +141,10 @@ def one_process(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
 @pytest.mark.parametrize(
-    "strategy, workers, tp", [("torch-tp", 2, 2), ("torch-fsdp-tp", 4, 2)], ids=["tp2", "dp2xtp2"]
+    "strategy, workers, tp, optimizer",
+    [("torch-tp", 2, 2, "sgd"), ("torch-tp", 2, 2, "adamw"), ("torch-fsdp-tp", 4, 2, "adamw")],
+    ids=["tp2-sgd", "tp2-adamw", "dp2xtp2-adamw"],  # 4 ranks on 2 cores: one optimizer (60 s)
 )
 def test_tensor_parallel_ends_with_one_process_weights(
     tmp_path, one_process, strategy, workers, tp, optimizer

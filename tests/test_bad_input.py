@@ -11,7 +11,7 @@ import yaml
 
 from trainscale.analysis import aggregate
 from trainscale.analysis.study import Study
-from trainscale.plan import matrix
+from trainscale.plan import check, matrix
 
 from conftest import ROOT, shipped_studies_cwd, snakemake, validated
 
@@ -105,7 +105,7 @@ def test_malformed_yaml_stops_snakemake_and_the_checker_names_file_and_line(tmp_
     # Snakemake reads --configfile before any of the workflow's code runs, and only says:
     fails_before_any_job(tmp_path, cfg, "Config file is not valid JSON or YAML")
     # ... so the README points to the checker, which names the file and the line
-    assert matrix.main([str(cfg)]) == 1
+    assert check.main([str(cfg)]) == 1
     err = capsys.readouterr().err
     assert f"{cfg}: line 4, column" in err and "not valid YAML" in err
 
@@ -116,7 +116,7 @@ def test_config_checker_accepts_the_shipped_configs(capsys, tmp_path, monkeypatc
     shipped_studies_cwd(tmp_path)
     monkeypatch.chdir(tmp_path)
     configs = [ROOT / "config.yaml", *sorted((ROOT / ".test").glob("*.yaml"))]
-    assert matrix.main([str(c) for c in configs]) == 0
+    assert check.main(["--no-memory", *(str(c) for c in configs)]) == 0
     summaries = [ln for ln in capsys.readouterr().out.splitlines() if not ln.startswith(" ")]
     assert len(summaries) == len(configs)  # one line each, then the keys it inherits
 
@@ -155,9 +155,9 @@ def test_capacity_problems_for_gpus():
 def test_every_problem_is_listed_at_once():
     schema = yaml.safe_load((ROOT / "workflow" / "schemas" / "config.schema.yaml").read_text())
     cfg = {"study": "s", "epoch": 2, "matrix": {**GOOD, "batch_size": [0], "model": ["vgg"]}}
-    problems = matrix.config_problems(cfg, schema)
+    problems = check.config_problems(cfg, schema)
     assert len(problems) == 3, problems
-    assert matrix.config_problems({"study": "s", "matrix": GOOD}, schema) == []
+    assert check.config_problems({"study": "s", "matrix": GOOD}, schema) == []
 
 
 def test_invalid_metrics_files_are_listed_and_the_rest_aggregated(tmp_path):

@@ -3,7 +3,7 @@ import json
 import pytest
 from snakemake.exceptions import WorkflowError
 
-from trainscale.plan import matrix
+from trainscale.plan import check, matrix
 from trainscale.plan.matrix import ConfigError, RunSpec, build_runs
 
 from conftest import ROOT, base_config, load_yaml, shipped_studies_cwd, validated
@@ -200,7 +200,7 @@ def test_shipped_configs_build(root, tmp_path, monkeypatch):
 
 
 def test_fill_defaults_fills_what_snakemake_validate_fills():
-    """The workflow fills the schema's defaults with matrix.fill_defaults (no second read of
+    """The workflow fills the schema's defaults with check.fill_defaults (no second read of
     the schema): the config it gives every shipped study, laid over config.yaml as Snakemake
     lays it, must be the one snakemake.utils.validate gives."""
     from trainscale.plan import overlay
@@ -214,7 +214,7 @@ def test_fill_defaults_fills_what_snakemake_validate_fills():
     }
     for config in [*(overlay.overlay(base, s) for s in studies), bare]:
         expected = validated(config)  # a filled copy
-        matrix.fill_defaults(config, schema)
+        check.fill_defaults(config, schema)
         assert config == expected, config["study"]
     assert bare["repeats"] == 1 and bare["matrix"]["batch_size"] == [128]  # filled in
 

@@ -51,6 +51,7 @@ FIGURES = (
     "accuracy",
     "convergence",
     "memory",
+    "memory_predicted",
     "busbw",
 )
 XSS = "<script>alert('x')</script> & <b>bold</b>"
@@ -83,6 +84,10 @@ def rich_study(runs: Path) -> list[Path]:
                                 oversubscribed=workers == 2 and r == 1,
                                 data_wait=0.15 if workers == 2 else 0.02,  # N=2: input-bound
                             )
+                            peak = 2**30 * batch // 64 // workers  # as if measured on a GPU
+                            rec["memory"]["peak_device_bytes"] = peak
+                            rec["memory"]["predicted"] = {"total_bytes": int(1.05 * peak),
+                                                          "method": "traced"}  # fmt: skip
                             paths.append(write(runs, s, rec))
     for r in range(2):  # N = 4 in one configuration: the heat map has two N > 1 to show
         s = spec_for("torch-ddp", 4, repeat=r)
@@ -235,8 +240,10 @@ def test_absent_data_gives_a_note_image_not_an_empty_plot(tmp_path):
         "throughput_scale",
         "throughput_batch",
         "accuracy",
+        "memory_predicted",
         "busbw",
     }
+    assert "nothing was predicted" in notes["memory_predicted"]
     assert "no N=1 run of torch-ddp" in notes["speedup"]
     assert "no all-reduce benchmark ran" in notes["busbw"]
     assert notes["throughput_scale"].endswith("dataset scale was not varied: 1 only")
@@ -507,7 +514,8 @@ def test_snakemake_reports_copied_results_without_training(tmp_path):
     # one batch size, one scale and one N > 1: these have nothing to show, and say so; every
     # other figure (busbw too: the workflow ran the all-reduce benchmark for N = 2) must be a
     # drawing, not the "no data" placeholder
-    absent = {"throughput_scale", "throughput_batch", "accuracy", "efficiency_heatmap"}
+    absent = {"throughput_scale", "throughput_batch", "accuracy", "efficiency_heatmap",
+              "memory_predicted"}  # fmt: skip
     for name in FIGURES:
         svg = (results / "figures" / f"{name}.svg").read_text()
         assert ("no data in this study" in svg) == (name in absent), name

@@ -16,7 +16,7 @@ from trainscale import data
 from trainscale.analysis import aggregate
 from trainscale.analysis.study import Study
 from trainscale.measure import collectives, memory, metrics
-from trainscale.plan import matrix, overlay
+from trainscale.plan import check, matrix, overlay
 from trainscale.report import endnote
 from trainscale.runners.common import evaluates, steps_per_epoch
 
@@ -142,12 +142,12 @@ def test_overlay_merges_like_snakemake_but_replaces_the_matrix_as_a_whole():
 def test_checker_lists_inherited_keys_and_rejects_a_file_without_study(tmp_path, capsys):
     good = tmp_path / "good.yaml"
     good.write_text(yaml.safe_dump({"study": "mine", "epochs": 2, "matrix": short_matrix()}))
-    assert matrix.main([str(good)]) == 0
+    assert check.main(["--no-memory", str(good)]) == 0
     out = capsys.readouterr().out
     assert "inherited from" in out and "target_accuracy: 0.9" in out and "optimizer:" in out
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump({"epochs": 2, "matrix": short_matrix()}))
-    assert matrix.main([str(bad)]) == 1
+    assert check.main(["--no-memory", str(bad)]) == 1
     err = capsys.readouterr().err
     assert f"{bad} does not name its own study" in err and "results/showcase/" in err
 

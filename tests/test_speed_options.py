@@ -13,7 +13,7 @@ import torch
 import yaml
 
 from trainscale.measure import metrics
-from trainscale.plan import catalog, matrix, speed_options
+from trainscale.plan import catalog, check, matrix, speed_options
 from trainscale.plan.matrix import build_runs
 from trainscale.plan.runspec import ConfigError, RunSpec
 from trainscale.runners.torch import torch_speed
@@ -50,7 +50,7 @@ def test_bad_values_are_refused_naming_the_key(tmp_path, capsys, top, needles):
     m = {"strategy": ["torch"], "model": ["seed-small"], "dataset": ["digits"]}
     cfg = {"study": "bad", "matrix": m, **top}
     path.write_text(yaml.safe_dump(cfg))
-    problems = matrix.check_file(path)
+    problems = check.check_file(path, show_memory=False)
     assert len(problems) == 1, problems
     for needle in needles:
         assert needle in problems[0], problems

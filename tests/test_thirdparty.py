@@ -119,8 +119,9 @@ def test_what_it_prints_never_reaches_the_preflight_answer(tmp_path):
     to the child's log beside the cache, and the answer arrives whole."""
     link_test_models(tmp_path)
     shutil.copy(ROOT / ".test" / "thirdparty.yaml", tmp_path / "study.yaml")
-    p = subprocess.run([PYTHON, "-m", "trainscale", "check", "study.yaml"], cwd=tmp_path,
-                       env=run_env(), capture_output=True, text=True, timeout=300)  # fmt: skip
+    check = [PYTHON, "-m", "trainscale", "check", "--no-memory", "study.yaml"]
+    p = subprocess.run(check, cwd=tmp_path, env=run_env(), capture_output=True, text=True,
+                       timeout=300)  # fmt: skip
     assert p.returncode == 0, p.stdout + p.stderr
     assert "models.othergpt: 34,688 parameters at seq_len 32" in p.stderr
     assert "number of parameters" not in p.stdout + p.stderr

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from trainscale.data import export_data, tokens
-from trainscale.plan.matrix import ConfigError, build_runs, config_problems
+from trainscale.plan.check import config_problems
+from trainscale.plan.matrix import ConfigError, build_runs
 from trainscale.plan.overlay import BASE_CONFIG
 
 from conftest import PYTHON, ROOT, base_config, launch, load_yaml, run_env, validated

@@ -40,9 +40,12 @@ OPAQUE = ("spec", "pipeline", "deepspeed", "horovod", "communication")
 
 
 def keys(rec: dict, prefix: str = "") -> set[str]:
-    """The record's keys as dotted paths, down into every block but the opaque ones."""
+    """The record's keys as dotted paths, down into every block but the opaque ones; not the
+    planner's memory prediction, which the launcher adds where the study asked for one."""
     out = set()
     for k, v in rec.items():
+        if prefix + k == "memory.predicted":
+            continue
         out.add(prefix + k)
         if isinstance(v, dict) and not (prefix == "" and k in OPAQUE):
             out |= keys(v, f"{prefix}{k}.")

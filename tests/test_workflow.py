@@ -104,6 +104,16 @@ def test_real_study_through_snakemake(torch_study):
     assert {r["world_size"] for r in scaling} == {"1", "2"}
     assert "N=4" not in (results / "summary.txt").read_text()
     assert "Predicted scaling" in (results / "report.html").read_text()
+    # memory predicted before any job (memory: check warn), beside the measured peaks
+    recs = [metrics.read(f) for f in files]
+    assert all(r["memory"]["predicted"]["method"] == "traced" for r in recs)
+    assert all(r["memory"]["predicted"]["limit_bytes"] == 4 * 2**30 for r in recs)
+    ddp = {r["spec"]["workers"]: r["memory"]["predicted"]["total_bytes"] for r in recs
+           if r["spec"]["strategy"] == "torch-ddp"}  # fmt: skip
+    assert ddp[2] < ddp[1]  # half the batch per rank, the same buckets
+    assert all(float(r["predicted_peak_bytes"]) > 0 and r["memory_error"] == "" for r in rows)
+    assert all(float(r["predicted_peak_bytes"]) > 0 for r in scaling)
+    assert "predicted peak per rank" in (results / "report.html").read_text()
     # nothing to do the second time: every result is kept
     again = snakemake(
         work, "--cores", "2", "-n", "--configfile", str(ROOT / ".test" / "config.yaml")

@@ -22,7 +22,9 @@ from snakemake.common import overwrite_function_params
 from trainscale import data as ts_data
 from trainscale.report import endnote as ts_endnote
 from trainscale.data import imagesets as ts_imagesets
+from trainscale.plan import check as ts_check
 from trainscale.plan import matrix as ts_matrix
+from trainscale.plan import memory as ts_memory
 from trainscale.plan import overlay as ts_overlay
 
 
@@ -48,11 +50,11 @@ ts_overlay.replace_whole_keys(config, workflow.config_settings.overwrite_config)
 
 # The config, checked before any job: every problem listed at once with its key and a fix,
 # then the schema's defaults filled in as snakemake.utils.validate fills them
-# (ts_matrix.fill_defaults says why not validate itself); skipped, as validate is, where the
+# (ts_check.fill_defaults says why not validate itself); skipped, as validate is, where the
 # workflow is used as a module with skip_validation.
 CONFIG_SCHEMA = ts_matrix.CONFIG_SCHEMA
 _schema = load_yaml(CONFIG_SCHEMA)
-_problems = ts_matrix.config_problems(config, _schema)
+_problems = ts_check.config_problems(config, _schema)
 if _problems:
     raise ValueError(
         "config: the study's config has problems; fix these keys (documented in "
@@ -60,7 +62,7 @@ if _problems:
         + "\n  - ".join(_problems)
     )
 if not workflow.modifier.skip_validation:
-    ts_matrix.fill_defaults(config, _schema)
+    ts_check.fill_defaults(config, _schema)
 
 STUDY = config["study"]
 RESULTS = f"results/{STUDY}"
@@ -69,8 +71,17 @@ ACCELERATOR = ts_matrix.detect_accelerator(config["accelerator"])
 
 try:
     RUNS, DROPPED = ts_matrix.build_runs(config, ACCELERATOR)
+    # will each cell fit? predicted before any job, cached; over the limit: dropped or warned
+    MEMORY = ts_memory.resolve(config, ACCELERATOR)
+    RUNS, DROPPED, PREDICTED = ts_memory.fit(MEMORY, RUNS, DROPPED, ACCELERATOR)
 except ts_matrix.ConfigError as e:
     raise ValueError(f"config: {e}") from None
+# each run's launcher records its prediction from this study's index (none: check off)
+_index = ts_memory.write_index(STUDY, PREDICTED, RUNS)
+if _index:
+    os.environ[ts_memory.INDEX_ENV] = str(_index)
+else:
+    os.environ.pop(ts_memory.INDEX_ENV, None)
 #: Every run by its path; the paths are made here once (RunSpec.path builds one each time) and
 #: everything below that needs them iterates this.
 RUN_BY_PATH = {r.path: r for r in RUNS}

@@ -1,6 +1,7 @@
 """`trainscale`: the one command for users (`python -m trainscale` is the same).
 
     trainscale check CONFIG...        check a study file before any job runs
+    trainscale fit CONFIG             the largest batch size that fits, per cell
     trainscale report --runs-dir D --out O
     trainscale compare BASE NEW       exit 1 on a regression
     ...                               `trainscale --help` lists them all
@@ -26,7 +27,10 @@ class Command(NamedTuple):
 
 
 COMMANDS: dict[str, Command] = {
-    "check": Command("trainscale.plan.matrix", "check study config files; run nothing"),
+    "check": Command("trainscale.plan.check", "check study config files; run nothing"),
+    "fit": Command(
+        "trainscale.plan.fit", "the largest batch size that fits each cell's memory limit"
+    ),
     "report": Command(
         "trainscale.report.cli", "tables, figures and report.html from metrics files"
     ),

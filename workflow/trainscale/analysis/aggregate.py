@@ -33,6 +33,13 @@ once (in `trainscale.analysis.cells` and, for communication.csv, `trainscale.ana
   (`time_to_accuracy_seconds_n` of `ok` did).
 - peak memory: mean over the cell's ok runs of the per-process peak (max over ranks), i.e. per
   worker: host resident set size, and allocated device memory on GPU.
+- predicted peak memory (predicted_peak_bytes): the peak per rank predicted before any job by
+  tracing one fake training step through the runner's own wrapping (docs/memory.md; config
+  memory:), labelled a prediction, never a measurement; memory error (memory_error) =
+  measured peak device bytes ÷ predicted − 1, per run where a device peak was measured, and
+  its mean over the cell's runs. Measured so far on an H200 (bf16, seq_len 1024, batch 16,
+  AdamW, traced on CPU): gpt2-124m under torch −8.1 %, gpt2-774m under torch-fsdp at one rank
+  −3.3 %. TensorFlow and Keras cells predict model states only (no activations).
 - data-wait share and input-bound: the mean over the cell's ok runs of metrics
   `data_wait_share` (steady epochs' data wait of the slowest rank over their seconds);
   `input_bound` when it is above `datawait.INPUT_BOUND_SHARE` (10 %): the input pipeline, not

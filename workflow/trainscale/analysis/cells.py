@@ -114,6 +114,9 @@ def _cells_of(runs: pd.DataFrame) -> pd.DataFrame:
     d["logical"] = logical.fillna(False).astype(bool)
     ok = d["status"] == "ok"
     d["is_ok"] = ok
+    d["predicted_peak_bytes"] = pd.to_numeric(runs.get("predicted_peak_bytes", np.nan))
+    d["memory_error"] = pd.to_numeric(runs.get("memory_error", np.nan))
+    d["predicted_method"] = runs.get("memory.predicted.method", pd.Series(None, runs.index))
     for name, col in METRICS.items():
         if col is None:
             v = pd.to_numeric(runs["first_epoch_seconds"], errors="coerce") - pd.to_numeric(
@@ -143,6 +146,9 @@ def scaling_frame(runs: pd.DataFrame) -> pd.DataFrame:
         ok=("is_ok", "sum"),
         oversubscribed=("oversubscribed", "any"),
         logical=("logical", "any"),
+        predicted_peak_bytes=("predicted_peak_bytes", "max"),  # whatever the runs' status
+        memory_error=("memory_error", "mean"),  # over the runs that measured a device peak
+        predicted_method=("predicted_method", "first"),
     )
     out["statuses"] = _status_counts(d)
     out["failed"] = out["runs"] - out["ok"]

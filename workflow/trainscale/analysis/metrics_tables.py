@@ -96,6 +96,7 @@ def _schema_types() -> dict[str, str]:
     """runs.csv column -> dtype, from the metrics schema's leaves and RunSpec's fields."""
     schema = metrics._schema()
     out: dict[str, str] = {"run": "str", "train_loss_last": "float64"}
+    out.update(predicted_peak_bytes="float64", memory_error="float64")
 
     def walk(node: dict, prefix: str, required: bool) -> None:
         if "$ref" in node:
@@ -293,6 +294,14 @@ def _flatten(d: dict, prefix: str = "", out: dict | None = None) -> dict:
     return out
 
 
+def memory_error(block: dict) -> tuple[int | None, float | None]:
+    """(the predicted peak bytes per rank, measured ÷ predicted − 1): the error where a device
+    peak was measured (torch.cuda.max_memory_allocated), None elsewhere."""
+    predicted = (block.get("predicted") or {}).get("total_bytes")
+    measured = block.get("peak_device_bytes")
+    return predicted, measured / predicted - 1 if predicted and measured else None
+
+
 def runs_frame(records: list[dict]) -> pd.DataFrame:
     """One flat row per run; the per-epoch list becomes `train_loss_last` and `epochs_done`."""
     rows = []
@@ -301,6 +310,7 @@ def runs_frame(records: list[dict]) -> pd.DataFrame:
         flat = _flatten({k: v for k, v in rec.items() if k != "epochs"})
         flat["epochs_done"] = len(epochs)
         flat["train_loss_last"] = epochs[-1]["train_loss"] if epochs else None
+        flat["predicted_peak_bytes"], flat["memory_error"] = memory_error(rec["memory"])
         rows.append(flat)
     df = pd.DataFrame.from_records(rows) if rows else pd.DataFrame(columns=LEAD)
     return _lead_first(df)

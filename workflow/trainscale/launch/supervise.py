@@ -57,6 +57,7 @@ from trainscale.launch.slurm import (
     slurm_seconds,
 )
 from trainscale.measure import metrics
+from trainscale.plan import memory
 from trainscale.plan.runspec import RunSpec
 
 __all__ = [
@@ -301,10 +302,13 @@ def supervise(
 
 
 def stamp(rec: dict, attempt: int, env: Environment) -> dict:
-    """What only the supervisor knows, added to a run's record: the attempt it was, and how
-    often SLURM requeued its job (null outside SLURM)."""
+    """What only the supervisor knows, added to a run's record: the attempt it was, how often
+    SLURM requeued its job (null outside SLURM), and the memory the planner predicted."""
     rec["env"]["attempts"] = attempt
     rec["env"]["slurm_restarts"] = (env.restarts or 0) if env.mode == "slurm" else None
+    predicted = memory.recorded(RunSpec.from_dict(rec["spec"]))
+    if predicted is not None:  # the planner's prediction (config memory:), beside the peaks
+        rec["memory"]["predicted"] = predicted
     return rec
 
 

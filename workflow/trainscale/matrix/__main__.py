@@ -2,6 +2,6 @@
 
 import sys
 
-from trainscale.plan.matrix import main
+from trainscale.plan.check import main
 
 sys.exit(main(prog="python -m trainscale.matrix"))

@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import itertools
 import math
-import sys
 from collections import Counter
 from pathlib import Path
 
 from trainscale import data
-from trainscale.data import imagecheck, imagesets, tokens, tokensets
+from trainscale.data import imagesets, tokens, tokensets
 from trainscale.plan import catalog, datafit, faults, own_models, speed_options
 from trainscale.plan.runspec import (
     DIVERGE_LR,
@@ -288,103 +287,6 @@ def summary(runs: list[RunSpec], dropped: list[Dropped]) -> str:
     return line
 
 
-def config_problems(config: dict, schema: dict) -> list[str]:
-    """Every place `config` breaks the config schema, one line each, for people: the key as
-    written in YAML (matrix.strategy[0]), the value, what is allowed, and a likely fix for a
-    typo ("did you mean ..."). Empty when the config is valid."""
-    import difflib
-
-    import jsonschema
-
-    def where(path) -> str:
-        out = ""
-        for p in path:
-            out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
-        return out or "<top level>"
-
-    lines = []
-    validator = jsonschema.Draft202012Validator(schema)
-    for e in sorted(validator.iter_errors(config), key=lambda e: list(map(str, e.path))):
-        key = where(e.path)
-        if e.validator == "enum":
-            allowed = [str(v) for v in e.validator_value]
-            close = difflib.get_close_matches(str(e.instance), allowed, n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            lines.append(f"{key}: {e.instance!r} is not one of {', '.join(allowed)}{hint}")
-        elif e.validator == "additionalProperties":
-            known = sorted(e.schema.get("properties", {}))
-            extra = sorted(set(e.instance) - set(known))
-            for k in extra:
-                close = difflib.get_close_matches(k, known, n=1)
-                hint = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(known)}"
-                where_k = f"{key}.{k}" if e.path else k
-                lines.append(f"{where_k}: unknown key; {hint}")
-        elif e.validator == "pattern":
-            lines.append(
-                f"{key}: {e.instance!r} has characters not allowed here (the value becomes a "
-                f"path or part of a command line); allowed: {e.validator_value}"
-            )
-        else:
-            lines.append(f"{key}: {e.message}")
-    lines += imagecheck.problems(config)
-    lines += _model_names(config)
-    if lines:
-        return lines
-    seq_lens = (config.get("matrix") or {}).get("seq_len") or [DEFAULT_SEQ_LEN]
-    try:
-        answer = own_models.check(config, data_shapes(config, seq_lens))
-    except own_models.OwnModelError as e:
-        return [str(e)]
-    for name, facts in answer.items():
-        tokens = config["models"][name].get("input") == "tokens"
-        at = "seq_len {}, vocabulary {}" if tokens else "input {}, {} classes"
-        counts = "; ".join(
-            f"{n:,} parameters at " + at.format(*k.split("/")) for k, n in facts["params"].items()
-        )
-        print(f"trainscale: models.{name}: {counts or 'not built'}", file=sys.stderr)
-    return own_models.problems(answer)
-
-
-def _model_names(config: dict) -> list[str]:
-    """matrix.model names that are neither built-in nor under `models:`, with the likely fix."""
-    import difflib
-
-    own = config.get("models") or {}
-    known = [*catalog.MODELS, *own]
-    out = []
-    for i, name in enumerate((config.get("matrix") or {}).get("model") or []):
-        if name in known:
-            continue
-        close = difflib.get_close_matches(name, known, n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        out.append(
-            f"matrix.model[{i}]: {name!r} is not one of {', '.join(catalog.MODELS)}, nor a name "
-            f"under models:{hint} (your own model: models.{name}: {{torch: 'pkg.mod:build'}}; "
-            "docs/own-model.md)"
-        )
-    return out
-
-
-def fill_defaults(config: dict, schema: dict) -> None:
-    """Fill in the schema's defaults, in place, exactly as snakemake.utils.validate does (its
-    default-setting `properties` on the same Draft 2020-12 validator), from the schema already
-    read for `config_problems`: Snakemake's own validate reads the schema file again with the
-    pure-Python YAML reader and builds a reference registry for it, a tenth of a second of
-    every Snakemake start. Call after `config_problems` found none."""
-    import jsonschema
-
-    base = jsonschema.Draft202012Validator
-    check_properties = base.VALIDATORS["properties"]
-
-    def set_defaults(validator, properties, instance, subschema):
-        for name, prop in properties.items():
-            if "default" in prop:
-                instance.setdefault(name, prop["default"])
-        yield from check_properties(validator, properties, instance, subschema)
-
-    jsonschema.validators.extend(base, {"properties": set_defaults})(schema).validate(config)
-
-
 def gpu_count() -> int:
     """NVIDIA GPUs on this host, from the driver's /proc entries (no CUDA import)."""
     gpus = Path("/proc/driver/nvidia/gpus")
@@ -421,67 +323,3 @@ def capacity_problems(runs: list[RunSpec], accelerator: str, cpus: int, gpus: in
 
 
 CONFIG_SCHEMA = Path(__file__).resolve().parents[2] / "schemas" / "config.schema.yaml"
-
-
-def check_file(path: str | Path, base: Path | None = None) -> list[str]:
-    """Problems of a config file as `snakemake --configfile` would meet them: laid over `base`
-    (the workflow's config.yaml unless it is that file) as trainscale.plan.overlay describes, with
-    the keys it inherits listed, and with the line of a YAML syntax error (Snakemake only says
-    the file is not valid YAML)."""
-    import os
-
-    import yaml
-
-    from trainscale.plan import overlay
-
-    base = overlay.BASE_CONFIG if base is None else base
-    try:
-        config = yaml.safe_load(Path(path).read_text())
-    except OSError as e:
-        return [f"{path}: cannot read it ({e.strerror})"]
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        return [f"{path}:{where}: not valid YAML: {getattr(e, 'problem', e)}"]
-    if not isinstance(config, dict):
-        return [f"{path}: a config is a mapping of keys (study:, matrix:, ...)"]
-    inherited: list = []
-    if base.is_file() and Path(path).resolve() != base.resolve():
-        base_config = yaml.safe_load(base.read_text()) or {}
-        unnamed = overlay.unnamed_study(config, [path], base_config.get("study"))
-        if unnamed:
-            return [unnamed]
-        inherited = overlay.inherited(base_config, config)
-        config = overlay.overlay(base_config, config)
-    schema = yaml.safe_load(CONFIG_SCHEMA.read_text())
-    problems = config_problems(config, schema)
-    if problems:
-        return [f"{path}: {p}" for p in problems]
-    fill_defaults(config, schema)  # as the workflow does
-    try:
-        runs, dropped = build_runs(config, detect_accelerator(config["accelerator"]))
-    except ConfigError as e:
-        return [f"{path}: {e}"]
-    print(f"{path}: study {config['study']!r}: {summary(runs, dropped)}")
-    if inherited:
-        print(f"  inherited from {os.path.relpath(base)}:")
-        print("\n".join(f"    {line}" for line in overlay.describe(inherited)))
-    return []
-
-
-def main(argv: list[str] | None = None, prog: str = "trainscale check") -> int:
-    """`trainscale check CONFIG...`: check study config files without running anything, each
-    laid over the workflow's config.yaml as `snakemake --configfile CONFIG` lays it."""
-    import argparse
-    import sys
-
-    p = argparse.ArgumentParser(prog=prog, description=main.__doc__.split(": ", 1)[1])
-    p.add_argument("configs", nargs="+", type=Path, metavar="CONFIG", help="a study config file")
-    p.add_argument(
-        "--base", type=Path, default=None, help="the config laid under each (default: config.yaml)"
-    )
-    args = p.parse_args(argv)
-    problems = [line for c in args.configs for line in check_file(c, args.base)]
-    for line in problems:
-        print(line, file=sys.stderr)
-    return 1 if problems else 0

@@ -19,17 +19,15 @@ import hashlib
 import importlib.machinery
 import json
 import os
-import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainscale.plan import child
 from trainscale.plan.catalog_models import Model
 
 #: where pre-flight answers are kept, under the directory Snakemake runs in
 CACHE = Path(".cache") / "trainscale" / "own-models"
-WORKFLOW = Path(__file__).resolve().parents[2]
 #: the pre-flight child builds every model on the meta device: seconds, not minutes
 TIMEOUT_SECONDS = 600
 
@@ -142,36 +140,13 @@ def check(config: dict, shapes: dict[str, list[tuple]]) -> dict:
 
 
 def _ask_child(request: dict, path: Path, log: Path, own: list[str]) -> dict:
-    """Run the pre-flight child: the request and its answer are files of their own, so what
-    the user's code prints, logs or warns (to stdout or stderr, at import, build or forward)
-    goes to `log` and never into the answer; the answer is cached at `path` when clean."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(WORKFLOW), *request["code"], *filter(None, [env.get("PYTHONPATH")])]
-    )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="trainscale-preflight-") as tmp:
-        asked, answered = Path(tmp) / "request.json", Path(tmp) / "answer.json"
-        asked.write_text(json.dumps(request))
-        with open(log, "w") as out:
-            try:
-                code = subprocess.run(
-                    [sys.executable, "-m", "trainscale.models.preflight", str(asked),
-                     str(answered)],
-                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
-                    timeout=TIMEOUT_SECONDS,
-                ).returncode  # fmt: skip
-            except subprocess.TimeoutExpired:
-                code = None
-        answer = json.loads(answered.read_text()) if answered.is_file() else None
-    if code != 0 or answer is None:
-        lines = log.read_text(errors="replace").strip().splitlines()
-        last = (
-            f"no answer within {TIMEOUT_SECONDS} s" if code is None
-            else lines[-1] if lines else f"exit code {code}, no output"
-        )  # fmt: skip
+    """The pre-flight child's answer (trainscale.plan.child: what the user's code prints,
+    logs or warns goes to `log`, never into it), cached at `path` when clean."""
+    answer, why = child.ask("trainscale.models.preflight", request, log, request["code"],
+                            TIMEOUT_SECONDS)  # fmt: skip
+    if answer is None:
         raise OwnModelError(
-            f"models: the pre-flight check of {', '.join(own)} stopped: {last} (its whole "
+            f"models: the pre-flight check of {', '.join(own)} stopped: {why} (its whole "
             f"output: {log})"
         )
     if not any(a["problems"] for a in answer.values()):

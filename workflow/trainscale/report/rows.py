@@ -32,6 +32,8 @@ def cell_note(r) -> str:
     notes = [r.baseline_note if isinstance(r.baseline_note, str) else ""]
     row = catalog.STRATEGIES.get(r.strategy)
     notes.append(row.results_note if row else "")
+    if getattr(r, "predicted_method", None) == "model-states":
+        notes.append("predicted memory: model states only (no activations)")
     return "; ".join(n for n in notes if n)
 
 
@@ -55,6 +57,11 @@ def mib(v, ci=None) -> str:
     if v >= 2**30:
         return with_ci(v / 2**30, None if na(ci) else ci / 2**30, "GiB")
     return with_ci(v / 2**20, None if na(ci) else ci / 2**20, "MiB")
+
+
+def signed_pct(v) -> str:
+    """A relative error for people: +8.8 %, −3.1 % (– where there is none)."""
+    return "–" if na(v) else f"{'+' if v >= 0 else '−'}{human(abs(100 * v))} %"
 
 
 def pct(v) -> str:
@@ -199,6 +206,8 @@ def scaling_rows(study: Study) -> list[dict]:
                 "tta": tta,
                 "rss": mib(r.peak_host_rss_bytes_mean, r.peak_host_rss_bytes_ci95),
                 "device": mib(r.peak_device_bytes_mean, r.peak_device_bytes_ci95),
+                "predicted": mib(getattr(r, "predicted_peak_bytes", None)),
+                "memory_error": signed_pct(getattr(r, "memory_error", None)),
                 "note": cell_note(r),
                 "data_wait": pct(getattr(r, "data_wait_share_mean", None)),
                 "input_bound": bool(getattr(r, "input_bound", False)),

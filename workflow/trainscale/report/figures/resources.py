@@ -1,5 +1,5 @@
-"""Resource figures: peak memory per worker process, and the all-reduce benchmark's bus
-bandwidth against message size."""
+"""Resource figures: peak memory per worker process, the predicted peak per rank against the
+measured one, and the all-reduce benchmark's bus bandwidth against message size."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from trainscale.analysis.aggregate import Study
 from trainscale.report.figures.facets import finish, grid, side_width
 from trainscale.report.figures.lined import draw_lines
 from trainscale.report.figures.registry import Kind, figure, ok_cells
-from trainscale.report.figures.style import header, sequential
+from trainscale.report.figures.style import STRATEGY_COLOURS, header, sequential
 
 MIB = 2.0**20
 
@@ -69,6 +69,47 @@ def draw_memory(d: pd.DataFrame, kind: Kind) -> Figure:
         if ax.has_data():
             ax.set_ylim(bottom=0)
     return fig
+
+
+def _memory_predicted(study: Study) -> pd.DataFrame | str:
+    s = study.scaling
+    if "predicted_peak_bytes" not in s or not s["predicted_peak_bytes"].notna().any():
+        return "nothing was predicted (memory.check is off: docs/memory.md)"
+    d = s[s["predicted_peak_bytes"].notna() & s["peak_device_bytes_mean"].notna()]
+    if d.empty:
+        return "no cell with a prediction measured a device peak (a GPU run)"
+    return d.assign(
+        predicted_gib=d["predicted_peak_bytes"] / 2**30,
+        measured_gib=d["peak_device_bytes_mean"] / 2**30,
+    )
+
+
+@figure("memory_predicted", data=_memory_predicted, col=("model",))
+def draw_memory_predicted(d: pd.DataFrame, kind: Kind) -> Figure:
+    """Measured against predicted peak per rank: a point per cell, coloured by strategy, on
+    the line y = x with a ±10 % band (the bar)."""
+    models = sorted(d["model"].unique())
+    strategies = [s for s in STRATEGY_COLOURS if s in set(d["strategy"])]
+    handles = [header("strategy")]
+    handles += [Line2D([], [], color=STRATEGY_COLOURS[s], marker="o", linestyle="", label=s)
+                for s in strategies]  # fmt: skip
+    handles.append(Line2D([], [], color="0.3", linestyle="--", label="measured = predicted"))
+    fig, axes = grid([""], models, sharey=False, w=3.2, h=3.0,
+                     side=side_width([h.get_label() for h in handles]))  # fmt: skip
+    for ax, model in zip(axes[0], models, strict=True):
+        sub = d[d["model"] == model]
+        for s in strategies:
+            pts = sub[sub["strategy"] == s]
+            ax.plot(pts["predicted_gib"], pts["measured_gib"], "o", color=STRATEGY_COLOURS[s])
+        top = 1.1 * max(sub["predicted_gib"].max(), sub["measured_gib"].max())
+        ax.plot([0, top], [0, top], "--", color="0.3", linewidth=0.9)
+        ax.fill_between([0, top], [0, 0.9 * top], [0, 1.1 * top], color="0.5", alpha=0.12)
+        ax.set_xlim(0, top)
+        ax.set_ylim(0, top)
+        ax.set_title(model)
+        ax.set_xlabel("predicted peak per rank (GiB)")
+        ax.set_ylabel("measured peak device (GiB)")
+    return finish(fig, kind.title, handles)
 
 
 def size_label(b: float) -> str:

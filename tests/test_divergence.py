@@ -26,7 +26,7 @@ from trainscale.plan.runspec import DIVERGE_LR
 from trainscale.report import rows
 from trainscale.runners.torch.torch_parts import SkippedSteps
 
-from conftest import snakemake, study_records, validated
+from conftest import reuse_deepspeed_ops, snakemake, study_records, validated
 
 
 def test_the_first_unsound_loss_is_named_with_the_last_finite_one():
@@ -143,6 +143,7 @@ STUDY = {
 def test_planted_divergence_in_every_framework_beside_a_healthy_run(tmp_path):
     cfg = tmp_path / "study.yaml"
     cfg.write_text(yaml.safe_dump(STUDY))
+    reuse_deepspeed_ops(tmp_path)
     target, card = "results/diverge/summary.txt", "results/diverge/scaling-card.json"
     p = snakemake(tmp_path, target, card, "--cores", "2", "--configfile", str(cfg))
     assert p.returncode == 0, p.stderr[-4000:]  # a diverged run's job succeeds

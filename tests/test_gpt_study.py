@@ -18,10 +18,9 @@ from trainscale.plan.matrix import build_runs
 from conftest import base_config, launch, reuse_deepspeed_ops, run_test_study, study_records
 
 #: strategies that train the same global batches as one process, with the same update: their
-#: validation loss after the same steps matches torch's (horovod-torch's Adam starts at step 1
-#: by Horovod's own state broadcast; TensorFlow initialises its own weights)
-SAME_AS_ONE_PROCESS = ("torch-ddp", "torch-fsdp", "deepspeed-zero2", "deepspeed-zero3",
-                       "torch-pipeline", "lightning-ddp", "torch-tp")  # fmt: skip
+#: validation loss after the same steps matches torch's (TensorFlow initialises its own weights)
+SAME_AS_ONE_PROCESS = ("torch-ddp", "torch-fsdp", "deepspeed-zero3", "torch-pipeline",
+                       "lightning-ddp", "torch-tp")  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +33,7 @@ def gpt_study(tmp_path_factory) -> dict:
 
 def test_every_strategy_trains_gpt_nano_on_tokens(gpt_study):
     recs = gpt_study["recs"]
-    assert len(recs) == 11
+    assert len(recs) == 9
     failed = [(r["spec"]["strategy"], r["error"]) for r in recs if r["status"] != "ok"]
     assert not failed
     params = {r["model"]["params"] for r in recs}

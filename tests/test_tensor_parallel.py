@@ -143,8 +143,10 @@ def one_process(tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "strategy, workers, tp, optimizer",
-    [("torch-tp", 2, 2, "sgd"), ("torch-tp", 2, 2, "adamw"), ("torch-fsdp-tp", 4, 2, "adamw")],
-    ids=["tp2-sgd", "tp2-adamw", "dp2xtp2-adamw"],  # 4 ranks on 2 cores: one optimizer (60 s)
+    [("torch-tp", 2, 2, "sgd"), ("torch-fsdp-tp", 4, 2, "adamw")],
+    # one optimizer each: the split's gradients under SGD, the sharded AdamW state under FSDP x
+    # TP (4 ranks on 2 cores: 60 s)
+    ids=["tp2-sgd", "dp2xtp2-adamw"],
 )
 def test_tensor_parallel_ends_with_one_process_weights(
     tmp_path, one_process, strategy, workers, tp, optimizer

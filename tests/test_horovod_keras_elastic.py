@@ -21,9 +21,11 @@ def elastic_spec(workers: int, epochs: int):
     return build_runs(validated({"study": "t", "epochs": epochs, "matrix": m}))[0][0]
 
 
-#: epochs of the run at a fixed size and of the one that loses a worker, long enough that
-#: Horovod's host discovery (polled about once a second) sees the change before the last epoch
+#: epochs of the run that loses a worker, long enough that Horovod's host discovery (polled
+#: about once a second) sees the change before the last epoch
 EPOCHS = 6
+#: epochs of the runs at a fixed size: nothing changes, so 2 show the steady state
+FIXED_EPOCHS = 2
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +34,7 @@ def fixed_size(tmp_path_factory) -> dict[int, dict]:
     recs = {}
     for workers in (1, 2):
         out = tmp_path_factory.mktemp(f"fixed-{workers}") / "metrics.json"
-        p = launch(elastic_spec(workers, EPOCHS), out, timeout=300)
+        p = launch(elastic_spec(workers, FIXED_EPOCHS), out, timeout=300)
         assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
         recs[workers] = metrics.read(out)  # validated against the metrics schema
     return recs
@@ -44,7 +46,7 @@ def test_elastic_keras_trains_at_a_fixed_size(fixed_size, workers):
     rec = fixed_size[workers]
     assert rec["status"] == "ok", rec["error"]
     assert rec["test"]["accuracy"] > 0.5  # chance is 0.1
-    assert len(rec["epochs"]) == EPOCHS and {e["steps"] for e in rec["epochs"]} == {89}
+    assert len(rec["epochs"]) == FIXED_EPOCHS and {e["steps"] for e in rec["epochs"]} == {89}
     assert rec["device"]["count"] == workers and rec["horovod"]["final_world_size"] == workers
     changes = [(m["after_epoch"], m["world_size"]) for m in rec["horovod"]["membership"]]
     assert changes == [(0, workers)]
@@ -86,5 +88,6 @@ def test_elastic_keras_run_finishes_with_fewer_workers_when_one_is_removed(tmp_p
     # the global batch stays the spec's: one worker then takes all of it, steps are unchanged
     assert {e["steps"] for e in rec["epochs"]} == {89}  # 4 × 1437 // 64
     assert all(e["samples"] == 89 * 64 for e in rec["epochs"])
-    kept = [e["train_loss"] for e in fixed_size[2]["epochs"]]
-    assert [e["train_loss"] for e in rec["epochs"]] == pytest.approx(kept, rel=1e-3), kept
+    kept = [e["train_loss"] for e in fixed_size[2]["epochs"]]  # its first FIXED_EPOCHS
+    got = [e["train_loss"] for e in rec["epochs"]][:FIXED_EPOCHS]
+    assert got == pytest.approx(kept, rel=1e-3), kept

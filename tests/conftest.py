@@ -191,6 +191,17 @@ def link_test_models(work: Path) -> None:
     (work / ".test" / "models").symlink_to(ROOT / ".test" / "models", target_is_directory=True)
 
 
+def preflight_check(work: Path) -> tuple[subprocess.CompletedProcess, str]:
+    """`trainscale check --no-memory study.yaml` in `work`, and the own-model pre-flight
+    child's log there: where what the user's code printed, logged or warned went."""
+    check = [PYTHON, "-m", "trainscale", "check", "--no-memory", "study.yaml"]
+    p = subprocess.run(check, cwd=work, env=run_env(), capture_output=True, text=True,
+                       timeout=300)  # fmt: skip
+    assert p.returncode == 0, p.stdout + p.stderr
+    (log,) = (work / ".cache" / "trainscale" / "own-models").glob("*.log")
+    return p, log.read_text()
+
+
 def reuse_deepspeed_ops(work: Path) -> None:
     """The DeepSpeed op this checkout's .cache holds, copied into a study's `work` dir with its
     files' times: the deepspeed_ops rule still runs and loads it (0.1 s instead of 30-45 s on 2

@@ -5,7 +5,6 @@ strategy that can, through Snakemake; a model that raises while training fails a
 from __future__ import annotations
 
 import shutil
-import subprocess
 import textwrap
 from pathlib import Path
 
@@ -16,12 +15,11 @@ from trainscale.plan.check import config_problems
 from trainscale.plan.matrix import build_runs
 
 from conftest import (
-    PYTHON,
     ROOT,
     base_config,
     load_yaml,
+    preflight_check,
     reuse_deepspeed_ops,
-    run_env,
     snakemake,
     study_records,
     validated,
@@ -158,14 +156,9 @@ def test_what_a_model_prints_logs_or_warns_never_reaches_the_preflight_answer(pa
     models = {"mine": {"torch": "mymodels.noisy:build", "blocks": "blocks"}}
     cfg = own_config(package, models, strategy=["torch-ddp"], workers=[2])
     (tmp_path / "study.yaml").write_text(yaml.safe_dump({**cfg, "study": "noisy"}))
-    check = [PYTHON, "-m", "trainscale", "check", "--no-memory", "study.yaml"]
-    p = subprocess.run(check, cwd=tmp_path, env=run_env(), capture_output=True, text=True,
-                       timeout=300)  # fmt: skip
-    assert p.returncode == 0, p.stdout + p.stderr
+    p, said = preflight_check(tmp_path)
     assert "models.mine: 2,410 parameters at input 1x8x8, 10 classes" in p.stderr
     assert "not the answer" not in p.stdout + p.stderr
-    (log,) = (tmp_path / ".cache" / "trainscale" / "own-models").glob("*.log")
-    said = log.read_text()
     for line in ('{"mine": {"problems": ["not the answer"]}}', "building",
                  "INFO:noisy:built a noisy model", "UserWarning: noisy: constructed",
                  '{"forward": true}', "INFO:noisy:forward of (2, 1, 8, 8)",

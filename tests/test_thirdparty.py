@@ -12,7 +12,6 @@ of exposed communication undone.
 from __future__ import annotations
 
 import shutil
-import subprocess
 import sys
 
 import numpy as np
@@ -23,10 +22,10 @@ from trainscale.runners.guarded import Parts
 
 import tap
 from conftest import (
-    PYTHON,
     ROOT,
     link_test_models,
     load_yaml,
+    preflight_check,
     reuse_deepspeed_ops,
     run_env,
     run_test_study,
@@ -118,14 +117,9 @@ def test_what_it_prints_never_reaches_the_preflight_answer(tmp_path):
     to the child's log beside the cache, and the answer arrives whole."""
     link_test_models(tmp_path)
     shutil.copy(ROOT / ".test" / "thirdparty.yaml", tmp_path / "study.yaml")
-    check = [PYTHON, "-m", "trainscale", "check", "--no-memory", "study.yaml"]
-    p = subprocess.run(check, cwd=tmp_path, env=run_env(), capture_output=True, text=True,
-                       timeout=300)  # fmt: skip
-    assert p.returncode == 0, p.stdout + p.stderr
+    p, said = preflight_check(tmp_path)
     assert "models.othergpt: 34,688 parameters at seq_len 32" in p.stderr
     assert "number of parameters" not in p.stdout + p.stderr
-    (log,) = (tmp_path / ".cache" / "trainscale" / "own-models").glob("*.log")
-    said = log.read_text()
     assert "othergpt: number of parameters: 0.0347M" in said
     assert "othergpt: built 2 layers of width 32" in said  # logging.warning
     assert "UserWarning: othergpt: no targets" in said

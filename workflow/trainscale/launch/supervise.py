@@ -251,7 +251,7 @@ def supervise(
         rec = metrics.failure_record(
             spec.to_dict(), "failed", error, start_utc, time.perf_counter() - t0, launch
         )
-        metrics.write(out, stamp(rec, attempt, env))
+        metrics.write(out, stamp(rec, spec, attempt, env))
 
     _end_with_us(proc, cancelled)
     pump = threading.Thread(target=_pump, args=(proc.stdout, sys.stdout, tail), daemon=True)
@@ -273,7 +273,7 @@ def supervise(
                     f"(status {rec['status']} kept)",
                     flush=True,
                 )
-            metrics.write(out, stamp(rec, attempt, env))
+            metrics.write(out, stamp(rec, spec, attempt, env))
             return rec["status"]
         except metrics.MetricsError as e:
             tail.append(f"metrics written by the run are invalid: {e}\n")
@@ -296,17 +296,17 @@ def supervise(
     rec = metrics.failure_record(
         spec.to_dict(), status, error, start_utc, time.perf_counter() - t0, launch
     )
-    metrics.write(out, stamp(rec, attempt, env))
+    metrics.write(out, stamp(rec, spec, attempt, env))
     print(f"trainscale: recorded status {status!r} in {out}", flush=True)
     return status
 
 
-def stamp(rec: dict, attempt: int, env: Environment) -> dict:
-    """What only the supervisor knows, added to a run's record: the attempt it was, how often
+def stamp(rec: dict, spec: RunSpec, attempt: int, env: Environment) -> dict:
+    """What only the supervisor knows, added to `spec`'s record: the attempt it was, how often
     SLURM requeued its job (null outside SLURM), and the memory the planner predicted."""
     rec["env"]["attempts"] = attempt
     rec["env"]["slurm_restarts"] = (env.restarts or 0) if env.mode == "slurm" else None
-    predicted = memory.recorded(RunSpec.from_dict(rec["spec"]))
+    predicted = memory.recorded(spec)
     if predicted is not None:  # the planner's prediction (config memory:), beside the peaks
         rec["memory"]["predicted"] = predicted
     return rec

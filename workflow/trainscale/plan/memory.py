@@ -221,15 +221,12 @@ def fit(
     allowed = check.allowed_bytes
     over = {p for p, a in answers.items() if a.get("total_bytes", 0) > allowed}
     fits = [r for r in runs if r.path not in over]
-    notes, kept, seen = [], [], set()
+    notes, seen = [], set()
     for r in runs:
         a = answers[r.path]
         if "error" in a:
             notes.append(f"memory of {r.path} not predicted: {a['error']}")
-        if r.path not in over:
-            kept.append(r)
-            continue
-        if r.cell in seen:
+        if r.path not in over or r.cell in seen:
             continue
         seen.add(r.cell)
         why = over_reason(r, a["total_bytes"], check, fits)
@@ -237,8 +234,7 @@ def fit(
             dropped.append(Dropped({k: getattr(r, k) for k in MATRIX_VALUES}, why))
         else:
             notes.append(f"{why} (memory.check: warn, kept)")
-    if check.mode != "drop":
-        kept = runs
+    kept = fits if check.mode == "drop" else runs
     for line in notes:
         print(f"trainscale: memory: {line}", file=sys.stderr)
     if not kept:

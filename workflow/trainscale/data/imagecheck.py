@@ -9,14 +9,13 @@ make every `snakemake -n` slow. The loaders still name a bad file they meet whil
 
 from __future__ import annotations
 
-import difflib
 import io
 import os
 import tarfile
 from pathlib import Path
 
 from trainscale import data
-from trainscale.data import tokensets
+from trainscale.data import names, tokensets
 from trainscale.data.imagesets import (
     BUILTIN_KEYS,
     FORMATS,
@@ -37,7 +36,7 @@ def problems(config: dict) -> list[str]:
     if not isinstance(datasets, dict):
         return []  # the schema check names it
     out = _unknown_names(config, datasets)
-    used = _matrix_names(config)
+    used = names.matrix_names(config, "dataset")
     for name, entry in datasets.items():
         if not isinstance(entry, dict):
             continue
@@ -52,26 +51,13 @@ def problems(config: dict) -> list[str]:
     return out
 
 
-def _matrix_names(config: dict) -> list:
-    names = (config.get("matrix") or {}).get("dataset") or []
-    return names if isinstance(names, list) else []
-
-
 def _unknown_names(config: dict, datasets: dict) -> list[str]:
-    known = [*data.DATASETS, *datasets]
-    out = []
-    for i, name in enumerate(_matrix_names(config)):
-        if not isinstance(name, str) or name in known:
-            continue
-        close = difflib.get_close_matches(name, known, n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        out.append(
-            f"matrix.dataset[{i}]: {name!r} is not one of {', '.join(data.DATASETS)}, nor a "
-            f"name under datasets:{hint} (to train on your own images, add "
-            f"datasets.{name}: {{format, train, test, image_size}}, or your token files with "
-            f"datasets.{name}: {{format: tokens, train, test, vocab_size}}; docs/data.md)"
-        )
-    return out
+    return names.unknown(
+        config, "dataset", data.DATASETS, datasets, "datasets",
+        lambda name: f"to train on your own images, add datasets.{name}: {{format, train, test, "
+        f"image_size}}, or your token files with datasets.{name}: {{format: tokens, train, "
+        "test, vocab_size}; docs/data.md",
+    )  # fmt: skip
 
 
 def _entry_problems(name: str, entry: dict, key: str) -> list[str]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from trainscale.data import imagecheck
+from trainscale.data import imagecheck, names
 from trainscale.plan import catalog, memory, own_models
 from trainscale.plan.matrix import (
     CONFIG_SCHEMA,
@@ -82,22 +82,11 @@ def config_problems(config: dict, schema: dict) -> list[str]:
 
 def _model_names(config: dict) -> list[str]:
     """matrix.model names that are neither built-in nor under `models:`, with the likely fix."""
-    import difflib
-
-    own = config.get("models") or {}
-    known = [*catalog.MODELS, *own]
-    out = []
-    for i, name in enumerate((config.get("matrix") or {}).get("model") or []):
-        if name in known:
-            continue
-        close = difflib.get_close_matches(name, known, n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        out.append(
-            f"matrix.model[{i}]: {name!r} is not one of {', '.join(catalog.MODELS)}, nor a name "
-            f"under models:{hint} (your own model: models.{name}: {{torch: 'pkg.mod:build'}}; "
-            "docs/own-model.md)"
-        )
-    return out
+    return names.unknown(
+        config, "model", catalog.MODELS, config.get("models") or {}, "models",
+        lambda name: f"your own model: models.{name}: {{torch: 'pkg.mod:build'}}; "
+        "docs/own-model.md",
+    )  # fmt: skip
 
 
 def fill_defaults(config: dict, schema: dict) -> None:
@@ -214,7 +203,6 @@ def main(argv: list[str] | None = None, prog: str = "trainscale check") -> int:
     """`trainscale check CONFIG...`: check study config files without running anything, each
     laid over the workflow's config.yaml as `snakemake --configfile CONFIG` lays it."""
     import argparse
-    import sys
 
     p = argparse.ArgumentParser(prog=prog, description=main.__doc__.split(": ", 1)[1])
     p.add_argument("configs", nargs="+", type=Path, metavar="CONFIG", help="a study config file")

@@ -10,6 +10,7 @@ with exit code 0 and left it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -46,3 +47,13 @@ def ask(module: str, request: dict, log: Path, paths: list[str], timeout: float)
         return None, f"no answer within {timeout:g} s"
     lines = log.read_text(errors="replace").strip().splitlines()
     return None, lines[-1] if lines else f"exit code {code}, no output"
+
+
+def sources_digest(files) -> str:
+    """What a cached answer depends on in source files: each file's path, modification time
+    and size (an edit, or a checkout, asks the child again)."""
+    h = hashlib.sha256()
+    for f in sorted(map(str, files)):
+        st = os.stat(f)
+        h.update(f"{f}:{st.st_mtime_ns}:{st.st_size}".encode())
+    return h.hexdigest()

@@ -127,14 +127,6 @@ def resolve(config: dict, accelerator: str, show: bool = False) -> Check:
     return Check(mode, limit, headroom, source)
 
 
-def _fingerprint(files: list[Path]) -> str:
-    h = hashlib.sha256()
-    for f in sorted(files):
-        st = f.stat()
-        h.update(f"{f}:{st.st_mtime_ns}:{st.st_size}".encode())
-    return h.hexdigest()
-
-
 def _sources(spec: RunSpec) -> list[Path]:
     files = []
     for rel in SOURCES:
@@ -152,7 +144,7 @@ def key(spec: RunSpec, target: str, fingerprints: dict | None = None) -> str:
     own = spec.own_model.code if spec.own_model is not None else ()
     memo = {} if fingerprints is None else fingerprints
     if own not in memo:
-        memo[own] = _fingerprint(_sources(spec))
+        memo[own] = child.sources_digest(_sources(spec))
     text = json.dumps([VERSION, target, fields, memo[own]], sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 

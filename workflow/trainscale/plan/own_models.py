@@ -114,11 +114,8 @@ def _sources(config: dict) -> list[str]:
 
 
 def _key(request: dict, files: list[str]) -> str:
-    h = hashlib.sha256(json.dumps(request, sort_keys=True).encode())
-    for f in files:
-        st = os.stat(f)
-        h.update(f"{f}:{st.st_mtime_ns}:{st.st_size}".encode())
-    return h.hexdigest()[:32]
+    text = json.dumps(request, sort_keys=True) + child.sources_digest(files)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 def check(config: dict, shapes: dict[str, list[tuple]]) -> dict:

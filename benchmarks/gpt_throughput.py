@@ -17,11 +17,14 @@ average is printed with every line: a busy machine shows as spread.
     .venv/bin/python benchmarks/gpt_throughput.py [--model gpt-micro] [--seq-len 256]
         [--batch 8] [--precision fp32] [--threads 2] [--steps 8] [--epochs 3] [--rounds 5]
         [--dataset shakespeare] [--compile]
+    .venv/bin/python benchmarks/gpt_throughput.py --model hf:tiny-llama   # a Hugging Face config:
+        # trainscale's `torch` runner against a bare loop of the same transformers model
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -39,10 +42,13 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 from harness_overhead import in_order, runner_record, spread  # noqa: E402
 
 from trainscale.launch.supervise import worker_env  # noqa: E402
-from trainscale.plan.matrix import RunSpec  # noqa: E402
+from trainscale.plan.check import load_config  # noqa: E402
+from trainscale.plan.matrix import RunSpec, build_runs  # noqa: E402
 
 
 def spec(a: argparse.Namespace) -> RunSpec:
+    if a.model.startswith("hf:"):
+        return hf_spec(a)
     return RunSpec(
         study="bench", strategy="torch", model=a.model, dataset=a.dataset, scale=1,
         batch_size=a.batch, batch_mode="global", workers=1, nodes=1, precision=a.precision,
@@ -54,12 +60,30 @@ def spec(a: argparse.Namespace) -> RunSpec:
     )  # fmt: skip
 
 
+def hf_spec(a: argparse.Namespace) -> RunSpec:
+    """The `torch` run of an `hf:` model as the planner makes it (its own-model entry and
+    pre-flight), at the benchmark's sizes."""
+    study = {"study": "bench", "epochs": a.epochs, "steps_per_epoch": a.steps,
+             "optimizer": {"name": "adamw", "lr": 1e-3, "eps": 1e-7, "weight_decay": 0.0},
+             "matrix": {"strategy": ["torch"], "model": [a.model], "dataset": [a.dataset],
+                        "seq_len": [a.seq_len], "batch_size": [a.batch],
+                        "precision": [a.precision]}}  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "bench.yaml"
+        path.write_text(json.dumps(study))
+        config, problems = load_config(path)
+    assert not problems, problems
+    (run,), _ = build_runs(config)
+    return dataclasses.replace(run, threads_per_worker=a.threads, compile=a.compile)
+
+
 def bare(s: RunSpec, a: argparse.Namespace) -> float:
     cmd = [
         sys.executable, str(ROOT / "benchmarks" / "minimal_gpt.py"), f"--model={s.model}",
         f"--dataset={s.dataset}", f"--seq-len={s.seq_len}", f"--batch={s.batch_size}",
         f"--warmup={a.steps}", f"--steps={a.steps * (a.epochs - 1)}",
         f"--precision={s.precision}", *(["--compile"] if a.compile else []),
+        *([f"--hf-config={s.own_model.builder_kwargs['config']}"] if s.own_model else []),
     ]  # fmt: skip
     env = {**os.environ, **worker_env(s)}
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)

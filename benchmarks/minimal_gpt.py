@@ -1,7 +1,9 @@
 """A bare GPT training loop, nanoGPT's train.py reduced to what a step costs: the yardstick for
 the `torch` strategy on a GPT (benchmarks/gpt_throughput.py).
 
-One process: the same model (trainscale.models.gpt), windows of the same ids (the shipped
+One process: the same model (trainscale.models.gpt, or with `--hf-config` the transformers
+model `AutoModelForCausalLM.from_config` builds, called as transformers' own loops call it),
+windows of the same ids (the shipped
 byte corpus, or synthetic-tokens' seeded random ids) drawn at random, next-token
 cross-entropy, AdamW, fp32 (or bf16 autocast), on the GPU when there is one. `--warmup`
 steps, then `--steps` timed ones. Prints one JSON line:
@@ -29,6 +31,7 @@ p.add_argument("--warmup", type=int, default=8)
 p.add_argument("--steps", type=int, default=16)
 p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
 p.add_argument("--compile", action="store_true")
+p.add_argument("--hf-config", help="a config.json: train transformers' model of it instead")
 a = p.parse_args()
 
 torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
@@ -37,8 +40,19 @@ info = catalogue.info(a.dataset)
 train = tokens.split_ids(a.dataset, None, "train", 0, info.train_samples, info.num_classes)
 data = torch.from_numpy(train.astype(np.int64))
 torch.manual_seed(0)
-model = gpt.build(a.model, a.seq_len, info.num_classes).to(device)
-step_model = torch.compile(model) if a.compile else model
+if a.hf_config:
+    from transformers import AutoModelForCausalLM
+
+    from trainscale.models.hf import load_config
+
+    hf = AutoModelForCausalLM.from_config(load_config(a.hf_config), attn_implementation="sdpa")
+    model = hf.to(device)
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        return model(input_ids=x, use_cache=False).logits
+else:
+    model = forward = gpt.build(a.model, a.seq_len, info.num_classes).to(device)
+step_model = torch.compile(forward) if a.compile else forward
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.999), eps=1e-7)
 dtype = torch.bfloat16 if a.precision == "bf16" else None
 

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from trainscale.models import gpt
 from trainscale.models.builders import VGG19_STAGES, Builders
@@ -47,6 +48,13 @@ def build(
         return build_torch(own, tuple(in_shape), num_classes)
     shape = _BUILDERS.checked(name, in_shape, num_classes)
     return _BUILDERS[name](shape, num_classes)
+
+
+def fake_forward() -> FakeTensorMode:
+    """Where a model built on the meta device runs forward (and backward): under fake tensors,
+    shapes only, as under a tracer. A library that reads a value where it is not tracing
+    (transformers' check for packed sequences) raises on bare meta tensors."""
+    return FakeTensorMode(allow_non_fake_inputs=True)
 
 
 def param_count(model: nn.Module) -> int:

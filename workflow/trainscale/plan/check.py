@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from trainscale.data import imagecheck, names
-from trainscale.plan import catalog, memory, own_models
+from trainscale.plan import catalog, hf_models, memory, own_models
 from trainscale.plan.matrix import (
     CONFIG_SCHEMA,
     DEFAULT_SEQ_LEN,
@@ -82,10 +82,19 @@ def config_problems(config: dict, schema: dict) -> list[str]:
 
 def _model_names(config: dict) -> list[str]:
     """matrix.model names that are neither built-in nor under `models:`, with the likely fix."""
-    return names.unknown(
-        config, "model", catalog.MODELS, config.get("models") or {}, "models",
-        lambda name: f"your own model: models.{name}: {{torch: 'pkg.mod:build'}}; "
-        "docs/own-model.md",
+    model_names = names.matrix_names(config, "model")
+    hf = [n for n in model_names if hf_models.is_hf(n)]
+    out = []
+    for name in hf:  # a Hugging Face config: shipped, or the user's file
+        where = f"matrix.model[{model_names.index(name)}]"
+        try:
+            hf_models.read(hf_models.config_path(name, where), name)
+        except hf_models.HFConfigError as e:
+            out.append(str(e))
+    return out + names.unknown(
+        config, "model", catalog.MODELS, [*(config.get("models") or {}), *hf], "models",
+        lambda name: f"your own model: models.{name}: {{torch: 'pkg.mod:build'}}, "
+        "docs/own-model.md; a Hugging Face config: hf:NAME, docs/models.md",
     )  # fmt: skip
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from trainscale import data
 from trainscale.data import imagesets, tokens, tokensets
-from trainscale.plan import catalog, datafit, faults, own_models, speed_options
+from trainscale.plan import catalog, datafit, faults, hf_models, own_models, speed_options
 from trainscale.plan.runspec import (
     DIVERGE_LR,
     MATRIX_KEYS,
@@ -70,6 +70,10 @@ def why_not(
         classes=info.num_classes,
     )
     runtime = catalog.STRATEGIES[values["strategy"]].runtime
+    if own is not None and own.torch == hf_models.BUILDER:
+        hf = own.builder_kwargs
+        return (hf_models.framework_why_not(values["strategy"], runtime, hf)
+                or catalog.why_not(cell) or hf_models.shape_why_not(values, hf))  # fmt: skip
     if own is not None and runtime == "tensorflow" and own.keras is None:
         return (
             f"{values['strategy']}: {own.name} has no Keras twin (models.{own.name}.keras): "
@@ -123,6 +127,10 @@ def build_runs(config: dict, accelerator: str = "cpu") -> tuple[list[RunSpec], l
     `accelerator` is "cpu" or "cuda": what the workers will run on, used only to drop
     combinations that cannot be parallel there (e.g. DataParallel without GPUs).
     """
+    try:
+        config = hf_models.expand(config)  # hf:NAME: an own model of a safe name
+    except hf_models.HFConfigError as e:
+        raise ConfigError(str(e)) from None
     m = config["matrix"]
     not_yet = [s for s in m["strategy"] if s not in IMPLEMENTED]
     if not_yet:
@@ -144,6 +152,10 @@ def build_runs(config: dict, accelerator: str = "cpu") -> tuple[list[RunSpec], l
     dropped: list[Dropped] = []
     axes = {**m, "seq_len": m.get("seq_len") or [DEFAULT_SEQ_LEN], "tp": m.get("tp") or [1]}
     token_sets = {n: tokensets.is_tokens(n, config) for n in m["dataset"]}
+    vocab = {n: _info({"dataset": n, "seq_len": axes["seq_len"][0]}, config).num_classes
+             for n, is_tokens in token_sets.items() if is_tokens}  # fmt: skip
+    if hf_models.vocabulary_problems(config, vocab):
+        raise ConfigError("; ".join(hf_models.vocabulary_problems(config, vocab)))
     answer = own_models.check(config, data_shapes(config, axes["seq_len"]))
     if own_models.problems(answer):
         raise ConfigError("; ".join(own_models.problems(answer)))

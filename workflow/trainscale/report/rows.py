@@ -7,6 +7,7 @@ how many more the CSV files hold: a study of 100,000 runs stays a page a person 
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 
 import pandas as pd
@@ -15,7 +16,7 @@ import yaml
 from trainscale.analysis import aggregate
 from trainscale.analysis.aggregate import Study, human, rate
 from trainscale.analysis.summary import failed_parts
-from trainscale.plan import catalog
+from trainscale.plan import catalog, hf_models
 
 #: Rows of the scaling and communication tables in report.html at most (one per cell).
 MAX_CELLS = 500
@@ -116,6 +117,14 @@ def summary_rows(study: Study) -> list[dict]:
     return rows
 
 
+def _kind(builder: str, kwargs: str | None) -> str:
+    """A user's model by its builder; a Hugging Face one by its architecture and config."""
+    if builder != hf_models.BUILDER:
+        return f"user model ({builder})"
+    kw = json.loads(kwargs)
+    return f"Hugging Face {kw['architecture']} (config {kw['name'].removeprefix('hf:')})"
+
+
 def model_rows(study: Study) -> list[dict]:
     """One row per model and data set of the study: built-in or the user's own (with its
     builder's name), what it eats, its parameters and FLOPs per training sample, as its
@@ -136,7 +145,8 @@ def model_rows(study: Study) -> list[dict]:
             {
                 "model": model,
                 "dataset": dataset,
-                "kind": f"user model ({builder})" if own else "built-in",
+                "kind": _kind(builder, first.get("spec.own_model.kwargs")) if own
+                else "built-in",
                 "input": f"tokens, seq_len {int(seq_len)}" if seq_len and not na(seq_len)
                 else "images",
                 "params": params,

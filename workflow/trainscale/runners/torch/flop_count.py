@@ -19,13 +19,14 @@ from trainscale.runners.torch.torch_parts import DTYPES
 
 def per_sample(model: str, shape: tuple[int, ...], classes: int, own=None) -> float:
     """FLOPs of forward and backward of `model` on one sample of `shape` (a (C, H, W)
-    image, or (context,) token ids whose classes are the vocabulary), on the meta device."""
+    image, or (context,) token ids whose classes are the vocabulary), on the meta device (under
+    fake tensors)."""
     tokens = (own.input if own is not None else catalog.MODELS[model].input) == "tokens"
     with torch.device("meta"):
         net = models.build(model, shape, classes, own)
         x = torch.zeros(1, *shape, dtype=torch.long) if tokens else torch.zeros(1, *shape)
     counter = FlopCounterMode(display=False)
-    with counter:
+    with counter, models.fake_forward():
         # backward from the logits' sum: the loss adds no matrix multiply, and the backward
         # pass of every layer costs the same whatever gradient reaches the logits
         net(x).float().sum().backward()

@@ -18,6 +18,7 @@ all-reduced and then cut along the sequence, where torchtitan's RoPE models redu
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 
 from torch import nn
@@ -82,9 +83,13 @@ def gpt_plan(layers: int, sequence_parallel: bool) -> dict[str, ParallelStyle]:
 
 
 def own_block_plan(own: OwnModel) -> dict[str, ParallelStyle]:
-    """The user's `tp_plan` callable's plan of one block (a dict of submodule name -> style);
-    TypeError naming the key when it returns anything else."""
-    plan = resolved(own, "tp_plan")()
+    """The user's `tp_plan` callable's plan of one block (a dict of submodule name -> style),
+    called with the builder's keywords where it takes **kwargs (an `hf:` model's reads its
+    config); TypeError naming the key when it returns anything else."""
+    fn = resolved(own, "tp_plan")
+    params = inspect.signature(fn).parameters.values()
+    takes_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+    plan = fn(**own.builder_kwargs) if takes_kwargs else fn()
     if not isinstance(plan, dict) or not all(isinstance(v, ParallelStyle) for v in plan.values()):
         raise TypeError(
             f"models.{own.name}.tp_plan ({own.tp_plan}) returned {type(plan).__name__}, not a "

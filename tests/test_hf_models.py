@@ -1,0 +1,151 @@
+"""Hugging Face causal LMs by their config (`matrix.model: hf:NAME`, trainscale.plan.hf_models,
+trainscale.models.hf): safe names in paths, the checks before any job (vocabulary, positions,
+heads over tp, no Keras twin), and a user's config.json trained through Snakemake under the
+PyTorch family, counting transformers' own parameters."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from trainscale.plan import hf_models
+from trainscale.plan.matrix import ConfigError, build_runs
+
+from conftest import reuse_deepspeed_ops, snakemake, study_records, validated
+
+#: a Llama-style config that trainscale does not ship: GQA (4 heads over 2), SwiGLU, untied
+MINI = {
+    "model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 300,
+    "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 128,
+    "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": False,
+}  # fmt: skip
+
+
+def hf_config(models: list[str], **matrix) -> dict:
+    m = {"strategy": ["torch"], "model": models, "dataset": ["shakespeare"], "seq_len": [32],
+         "batch_size": [8], **matrix}  # fmt: skip
+    return validated({"study": "t", "steps_per_epoch": 2, "matrix": m})
+
+
+@pytest.fixture
+def mini(tmp_path, monkeypatch) -> str:
+    """hf:configs/mini.json, relative to the directory the planner runs in."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "mini.json").write_text(json.dumps(MINI))
+    return "hf:configs/mini.json"
+
+
+def test_names_are_safe_in_paths_distinct_per_config_and_kept_as_written(mini, tmp_path):
+    runs, _ = build_runs(hf_config(["hf:tiny-llama", mini]))
+    by = {r.own_model.builder_kwargs["name"]: r for r in runs}
+    assert by.keys() == {"hf:tiny-llama", mini}
+    for run in by.values():
+        assert run.model.startswith("hf-") and run.model in run.path
+        assert all(c.isalnum() or c in "._-" for c in run.model), run.model
+    assert by[mini].model.startswith("hf-mini-")
+    other = tmp_path / "configs" / "other" / "mini.json"  # same stem, another config
+    other.parent.mkdir()
+    other.write_text(json.dumps({**MINI, "num_hidden_layers": 3}))
+    (again,), _ = build_runs(hf_config(["hf:configs/other/mini.json"]))
+    assert again.model.startswith("hf-mini-") and again.model != by[mini].model
+
+
+def test_what_cannot_run_is_dropped_with_the_reason(mini):
+    cfg = hf_config([mini], strategy=["torch", "tf", "torch-tp", "torch-pipeline"],
+                    seq_len=[32, 256], workers=[1, 4], tp=[1, 4])  # fmt: skip
+    runs, dropped = build_runs(cfg)
+    assert {(r.strategy, r.seq_len, r.workers, r.tp) for r in runs} == {
+        ("torch", 32, 1, 1),
+        ("torch-tp", 32, 1, 1),  # torch-tp's one-rank baseline
+    }
+    reasons = {tuple(d.values[k] for k in ("strategy", "seq_len", "workers", "tp")): d.reason
+               for d in dropped}  # fmt: skip
+    assert reasons["torch", 256, 1, 1] == (
+        f"{mini}: seq_len 256 is above the config's max_position_embeddings 128"
+    )
+    assert "is a Hugging Face PyTorch model, which has no Keras twin" in reasons["tf", 32, 1, 1]
+    assert reasons["torch-tp", 32, 4, 4] == (
+        f"{mini}: tp 4 must divide its 4 attention heads and 2 key-value heads"
+    )
+    assert "decoder layers take the position embeddings" in reasons["torch-pipeline", 32, 1, 1]
+
+
+def test_a_vocabulary_below_the_datas_ids_stops_before_any_job(tmp_path):
+    with pytest.raises(ConfigError, match="hf:tiny-llama has vocab_size 256, below the 50,304 "
+                                          "ids of data set 'synthetic-tokens'"):  # fmt: skip
+        build_runs(hf_config(["hf:tiny-llama"], dataset=["synthetic-tokens"]))
+    matrix = {"strategy": ["torch"], "model": ["hf:tiny-llama"], "dataset": ["synthetic-tokens"],
+              "seq_len": [32]}  # fmt: skip
+    study = {"study": "v", "matrix": matrix}
+    (tmp_path / "study.yaml").write_text(yaml.safe_dump(study))
+    p = snakemake(tmp_path, "-n", "--configfile", str(tmp_path / "study.yaml"))
+    assert p.returncode != 0
+    assert "vocab_size 256, below the 50,304 ids" in p.stdout + p.stderr
+
+
+def test_an_unknown_config_is_named_with_the_shipped_ones():
+    with pytest.raises(ConfigError, match=r"matrix.model\[0\]: 'hf:llama9' is neither a config "
+                                          r"shipped with trainscale \(hf:llama3.1-8b"):  # fmt: skip
+        build_runs(hf_config(["hf:llama9"]))
+    assert {"llama3.2-1b", "llama3.1-8b", "qwen2.5-0.5b", "mistral-7b"} <= set(hf_models.shipped())
+
+
+@pytest.fixture(scope="module")
+def hf_study(tmp_path_factory) -> dict:
+    work = tmp_path_factory.mktemp("hf-study")
+    reuse_deepspeed_ops(work)
+    (work / "configs").mkdir()
+    (work / "configs" / "mini.json").write_text(json.dumps(MINI))
+    strategies = ["torch", "torch-ddp", "torch-fsdp", "torch-tp", "deepspeed-zero3",
+                  "lightning-ddp", "tf-mirrored"]  # fmt: skip
+    study = {
+        "study": "ci-hf", "epochs": 2, "repeats": 1, "steps_per_epoch": 2,
+        "collectives": {"enabled": False},
+        "optimizer": {"name": "adamw", "lr": 0.001, "weight_decay": 0.1},
+        "matrix": {
+            "strategy": strategies, "model": ["hf:configs/mini.json"],
+            "dataset": ["shakespeare"], "seq_len": [32], "batch_size": [8],
+            "workers": [1, 2], "tp": [1, 2],
+            # torch alone at 1 worker, the rest at 2 (torch-tp at tp 2)
+            "exclude": [*({"workers": 1, "strategy": s} for s in strategies[1:]),
+                        {"workers": 2, "strategy": "torch-tp", "tp": 1}],
+        },
+    }  # fmt: skip
+    (work / "study.yaml").write_text(yaml.safe_dump(study))
+    p = snakemake(work, "results/ci-hf/runs.csv", "results/ci-hf/report.html", "--cores", "2",
+                  "--configfile", str(work / "study.yaml"))  # fmt: skip
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    results = work / "results" / "ci-hf"
+    return {"results": results, "recs": [r for r, _ in study_records(results)], "out": p.stderr}
+
+
+@pytest.mark.slow
+def test_a_users_config_trains_under_the_pytorch_family(hf_study):
+    from transformers import AutoModelForCausalLM
+
+    from trainscale.models.hf import load_config
+
+    recs = {r["spec"]["strategy"]: r for r in hf_study["recs"]}
+    assert recs.keys() == {"torch", "torch-ddp", "torch-fsdp", "torch-tp", "deepspeed-zero3",
+                           "lightning-ddp"}  # fmt: skip
+    assert {s: r["error"] for s, r in recs.items() if r["status"] != "ok"} == {}
+    own = AutoModelForCausalLM.from_config(load_config_json(MINI, load_config)).num_parameters()
+    assert {r["model"]["params"] for r in recs.values()} == {own}
+    assert all(0 < r["flops"]["mfu"] <= 1 for r in recs.values())
+    assert recs["torch-tp"]["tp"]["degree"] == 2
+    assert "tf-mirrored: hf:configs/mini.json is a Hugging Face PyTorch model" in hf_study["out"]
+    html = (hf_study["results"] / "report.html").read_text()
+    assert "Hugging Face LlamaForCausalLM (config configs/mini.json)" in html
+
+
+def load_config_json(facts: dict, load_config):
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
+        json.dump(facts, f)
+        f.flush()
+        return load_config(f.name)

@@ -33,6 +33,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import yaml
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "workflow"))
 os.environ["PYTHONPATH"] = os.pathsep.join(
@@ -70,10 +72,11 @@ def hf_spec(a: argparse.Namespace) -> RunSpec:
                         "precision": [a.precision]}}  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "bench.yaml"
-        path.write_text(json.dumps(study))
+        path.write_text(yaml.safe_dump(study))
         config, problems = load_config(path)
     assert not problems, problems
-    (run,), _ = build_runs(config)
+    runs, _ = build_runs(config)  # the overlay keeps config.yaml's other axes: one process
+    run = next(r for r in runs if r.world_size == 1 and r.repeat == 0)
     return dataclasses.replace(run, threads_per_worker=a.threads, compile=a.compile)
 
 

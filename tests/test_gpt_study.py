@@ -15,25 +15,23 @@ from trainscale.analysis import comm_model
 from trainscale.models import gpt
 from trainscale.plan.matrix import build_runs
 
-from conftest import base_config, launch, reuse_deepspeed_ops, run_test_study, study_records
+from conftest import base_config, launch, run_test_study, study_records
 
 #: strategies that train the same global batches as one process, with the same update: their
 #: validation loss after the same steps matches torch's (TensorFlow initialises its own weights)
-SAME_AS_ONE_PROCESS = ("torch-ddp", "torch-fsdp", "deepspeed-zero3", "torch-pipeline",
-                       "lightning-ddp", "torch-tp")  # fmt: skip
+SAME_AS_ONE_PROCESS = ("torch-ddp", "torch-fsdp", "torch-pipeline", "torch-tp")
 
 
 @pytest.fixture(scope="module")
 def gpt_study(tmp_path_factory) -> dict:
     work = tmp_path_factory.mktemp("gpt-study")
-    reuse_deepspeed_ops(work)
     results, p = run_test_study(work, "gpt", "report.html", "summary.txt")
     return {"results": results, "recs": [r for r, _ in study_records(results)]}
 
 
 def test_every_strategy_trains_gpt_nano_on_tokens(gpt_study):
     recs = gpt_study["recs"]
-    assert len(recs) == 9
+    assert len(recs) == 7
     failed = [(r["spec"]["strategy"], r["error"]) for r in recs if r["status"] != "ok"]
     assert not failed
     params = {r["model"]["params"] for r in recs}

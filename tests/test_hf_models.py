@@ -13,7 +13,8 @@ import yaml
 from trainscale.plan import hf_models
 from trainscale.plan.matrix import ConfigError, build_runs
 
-from conftest import reuse_deepspeed_ops, snakemake, study_records, validated
+import tap
+from conftest import reuse_deepspeed_ops, run_env, snakemake, study_records, validated
 
 #: a Llama-style config that trainscale does not ship: GQA (4 heads over 2), SwiGLU, untied
 MINI = {
@@ -117,10 +118,12 @@ def hf_study(tmp_path_factory) -> dict:
     }  # fmt: skip
     (work / "study.yaml").write_text(yaml.safe_dump(study))
     p = snakemake(work, "results/ci-hf/runs.csv", "results/ci-hf/report.html", "--cores", "2",
-                  "--configfile", str(work / "study.yaml"))  # fmt: skip
+                  "--configfile", str(work / "study.yaml"),
+                  env=run_env(**tap.env(work / "tap")))  # fmt: skip
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     results = work / "results" / "ci-hf"
-    return {"results": results, "recs": [r for r, _ in study_records(results)], "out": p.stderr}
+    recs = [r for r, _ in study_records(results)]
+    return {"results": results, "recs": recs, "out": p.stderr, "tap": work / "tap"}
 
 
 @pytest.mark.slow
@@ -137,9 +140,27 @@ def test_a_users_config_trains_under_the_pytorch_family(hf_study):
     assert {r["model"]["params"] for r in recs.values()} == {own}
     assert all(0 < r["flops"]["mfu"] <= 1 for r in recs.values())
     assert recs["torch-tp"]["tp"]["degree"] == 2
+    builds = {s: r["model"]["build"] for s, r in recs.items()}
+    assert builds == {"torch": "whole", "torch-ddp": "whole", "torch-fsdp": "meta",
+                      "torch-tp": "meta", "deepspeed-zero3": "zero.Init",
+                      "lightning-ddp": "whole"}  # fmt: skip
+    # every run, built whole, on meta or inside zero.Init, started from the same weights (the
+    # gathered full state dict of each: tests/tap_plugin); 6 runs, 11 processes
+    assert len(list(hf_study["tap"].glob("init-*.pt"))) >= 6
+    tap.initial_weights(hf_study["tap"])
     assert "tf-mirrored: hf:configs/mini.json is a Hugging Face PyTorch model" in hf_study["out"]
     html = (hf_study["results"] / "report.html").read_text()
     assert "Hugging Face LlamaForCausalLM (config configs/mini.json)" in html
+
+
+@pytest.mark.slow
+def test_each_strategy_takes_one_process_steps(hf_study):
+    """From the same weights and the same global batches, each data-parallel, sharded or split
+    run's validation loss is one process's (2e-3, as the GPT study's)."""
+    by = {r["spec"]["strategy"]: r for r in hf_study["recs"]}
+    one = by["torch"]["test"]["loss"]
+    for s in ("torch-ddp", "torch-fsdp", "torch-tp", "deepspeed-zero3", "lightning-ddp"):
+        assert by[s]["test"]["loss"] == pytest.approx(one, rel=2e-3), s
 
 
 def load_config_json(facts: dict, load_config):

@@ -71,6 +71,11 @@ def test_every_pytorch_strategy_trains_the_model_with_its_own_counts(thirdparty,
     params, layers, width = gpt_facts()
     assert "othergpt: number of parameters" in capsys.readouterr().out  # it does print
     assert {r["model"]["params"] for r in recs.values()} == {params}
+    # with its adapter's `init`: built on meta where sharded or split, inside zero.Init for
+    # ZeRO-3; every run starts from the same weights (test_the_exposed_steps_...: tap)
+    meta = {"torch-fsdp": "meta", "torch-tp": "meta", "deepspeed-zero3": "zero.Init"}
+    assert {s: r["model"]["build"] for s, r in recs.items()} == {s: meta.get(s, "whole")
+                                                                 for s in recs}  # fmt: skip
     # PaLM's count per token: 6N + 12·L·H·Q·T, with H·Q the width
     analytic = 6 * params + 12 * layers * width * SEQ_LEN
     for s, r in recs.items():

@@ -7,8 +7,11 @@ tied matrix, so the pipeline keeps their copies in step)."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 from othergpt import GPT, GPTConfig
+from othergpt.model import Attention
 from torch import nn
 
 
@@ -56,3 +59,19 @@ def tp_plan() -> dict:
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
     return {"ff.up": ColwiseParallel(), "ff.down": RowwiseParallel()}
+
+
+def init_module(model: OtherGPTLM, module: nn.Module, name: str) -> None:
+    """othergpt's own initialisation, one module at a time (trainscale's `init`, so the
+    sharding strategies build it on the meta device): its `GPT._init`, the residual
+    projections scaled by 1/sqrt(2 L), LayerNorm's defaults, and the causal mask buffer,
+    which `to_empty` leaves unset, computed again."""
+    if isinstance(module, Attention):
+        t = module.mask.shape[-1]
+        module.mask.copy_(torch.ones(t, t).tril().view(1, 1, t, t))
+    elif isinstance(module, nn.LayerNorm):
+        module.reset_parameters()
+    GPT._init(module)
+    if isinstance(module, nn.Linear) and name.endswith((".out", ".down")):
+        std = 0.02 / math.sqrt(2 * model.gpt.cfg.n_layer)
+        nn.init.normal_(module.weight, mean=0.0, std=std)

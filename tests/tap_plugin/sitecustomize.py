@@ -2,7 +2,9 @@
 TRAINSCALE_TEST_TAP=DIR, and every process of a run (each rank) writes into DIR
 
 - `init-<pid>.pt` / `init-<pid>.npz`: the model's weights as `trainscale.models.torch_models.build`
-  / `trainscale.models.keras_models.build` returned them, i.e. before any training step;
+  / `trainscale.models.keras_models.build` returned them, i.e. before any training step; for a
+  model built on the meta device or inside deepspeed.zero.Init, the full weights (gathered,
+  from rank 0) once the PyTorch loop's set-up has built, sharded and initialised it;
 - `samples-<pid>.txt`: one line `<rank> <unix seconds> <rows>` for every training batch this
   process really fed: for PyTorch runners each call of `F.cross_entropy` that builds a graph
   (a training loss; evaluation runs under no_grad), for TensorFlow runners each call of the Keras
@@ -107,7 +109,10 @@ def _patch_models(mod) -> None:
         path = os.path.join(TAP, f"init-{os.getpid()}.pt")
         # the first real model a process builds is the one it trains; a later one (the local
         # replica that times the no-sync steps of DeepSpeed and Horovod runs) is not
-        if not any(v.is_meta for v in state.values()) and not os.path.exists(path):
+        # (a model built on the meta device, or inside deepspeed.zero.Init, has no weights yet:
+        # the loop's start writes them, gathered, once they are initialised)
+        held = not any(v.is_meta or hasattr(v, "ds_id") for v in net.parameters())
+        if held and not os.path.exists(path):
             torch.save({k: v.detach().cpu().clone() for k, v in state.items()}, path)
         return net
 
@@ -202,6 +207,17 @@ def _final_weights(loop) -> dict | None:
 
 def _patch_torch_loop(mod) -> None:
     real = mod.Loop.report
+    real_set_up = mod.Loop.set_up
+
+    def set_up(self, *args, **kw):  # a model built on meta or by zero.Init: its first weights
+        import torch
+
+        real_set_up(self, *args, **kw)
+        if getattr(self, "built", "whole") != "whole":
+            weights = _final_weights(self)  # a collective: every rank
+            if weights:
+                path = os.path.join(TAP, f"init-{os.getpid()}.pt")
+                torch.save({k: v.detach().cpu().clone() for k, v in weights.items()}, path)
 
     def report(self, out):
         import torch
@@ -218,6 +234,7 @@ def _patch_torch_loop(mod) -> None:
         return done
 
     mod.Loop.report = report
+    mod.Loop.set_up = set_up
 
 
 def _patch_lightning_trainer(mod) -> None:

@@ -111,18 +111,29 @@ class Head(nn.Module):
 
 def build(name: str, context: int, vocab: int) -> nn.Sequential:
     """GPT `name` (a catalog row with `gpt` dimensions) for `context` tokens and `vocab` ids,
-    initialised as GPT-2 (normal 0.02; residual projections 0.02/√(2L))."""
+    initialised by `init_module` from torch's generator as it stands (the runners draw each
+    module from a seed of its own instead: trainscale.models.init)."""
     layers, heads, width = catalog.MODELS[name].gpt
     if context < 1 or vocab < 1:
         raise ValueError(f"{name}: context and vocab must be positive, got {context}, {vocab}")
     emb = Embedding(vocab, context, width)
     net = nn.Sequential(emb, *(Block(width, heads) for _ in range(layers)), Head(emb, width))
-    for module_name, p in net.named_parameters():
-        if p.dim() >= 2:
-            residual = module_name.endswith("proj.weight")
-            std = 0.02 / math.sqrt(2 * layers) if residual else 0.02
-            nn.init.normal_(p, mean=0.0, std=std)
+    with torch.no_grad():
+        for module_name, module in net.named_modules():
+            init_module(net, module, module_name)
     return net
+
+
+def init_module(net: nn.Module, module: nn.Module, name: str) -> None:
+    """GPT-2's initialisation of one module's own weights: normal 0.02 for embeddings and
+    linear layers, 0.02/√(2L) for the residual projections (`proj`), LayerNorm's ones (a
+    trainscale.models.init `Init`; the head's matrix is the embedding's, set with it)."""
+    if isinstance(module, nn.Linear | nn.Embedding):
+        layers = sum(isinstance(m, Block) for m in net)
+        std = 0.02 / math.sqrt(2 * layers) if name.endswith("proj") else 0.02
+        nn.init.normal_(module.weight, mean=0.0, std=std)
+    elif isinstance(module, nn.LayerNorm):
+        nn.init.ones_(module.weight)
 
 
 def non_embedding(net: nn.Module) -> int:

@@ -55,8 +55,15 @@ def build(vocab_size: int, seq_len: int, config: str, name: str, architecture: s
             f"{name}: the data's {vocab_size:,} token ids do not fit the config's vocab_size "
             f"{cfg.vocab_size:,}"
         )
-    hf = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa")
+    hf = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa")  # also on meta
     return CausalLM(hf, name)
+
+
+def init_module(model: CausalLM, module: nn.Module, name: str) -> None:
+    """transformers' own initialisation of one module (the model class's `_init_weights`:
+    normal `initializer_range` for linear layers and embeddings, norms' ones, the rotary
+    frequencies recomputed), as a trainscale.models.init `Init`."""
+    model.hf._init_weights(module)
 
 
 def tp_plan(config: str, **_: object) -> dict:

@@ -58,6 +58,11 @@ def check_torch(name: str, entry: dict, code: list[str]) -> dict:
     if why:
         out["problems"].append(why)
         return out
+    if entry.get("init"):  # called at run time, module by module (trainscale.models.init)
+        init, why = resolve(entry["init"], f"models.{name}.init", code, "envs/torch.yaml")
+        if why or not callable(init):
+            out["problems"].append(why or f"models.{name}.init: {entry['init']} is not callable")
+            return out
     tokens = entry.get("input") == "tokens"
     for shape, classes in entry["pairs"]:
         kw = builder_call(entry.get("input") or "image", tuple(shape), classes)

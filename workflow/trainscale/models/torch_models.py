@@ -21,7 +21,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from trainscale.models import gpt
 from trainscale.models.builders import VGG19_STAGES, Builders
-from trainscale.models.own import build_torch, model_blocks
+from trainscale.models.init import Gather, Init, initialise, to_empty
+from trainscale.models.own import build_torch, model_blocks, resolved
 from trainscale.plan import catalog
 from trainscale.plan.own_models import OwnModel
 
@@ -35,19 +36,68 @@ _BUILDERS = Builders("PyTorch")
 
 
 def build(
-    name: str, in_shape: tuple[int, ...], num_classes: int, own: OwnModel | None = None
+    name: str,
+    in_shape: tuple[int, ...],
+    num_classes: int,
+    own: OwnModel | None = None,
+    seed: int | None = None,
+    meta: bool = False,
 ) -> nn.Module:
-    """A freshly initialised model; seed torch first for reproducible weights.
+    """A freshly initialised model.
 
     ``in_shape`` is (C, H, W) for an image model, (context,) for a token model, whose classes
     are its vocabulary. The seed models size their first linear layer from H and W and raise
     ValueError when the input is too small for them; the torchvision models end in adaptive
     pooling, so a too-small input only fails at forward time.
+
+    Without `seed`, the builder's weights from torch's generator as it stands (seed it first).
+    With `seed` (the runners), a model with an initialisation of its own (`initialiser`: the
+    GPT family, `hf:` models, own models with `init`) is built on the meta device and, unless
+    `meta` asks for it as it is (to shard it first), materialised on the host and initialised
+    module by module from `seed` (trainscale.models.init): the weights every strategy starts
+    from. Any other model is built whole after `torch.manual_seed(seed)`.
     """
+    init = initialiser(name, own) if seed is not None else None
+    if init is None:
+        if seed is not None:
+            torch.manual_seed(seed)
+        return _construct(name, in_shape, num_classes, own)
+    with torch.device("meta"):
+        net = _construct(name, in_shape, num_classes, own)
+    if not meta:
+        to_empty(net, "cpu")
+        initialise(net, init, seed)
+    return net
+
+
+def _construct(
+    name: str, in_shape: tuple[int, ...], num_classes: int, own: OwnModel | None
+) -> nn.Module:
     if own is not None:  # the user's own model (config `models:`): its builder's module
         return build_torch(own, tuple(in_shape), num_classes)
     shape = _BUILDERS.checked(name, in_shape, num_classes)
     return _BUILDERS[name](shape, num_classes)
+
+
+def initialiser(name: str, own: OwnModel | None = None) -> Init | None:
+    """The model's own initialisation of one module (trainscale.models.init): GPT-2's for the
+    GPT family, an own model's `init` (transformers' for `hf:` models); None for the image
+    models, whose builders initialise the whole model at once."""
+    if own is not None:
+        return resolved(own, "init") if own.init else None
+    row = catalog.MODELS.get(name)  # (an unknown name is the builders' error to give)
+    return gpt.init_module if row is not None and row.gpt else None
+
+
+def initialise_module_wise(
+    net: nn.Module, name: str, own: OwnModel | None, seed: int, gather: Gather | None = None
+) -> None:
+    """Initialise `net` (its storage allocated: whole, sharded or partitioned) as `build` does
+    with `seed`."""
+    init = initialiser(name, own)
+    if init is None:
+        raise ValueError(f"{name} has no initialisation of its own modules; build it whole")
+    initialise(net, init, seed, gather)
 
 
 def fake_forward() -> FakeTensorMode:
@@ -58,8 +108,9 @@ def fake_forward() -> FakeTensorMode:
 
 
 def param_count(model: nn.Module) -> int:
-    """Number of trainable parameters (works on meta-device models too)."""
-    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+    """Number of trainable parameters (works on meta-device models, and on ZeRO-3's
+    partitioned ones, whose `ds_numel` is the whole tensor's)."""
+    return sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters() if p.requires_grad)
 
 
 def blocks(model: nn.Module, own: OwnModel | None = None) -> list[nn.Module]:

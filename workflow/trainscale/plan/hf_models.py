@@ -24,6 +24,7 @@ PREFIX = "hf:"
 SHIPPED = Path(__file__).resolve().parent.parent / "models" / "hf_configs"
 BUILDER = "trainscale.models.hf:build"
 TP_PLAN = "trainscale.models.hf:tp_plan"
+INIT = "trainscale.models.hf:init_module"
 
 
 class HFConfigError(ValueError):
@@ -88,6 +89,7 @@ def expand(config: dict) -> dict:
         names[w] = safe_name(w, path)
         models[names[w]] = {
             "torch": BUILDER, "input": "tokens", "blocks": "layers", "tp_plan": TP_PLAN,
+            "init": INIT,
             "kwargs": {"config": str(path), "name": w,
                        "architecture": (facts.get("architectures") or ["?"])[0]},
         }  # fmt: skip

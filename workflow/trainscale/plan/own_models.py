@@ -49,6 +49,7 @@ class OwnModel:
     block_count: int = 0
     batchnorm: bool = False
     params: int = 0
+    init: str | None = None  # "module:callable": built on meta, initialised module by module
 
     @property
     def builder_kwargs(self) -> dict:
@@ -100,7 +101,7 @@ def _sources(config: dict) -> list[str]:
     files = {str(p) for folder in code_paths(config) for p in Path(folder).rglob("*.py")}
     search = [*code_paths(config), *sys.path]
     for entry in (config.get("models") or {}).values():
-        for key in ("torch", "keras", "tp_plan"):
+        for key in ("torch", "keras", "tp_plan", "init"):
             top = (entry.get(key) or "").split(":")[0].split(".")[0]
             spec = importlib.machinery.PathFinder.find_spec(top, search) if top else None
             origin = getattr(spec, "origin", None)
@@ -162,7 +163,7 @@ def frozen(name: str, config: dict, answer: dict, shape: tuple, classes: int) ->
         name=name, torch=entry["torch"], keras=entry.get("keras"),
         kwargs=json.dumps(entry.get("kwargs") or {}, sort_keys=True),
         input=entry.get("input") or "image", blocks=entry.get("blocks"),
-        tp_plan=entry.get("tp_plan"), code=code_paths(config),
+        tp_plan=entry.get("tp_plan"), init=entry.get("init"), code=code_paths(config),
         block_count=facts["block_count"], batchnorm=facts["batchnorm"],
         params=facts["params"].get(pair_key(shape, classes), 0),
     )  # fmt: skip

@@ -104,7 +104,8 @@ def zero_estimate_bytes(spec: RunSpec, net: torch.nn.Module) -> int:
     per_node = spec.workers if stage(spec) else 1
     nodes = spec.nodes if stage(spec) else 1
     if stage(spec) == 3:
-        largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in net.modules())
+        largest = max(sum(getattr(p, "ds_numel", p.numel()) for p in m.parameters(recurse=False))
+                      for m in net.modules())  # fmt: skip
         _, dev, _ = estimate_zero3_model_states_mem_needs(
             total, largest, per_node, nodes, cpu_offload=False, zero_init=False
         )
@@ -165,6 +166,32 @@ class ZeRO(Plugin):
             raise RuntimeError(
                 f"precision bf16 is not supported by DeepSpeed's {acc.device_name()}"
             )
+
+    def build(self) -> torch.nn.Module:
+        """ZeRO-3, for a model that initialises module by module (the GPT family, `hf:`, own
+        models with `init`): built inside `deepspeed.zero.Init`, which partitions each module's
+        parameters as soon as it is built, then initialised one module at a time, gathered
+        whole for the while (trainscale.models.init). Whole on every rank otherwise."""
+        spec, lp = self.spec, self.loop
+        if stage(spec) != 3 or models.initialiser(spec.model, spec.own_model) is None:
+            return lp.build_model()
+        zero = self.deepspeed.zero
+        config = ds_config(spec, load_fragment(spec.deepspeed_config))
+        shape, classes = lp.info.shape, lp.info.num_classes
+        # a first build, shapes only, imports what the builder imports (transformers imports
+        # TorchDynamo, which rejects the torch.Tensor.__new__ that zero.Init puts in place)
+        with torch.device("meta"):
+            models.build(spec.model, shape, classes, spec.own_model)
+        with zero.Init(config_dict_or_path=config):
+            net = models.build(spec.model, shape, classes, spec.own_model)
+
+        def gathered(tensors: list[torch.Tensor]):
+            return zero.GatheredParameters([t for t in tensors if hasattr(t, "ds_id")],
+                                           modifier_rank=0)  # fmt: skip
+
+        models.initialise_module_wise(net, spec.model, spec.own_model, spec.seed, gathered)
+        self.built = "zero.Init"
+        return net
 
     def wrap(self, net: torch.nn.Module) -> None:
         spec = self.spec

@@ -164,7 +164,8 @@ class LightningRun:
         self.tokens = spec.seq_len > 0  # windows of token ids, next-token targets
         self.feed = self.token_data() if self.tokens else self.image_data()
         torch.manual_seed(spec.seed)  # the same fresh initial weights as torch-ddp's
-        self.net = models.build(spec.model, self.info.shape, self.info.num_classes, spec.own_model)
+        self.net = models.build(spec.model, self.info.shape, self.info.num_classes, spec.own_model,
+                                seed=spec.seed)  # fmt: skip
         self.net.to(self.device, memory_format=memory_format(spec))
         uuid = torch.cuda.get_device_properties(self.device).uuid if self.cuda else None
         self.uuid = str(uuid) if uuid is not None else None  # which GPU's counter it reads
@@ -342,7 +343,11 @@ class LightningRun:
             }
         result = self.rec.record(
             flops=counted,
-            model={"params": models.param_count(self.net), **model_facts(self.net)},
+            model={
+                "params": models.param_count(self.net),
+                "build": "whole",
+                **model_facts(self.net),
+            },  # fmt: skip
             data=self.samples,
             test=dict(self.test),
             memory=memory,

@@ -106,6 +106,14 @@ class Plugin:
         return self.spec.world_size
 
     # --- the model and its step ------------------------------------------------------------
+    #: how the model was built, for the record's `model.build`: "whole" on every rank, "meta"
+    #: (sharded before any rank held it), "zero.Init" (partitioned as each module is built)
+    built = "whole"
+
+    def build(self) -> torch.nn.Module:
+        """The run's model, freshly initialised: whole, by default (Loop.build_model)."""
+        return self.loop.build_model()
+
     def wrap(self, net: torch.nn.Module) -> None:
         """Make `self.model` (what steps), `self.eval_model` (what is scored) and `self.opt`
         from the freshly seeded model `net`."""

@@ -13,6 +13,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from trainscale.models import torch_models as models
+from trainscale.models.init import on_meta, to_empty
 from trainscale.plan import catalog
 from trainscale.plan.matrix import RunSpec
 from trainscale.runners.torch.exposed import measure_exposed_communication
@@ -51,6 +52,16 @@ def shard(
         compile_blocks(models.blocks(net, own))
     fully_shard(net, mesh=mesh, mp_policy=policy)
     return net
+
+
+def materialise(net: torch.nn.Module, device: torch.device, spec: RunSpec) -> None:
+    """A model built on the meta device, once sharded or split: each rank's storage for its
+    own share on `device` (`to_empty`), then the model's initialisation, module by module, from
+    the run's seed (trainscale.models.init): the weights a whole build starts from. Nothing to
+    do for a model built whole."""
+    if on_meta(net):
+        to_empty(net, device)
+        models.initialise_module_wise(net, spec.model, spec.own_model, spec.seed)
 
 
 def compile_blocks(blocks: list[torch.nn.Module]) -> None:
@@ -109,12 +120,17 @@ class DataParallel(Plugin):
     `compile`, DDP wraps the compiled model (its backward is one compiled graph, so DDP's
     bucket all-reduces start when it ends); FSDP2 compiles each sharded block's forward."""
 
+    def build(self) -> torch.nn.Module:
+        """torch-fsdp: on the meta device where the model initialises module by module."""
+        return self.loop.build_model(meta=self.spec.strategy == "torch-fsdp")
+
     def wrap(self, net: torch.nn.Module) -> None:
         lp = self.loop
         self.fsdp = self.spec.strategy == "torch-fsdp"
-        self.eval_model = self.net = net.to(lp.device)
+        self.eval_model = self.net = net if on_meta(net) else net.to(lp.device)
         if self.fsdp:
             self.model = shard(net, self.dtype, self.spec.compile, self.spec.own_model)
+            materialise(net, lp.device, self.spec)
             self.dtype = None  # FSDP casts parameters and inputs itself: no autocast
         else:
             step_net = compiled(net, self.spec)  # torch.compile(DDP(net)) here traces nothing

@@ -17,10 +17,11 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 from trainscale.models import torch_models as models
+from trainscale.models.init import on_meta
 from trainscale.plan.matrix import RunSpec
 from trainscale.runners.torch import tp_plans
 from trainscale.runners.torch.plugin import Plugin
-from trainscale.runners.torch.pytorch import compile_blocks, shard
+from trainscale.runners.torch.pytorch import compile_blocks, materialise, shard
 from trainscale.runners.torch.torch_loop import run
 
 # FSDP2 warns on every forward that a unit returned a view (DTensor's to_local of a
@@ -47,9 +48,14 @@ class TensorParallel(Plugin):
         """A tp group's ranks are consecutive (the mesh is row-major): one replica."""
         return self.loop.rk.rank // self.tp, self.dp
 
+    def build(self) -> torch.nn.Module:
+        """On the meta device where the model initialises module by module (the GPT family,
+        `hf:` models, own models with `init`): split and sharded before any storage."""
+        return self.loop.build_model(meta=True)
+
     def wrap(self, net: torch.nn.Module) -> None:
         lp, spec = self.loop, self.spec
-        self.eval_model = self.net = net.to(lp.device)
+        self.eval_model = self.net = net if on_meta(net) else net.to(lp.device)
         blocks = models.blocks(net, spec.own_model)
         self.sequence_parallel = tp_plans.parallelize(
             net, self.mesh["tp"], blocks, spec.own_model,
@@ -60,6 +66,7 @@ class TensorParallel(Plugin):
             self.dtype = None  # FSDP casts parameters and inputs itself: no autocast
         elif spec.compile:  # each block after the split, as torchtitan compiles
             compile_blocks(blocks)
+        materialise(net, lp.device, spec)
         self.model = net
         self.opt = lp.make_optimizer(net.parameters())
         self.scaler = torch.amp.GradScaler(lp.device.type, enabled=False)  # no fp16 (catalog)

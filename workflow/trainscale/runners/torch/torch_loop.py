@@ -29,6 +29,7 @@ from trainscale.measure import datawait, metrics
 from trainscale.measure.device_usage import CpuUsage, energy_once_per_device
 from trainscale.measure.memory import memory_block
 from trainscale.models import torch_models as models
+from trainscale.models.init import on_meta
 from trainscale.plan.matrix import RunSpec
 from trainscale.runners.common import (
     check_oversubscribed,
@@ -110,7 +111,8 @@ class Loop:
         self.steps = full
         check_steps(self.steps, spec.path, self.train_samples, spec.global_batch_size)
         torch.manual_seed(spec.seed)  # same fresh initial weights on every rank and repeat
-        net = self.build_model()
+        net = p.build()
+        self.built = "meta" if on_meta(net) else p.built
         self.params = models.param_count(net)
         p.wrap(net)
         self.layout = weight_layout(net)  # as wrapping left it (ZeRO flattens, FSDP shards)
@@ -124,12 +126,14 @@ class Loop:
         #: evaluation and the measurements after training: each may fail, the run goes on
         self.parts = Parts(spec, self.rec.warnings, agree=p.gather_object)
 
-    def build_model(self) -> torch.nn.Module:
-        """The run's model as `models.build` makes it from the current seed, in the run's
-        memory format (trainscale.runners.torch.torch_speed)."""
+    def build_model(self, meta: bool = False) -> torch.nn.Module:
+        """The run's model as `models.build` makes it from the run's seed (on the meta device
+        where `meta` asks and the model initialises module by module), in the run's memory
+        format (trainscale.runners.torch.torch_speed)."""
         spec = self.spec
-        net = models.build(spec.model, self.info.shape, self.info.num_classes, spec.own_model)
-        return net.to(memory_format=memory_format(self.spec))
+        net = models.build(spec.model, self.info.shape, self.info.num_classes, spec.own_model,
+                           seed=spec.seed, meta=meta)  # fmt: skip
+        return net if on_meta(net) else net.to(memory_format=memory_format(self.spec))
 
     def make_optimizer(self, params) -> torch.optim.Optimizer:
         return make_optimizer(self.spec, params)
@@ -315,7 +319,12 @@ class Loop:
         )  # fmt: skip
         result = self.rec.record(
             flops=counted,
-            model={"params": self.params, "memory_format": self.layout, **graphs},
+            model={
+                "params": self.params,
+                "memory_format": self.layout,
+                "build": self.built,
+                **graphs,
+            },  # fmt: skip
             data=self.samples(),
             test=dict(self.test),
             memory=memory,

@@ -63,8 +63,9 @@ def initialise(net: nn.Module, init: Init, seed: int, gather: Gather | None = No
             with torch.random.fork_rng(devices=[]), torch.no_grad():
                 torch.manual_seed(module_seed(seed, name))
                 init(net, twin, name)
+                values = dict(_tensors(twin))
                 for key, tensor in own:
-                    value = dict(_tensors(twin))[key]
+                    value = values[key]
                     if value.is_floating_point() and bool(value.isnan().any()):
                         raise ValueError(
                             f"{name or 'the model'}.{key}: the model's initialisation "

@@ -14,6 +14,7 @@ of torch); only the runner and the pre-flight child import transformers.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -54,9 +55,21 @@ def config_path(written: str, where: str = "matrix.model") -> Path:
     )
 
 
+def parsed(path: str | Path) -> dict:
+    """The config file's JSON, parsed once per version of the file (the planner asks for it
+    in every cell of the matrix); not to be changed by the caller."""
+    st = Path(path).stat()
+    return _parsed(str(path), st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=64)
+def _parsed(path: str, mtime_ns: int, size: int) -> dict:
+    return json.loads(Path(path).read_text())
+
+
 def read(path: Path, where: str) -> dict:
     try:
-        facts = json.loads(path.read_text())
+        facts = parsed(path)
     except (OSError, ValueError) as e:
         raise HFConfigError(f"{where}: {path} is not a JSON config: {e}") from None
     missing = [k for k in ("model_type", "vocab_size", "hidden_size", "num_hidden_layers",
@@ -112,7 +125,7 @@ def facts_of(entry: dict) -> dict | None:
     """The config's facts of an expanded `models:` entry (None for other own models)."""
     if entry.get("torch") != BUILDER:
         return None
-    return json.loads(Path(entry["kwargs"]["config"]).read_text())
+    return parsed(entry["kwargs"]["config"])
 
 
 def framework_why_not(strategy: str, runtime: str, kwargs: dict) -> str | None:
@@ -130,7 +143,7 @@ def framework_why_not(strategy: str, runtime: str, kwargs: dict) -> str | None:
 def shape_why_not(values: dict, kwargs: dict) -> str | None:
     """Why a cell's seq_len or tp does not fit the config of the `hf:` model (the catalog's
     rules about tp have passed: tp > 1 here is a tensor-parallel strategy's)."""
-    facts, name = json.loads(Path(kwargs["config"]).read_text()), kwargs["name"]
+    facts, name = parsed(kwargs["config"]), kwargs["name"]
     seq_len, tp = values["seq_len"], values["tp"]
     if seq_len > facts.get("max_position_embeddings", seq_len):
         return (f"{name}: seq_len {seq_len} is above the config's max_position_embeddings "

@@ -154,8 +154,9 @@ def build_runs(config: dict, accelerator: str = "cpu") -> tuple[list[RunSpec], l
     token_sets = {n: tokensets.is_tokens(n, config) for n in m["dataset"]}
     vocab = {n: _info({"dataset": n, "seq_len": axes["seq_len"][0]}, config).num_classes
              for n, is_tokens in token_sets.items() if is_tokens}  # fmt: skip
-    if hf_models.vocabulary_problems(config, vocab):
-        raise ConfigError("; ".join(hf_models.vocabulary_problems(config, vocab)))
+    too_small = hf_models.vocabulary_problems(config, vocab)
+    if too_small:
+        raise ConfigError("; ".join(too_small))
     answer = own_models.check(config, data_shapes(config, axes["seq_len"]))
     if own_models.problems(answer):
         raise ConfigError("; ".join(own_models.problems(answer)))

@@ -67,6 +67,7 @@ if not workflow.modifier.skip_validation:
 STUDY = config["study"]
 RESULTS = f"results/{STUDY}"
 DEEPSPEED_OPS = ".cache/torch_extensions/deepspeed-ops.done"
+DEEPSPEED_CPU_ADAM = ".cache/torch_extensions/deepspeed-cpu-adam.done"
 ACCELERATOR = ts_matrix.detect_accelerator(config["accelerator"])
 
 try:
@@ -231,13 +232,16 @@ def run_conda_env(wildcards):
 
 def files_needed(spec):
     """Files a run needs: its real dataset's files (fetched by the `download_*` rules), and for
-    DeepSpeed the once-built ops and the user's ds_config fragment."""
+    DeepSpeed the once-built ops (CPU Adam too where it offloads) and the user's ds_config
+    fragment."""
     files = [
         str(Path(spec.data_dir) / f)
         for f in ts_imagesets.spec_info(spec.to_dict()).files
     ]
     if spec.framework == "deepspeed":
         files.append(DEEPSPEED_OPS)
+        if spec.offload != "none":  # DeepSpeed's CPU Adam steps the offloaded optimizer
+            files.append(DEEPSPEED_CPU_ADAM)
         if spec.deepspeed_config:
             files.append(spec.deepspeed_config)
     return files
@@ -256,6 +260,7 @@ def inputs_by_run():
             r.image_source,
             r.framework,
             r.deepspeed_config,
+            r.offload != "none",
         )
         if key not in by_key:
             by_key[key] = files_needed(r)

@@ -67,3 +67,18 @@ rule deepspeed_ops:
         # build directory is named differently, and the first DeepSpeed run would build it again
         'TORCH_EXTENSIONS_DIR="$PWD/.cache/torch_extensions"'
         " python -m trainscale.runners.torch.deepspeed_zero --build-ops > {log:q} 2>&1"
+
+
+# DeepSpeed's CPU Adam, which steps an offloaded optimizer (matrix offload), built once
+rule deepspeed_cpu_adam:
+    output:
+        touch(DEEPSPEED_CPU_ADAM),
+    log:
+        "logs/deepspeed_cpu_adam.log",
+    conda:
+        "../../envs/deepspeed.yaml"
+    resources:
+        **job_resources(build_request),
+    shell:
+        'TORCH_EXTENSIONS_DIR="$PWD/.cache/torch_extensions"'
+        " python -m trainscale.runners.torch.deepspeed_zero --build-ops cpu-adam > {log:q} 2>&1"

@@ -13,6 +13,7 @@ import pandas as pd
 
 from trainscale.measure.datawait import INPUT_BOUND_SHARE
 from trainscale.plan.matrix import MATRIX_KEYS
+from trainscale.plan.runspec import OUT_OF_PATH
 
 #: A cell: every matrix value but the repeat.
 CELL = list(MATRIX_KEYS)
@@ -35,6 +36,7 @@ METRICS = {
     "peak_device_bytes": "memory.peak_device_bytes",
     "data_wait_share": "data_wait_share",
     "mfu": "flops.mfu",
+    "hfu": "flops.hfu",
     "tokens_per_second": "tokens_per_second",
 }
 
@@ -89,12 +91,12 @@ def ci95(values: Sequence[float]) -> tuple[float, float, float]:
 
 
 #: Matrix axes added after the first tables were written, and the value their runs had.
-LATER_AXES = {"seq_len": 0, "tp": 1}
+LATER_AXES = OUT_OF_PATH
 
 
 def with_axes(table: pd.DataFrame, prefix: str = "spec.") -> pd.DataFrame:
-    """`table` with a column for every later matrix axis: seq_len 0 (an image run) and tp 1 (no
-    tensor parallelism) where a table made before the axis existed has none."""
+    """`table` with a column for every later matrix axis (seq_len 0: an image run; tp 1; no
+    activation checkpointing; no offload) where a table made before the axis has none."""
     missing = {prefix + k: v for k, v in LATER_AXES.items() if prefix + k not in table}
     return table.assign(**missing) if missing else table
 

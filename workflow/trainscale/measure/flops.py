@@ -22,6 +22,12 @@ Definitions (the `flops` block of metrics.json):
   denominator. A job running beside the measurement on the same cores lowers it: the best of
   GEMM_REPEATS timings is kept.
 - mfu = achieved_per_second / peak_per_second.
+- hardware_per_sample: per_sample as the hardware runs it: with activation checkpointing
+  (matrix activation_checkpointing), the forward operations recomputed in the backward pass
+  counted again (the same counter, on the checkpointed model); per_sample without it.
+- hfu = hardware_per_sample × throughput / peak_per_second: the hardware FLOPs utilisation.
+  MFU stays model FLOPs, without the recomputation, so that a run that recomputes is not
+  credited for the work it repeats.
 """
 
 from __future__ import annotations
@@ -142,13 +148,16 @@ def block(counted: dict | None, throughput: float | None) -> dict:
     analytic_per_sample, peak_per_second, peak_source, peak_device) and the run's steady
     throughput: achieved FLOP/s and MFU added; every figure null where it was not counted."""
     out = dict.fromkeys(
-        ("per_sample", "analytic_per_sample", "method", "achieved_per_second",
-         "peak_per_second", "peak_source", "peak_device", "mfu"),
+        ("per_sample", "analytic_per_sample", "hardware_per_sample", "method",
+         "achieved_per_second", "peak_per_second", "peak_source", "peak_device", "mfu", "hfu"),
     )  # fmt: skip
     out.update(counted or {})
     per_sample, peak = out["per_sample"], out["peak_per_second"]
+    if out["hardware_per_sample"] is None:  # nothing recomputed: the hardware ran the model's
+        out["hardware_per_sample"] = per_sample
     if per_sample is not None and throughput is not None:
         out["achieved_per_second"] = per_sample * throughput
         if peak:
             out["mfu"] = out["achieved_per_second"] / peak
+            out["hfu"] = out["hardware_per_sample"] * throughput / peak
     return out

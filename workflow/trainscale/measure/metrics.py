@@ -42,6 +42,13 @@ Every per-run figure in metrics.json is defined here, once:
   extra steps with gradient synchronisation off (after the timed epochs, in no other figure);
   exposed_seconds_per_step = max(0, steady step − compute); method says how synchronisation
   was switched off, or is null with the reason (trainscale/runners/torch/exposed.py).
+- flops (`flops.mfu`, `flops.hfu`): MFU = the model FLOP/s a run achieved ÷ its devices'
+  peak FLOP/s at its precision; HFU = the same with the FLOPs the hardware ran, the forward of
+  checkpointed blocks recomputed in the backward pass counted again (equal to MFU without
+  activation checkpointing). trainscale/measure/flops.py defines the counts and the peak's
+  source (a datasheet, or a matrix multiply measured on the host).
+- offload: where a run offloads (matrix offload), what (`optimizer` or `params`), and whether
+  it moved: false on a CPU study, whose device is the host (the offloading code runs).
 - warnings: the measurements after the timed steps that raised (evaluation, the memory gather,
   exposed communication, the FLOP count, the strategy's own block), each {part, error}; their
   figures are null and the run keeps its training record and status (runners/guarded.py).

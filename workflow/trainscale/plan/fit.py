@@ -22,7 +22,7 @@ from trainscale.plan.runspec import RunSpec
 
 #: the keys that name a cell apart from its batch size
 GROUP = ("strategy", "model", "dataset", "seq_len", "batch_mode", "workers", "nodes", "tp",
-         "precision")  # fmt: skip
+         "precision", "activation_checkpointing", "offload")  # fmt: skip
 
 
 def candidates(config: dict, template: RunSpec, max_batch: int, accelerator: str) -> list:

@@ -17,10 +17,19 @@ from pathlib import Path
 
 from trainscale import data
 from trainscale.data import imagesets, tokens, tokensets
-from trainscale.plan import catalog, datafit, faults, hf_models, own_models, speed_options
+from trainscale.plan import (
+    catalog,
+    datafit,
+    faults,
+    hf_models,
+    knobs,
+    own_models,
+    speed_options,
+)
 from trainscale.plan.runspec import (
     DIVERGE_LR,
     MATRIX_KEYS,
+    OUT_OF_PATH,
     ConfigError,
     Dropped,
     RunSpec,
@@ -150,7 +159,8 @@ def build_runs(config: dict, accelerator: str = "cpu") -> tuple[list[RunSpec], l
     layout, compile_ = config.get("memory_format", "contiguous"), config.get("compile", False)
     runs: list[RunSpec] = []
     dropped: list[Dropped] = []
-    axes = {**m, "seq_len": m.get("seq_len") or [DEFAULT_SEQ_LEN], "tp": m.get("tp") or [1]}
+    axes = {**{k: [v] for k, v in OUT_OF_PATH.items()}, **m,
+            "seq_len": m.get("seq_len") or [DEFAULT_SEQ_LEN]}  # fmt: skip
     token_sets = {n: tokensets.is_tokens(n, config) for n in m["dataset"]}
     vocab = {n: _info({"dataset": n, "seq_len": axes["seq_len"][0]}, config).num_classes
              for n, is_tokens in token_sets.items() if is_tokens}  # fmt: skip
@@ -179,9 +189,13 @@ def build_runs(config: dict, accelerator: str = "cpu") -> tuple[list[RunSpec], l
         own = None
         if values["model"] in answer:
             own = own_models.frozen(values["model"], config, answer, info.shape, info.num_classes)
-        reason = why_not(values, accelerator, mb, schedule, info, own) or speed_options.why_not(
-            values["strategy"], values["model"], layout, compile_, own
-        )
+        reason = (
+            why_not(values, accelerator, mb, schedule, info, own)
+            or speed_options.why_not(values["strategy"], values["model"], layout, compile_, own)
+            or knobs.why_not(values["strategy"], values["model"],
+                             values["activation_checkpointing"], values["offload"],
+                             opt["name"], own)
+        )  # fmt: skip
         if reason:
             dropped.append(Dropped(values, reason))
             continue

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainscale.plan import child
-from trainscale.plan.runspec import ConfigError, Dropped, RunSpec
+from trainscale.plan.runspec import MATRIX_KEYS, ConfigError, Dropped, RunSpec
 
 CACHE = Path(".cache") / "trainscale" / "memory"
 WORKFLOW = Path(__file__).resolve().parents[2]
@@ -223,7 +223,7 @@ def fit(
         seen.add(r.cell)
         why = over_reason(r, a["total_bytes"], check, fits)
         if check.mode == "drop":
-            dropped.append(Dropped({k: getattr(r, k) for k in MATRIX_VALUES}, why))
+            dropped.append(Dropped({k: getattr(r, k) for k in MATRIX_KEYS}, why))
         else:
             notes.append(f"{why} (memory.check: warn, kept)")
     kept = fits if check.mode == "drop" else runs
@@ -235,11 +235,6 @@ def fit(
             + "; ".join(d.reason for d in dropped[-3:])
         )
     return kept, dropped, {r.path: block(answers[r.path], check, r) for r in runs}
-
-
-#: the matrix values a dropped cell is listed by (RunSpec's names)
-MATRIX_VALUES = ("strategy", "model", "dataset", "seq_len", "scale", "batch_size", "batch_mode",
-                 "workers", "nodes", "tp", "precision")  # fmt: skip
 
 
 def over_reason(r: RunSpec, need: int, check: Check, fits: list[RunSpec]) -> str:

@@ -15,9 +15,9 @@ from trainscale.data import imagesets, tokens
 from trainscale.plan import catalog
 from trainscale.plan.own_models import OwnModel
 
-#: Matrix keys in path order. `repeat` follows them in the path; `seq_len` is in it only for
-#: token data (0, and left out of the path, for images), `tp` only above 1 (so the paths of
-#: every run without tensor parallelism are those of the versions before the axis).
+#: Matrix keys in path order. `repeat` follows them in the path; the later axes are in it
+#: only away from their default (`OUT_OF_PATH`), so every run that does not use one keeps
+#: the path it had before the axis existed.
 MATRIX_KEYS: tuple[str, ...] = (
     "strategy",
     "model",
@@ -30,7 +30,18 @@ MATRIX_KEYS: tuple[str, ...] = (
     "nodes",
     "tp",
     "precision",
+    "activation_checkpointing",
+    "offload",
 )
+
+#: later axes -> the value that leaves them out of a run's path: seq_len 0 (image data), tp 1
+#: (no tensor parallelism), no activation checkpointing, no offload
+OUT_OF_PATH: dict[str, object] = {
+    "seq_len": 0,
+    "tp": 1,
+    "activation_checkpointing": "none",
+    "offload": "none",
+}
 
 #: A spec's JSON: sorted keys, no spaces. One encoder, made once: json.dumps with options
 #: builds a new one per call, and a dry-run writes one spec per run.
@@ -109,6 +120,8 @@ class RunSpec:
     token_source: tokens.TokenSource | None = None  # the user's token files (`datasets:`)
     own_model: OwnModel | None = None  # the user's own model (`models:`), its facts checked
     tp: int = 1  # tensor-parallel degree (matrix tp): ranks each layer is split over
+    activation_checkpointing: str = "none"  # none | full | selective (plan.knobs)
+    offload: str = "none"  # none | optimizer | params (plan.knobs)
 
     @property
     def processes(self) -> int:
@@ -131,7 +144,7 @@ class RunSpec:
         parts = [
             f"{k}~{getattr(self, k)}"
             for k in MATRIX_KEYS
-            if (k != "seq_len" or self.seq_len) and (k != "tp" or self.tp > 1)
+            if k not in OUT_OF_PATH or getattr(self, k) != OUT_OF_PATH[k]
         ]
         return "/".join([*parts, f"repeat~{self.repeat}"])
 

@@ -77,9 +77,19 @@ def ratio(v) -> str:
 # context
 
 
+def knobs(r) -> str:
+    """A cell's activation checkpointing and offload (plan.knobs), or "–" without either."""
+    ckpt = getattr(r, "activation_checkpointing", "none")
+    offload = getattr(r, "offload", "none")
+    out = [f"checkpointing {ckpt}"] if isinstance(ckpt, str) and ckpt != "none" else []
+    out += [f"offload {offload}"] if isinstance(offload, str) and offload != "none" else []
+    return ", ".join(out) or "–"
+
+
 def _cell_label(r) -> str:
     mode = "per-worker" if r.batch_mode == "per_worker" else "global"
-    return f"batch {r.batch_size} {mode}, scale {r.scale}, {r.precision}"
+    extra = "" if knobs(r) == "–" else f", {knobs(r)}"
+    return f"batch {r.batch_size} {mode}, scale {r.scale}, {r.precision}{extra}"
 
 
 def summary_rows(study: Study) -> list[dict]:
@@ -194,6 +204,7 @@ def scaling_rows(study: Study) -> list[dict]:
                 "batch": f"{r.batch_size} {r.batch_mode.replace('_', '-')}",
                 "n": f"{r.world_size}" + (f" ({r.workers}×{r.nodes})" if r.nodes > 1 else ""),
                 "precision": r.precision,
+                "knobs": knobs(r),
                 "runs": f"{r.ok}/{r.runs}",
                 "statuses": r.statuses,
                 "throughput": with_ci(*rate(r.throughput_mean, r.throughput_ci95, seq_len)),
@@ -212,6 +223,7 @@ def scaling_rows(study: Study) -> list[dict]:
                     else ""
                 ),
                 "mfu": pct(getattr(r, "mfu_mean", None)),
+                "hfu": pct(getattr(r, "hfu_mean", None)),
                 "accuracy": with_ci(r.test_accuracy_mean, r.test_accuracy_ci95),
                 "tta": tta,
                 "rss": mib(r.peak_host_rss_bytes_mean, r.peak_host_rss_bytes_ci95),

@@ -32,7 +32,8 @@ MARKS_LINE = 30
 #: Tick values on an axis at most: 5 stay apart at 3.3 inches, in engineering notation.
 TICKS = 5
 #: Cell keys that may tell two rows of one strategy apart (the rest are the panel's).
-CONFIG = ["batch_size", "batch_mode", "scale", "precision", "nodes", "seq_len"]
+CONFIG = ["batch_size", "batch_mode", "scale", "precision", "nodes", "seq_len",
+          "activation_checkpointing", "offload"]  # fmt: skip
 
 
 def _ranking(study: Study) -> pd.DataFrame | str:

@@ -11,6 +11,7 @@ from matplotlib.ticker import FixedLocator, NullLocator
 
 from trainscale.analysis import aggregate
 from trainscale.analysis.aggregate import Study
+from trainscale.report import rows
 from trainscale.report.figures.facets import finish, grid, side_width
 from trainscale.report.figures.lined import draw_lines
 from trainscale.report.figures.registry import Kind, figure, ok_cells
@@ -109,6 +110,53 @@ def draw_memory_predicted(d: pd.DataFrame, kind: Kind) -> Figure:
         ax.set_title(model)
         ax.set_xlabel("predicted peak per rank (GiB)")
         ax.set_ylabel("measured peak device (GiB)")
+    return finish(fig, kind.title, handles)
+
+
+#: the knob axes (trainscale.plan.knobs) and the marker of each combination's points
+KNOBS = ("activation_checkpointing", "offload")
+MARKERS = "osD^v<>Ppx*h"
+
+
+def _memory_trade(study: Study) -> pd.DataFrame | str:
+    d = ok_cells(study, "throughput_mean")
+    if isinstance(d, str):
+        return d
+    d = aggregate.with_axes(d, prefix="")
+    if not any(d[k].nunique() > 1 for k in KNOBS):
+        return "the study varies neither activation_checkpointing nor offload"
+    device = d["peak_device_bytes_mean"].notna()
+    peak = d["peak_device_bytes_mean"].where(device, d["peak_host_rss_bytes_mean"])
+    rate = d["throughput_mean"] * d["seq_len"].where(d["seq_len"] > 0, 1)  # tokens/s on tokens
+    return d.assign(peak_mib=peak / MIB, rate=rate, knobs=[rows.knobs(r) for r in d.itertuples()],
+                    peak_kind=device.map({True: "device", False: "host RSS"}))  # fmt: skip
+
+
+@figure("memory_trade", data=_memory_trade, col=("model",))
+def draw_memory_trade(d: pd.DataFrame, kind: Kind) -> Figure:
+    """Throughput against peak memory per cell: a colour per strategy, a marker per
+    combination of activation checkpointing and offload, one panel per model."""
+    models = sorted(d["model"].unique())
+    strategies = [s for s in STRATEGY_COLOURS if s in set(d["strategy"])]
+    combos = sorted(d["knobs"].unique(), key=lambda k: (k != "–", k))
+    marker = dict(zip(combos, MARKERS, strict=False))
+    handles = [header("strategy")]
+    handles += [Line2D([], [], color=STRATEGY_COLOURS[s], marker="o", linestyle="", label=s)
+                for s in strategies]  # fmt: skip
+    handles.append(header("memory knobs"))
+    handles += [Line2D([], [], color="0.3", marker=marker[c], linestyle="",
+                       label="none" if c == "–" else c) for c in combos]  # fmt: skip
+    fig, axes = grid([""], models, sharey=False, w=3.4, h=3.0,
+                     side=side_width([h.get_label() for h in handles]))  # fmt: skip
+    for ax, model in zip(axes[0], models, strict=True):
+        sub = d[d["model"] == model]
+        for r in sub.itertuples():
+            ax.plot(r.peak_mib, r.rate, marker[r.knobs], color=STRATEGY_COLOURS.get(r.strategy))
+        ax.set_xlim(left=0)
+        ax.set_ylim(bottom=0)
+        ax.set_title(model)
+        ax.set_xlabel(f"peak MiB per worker ({', '.join(sorted(set(sub['peak_kind'])))})")
+        ax.set_ylabel("throughput (samples/s; tokens/s on tokens)")
     return finish(fig, kind.title, handles)
 
 

@@ -119,6 +119,10 @@ def label(key: str, value) -> str:
         return f"{value} node" + ("s" if value != 1 else "")
     if key == "family":
         return f"{value} family"
+    if key == "activation_checkpointing":
+        return "no checkpointing" if value == "none" else f"{value} checkpointing"
+    if key == "offload":
+        return "no offload" if value == "none" else f"offload {value}"
     return str(value)
 
 

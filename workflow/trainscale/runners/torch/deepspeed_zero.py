@@ -21,6 +21,7 @@ import yaml
 
 from trainscale.models import torch_models as models
 from trainscale.plan.matrix import RunSpec
+from trainscale.runners.torch import checkpointing
 from trainscale.runners.torch.exposed import measure_exposed_communication
 from trainscale.runners.torch.plugin import Plugin, Shard
 from trainscale.runners.torch.torch_loop import run
@@ -68,13 +69,34 @@ def load_fragment(path: str | None) -> dict:
     return frag
 
 
+def offloaded(spec: RunSpec) -> dict:
+    """ZeRO's offload entries for the run's `offload` (plan.knobs): the optimizer's state and
+    step on the host, and for `params` (ZeRO-3) the parameters too."""
+    out = {}
+    if spec.offload in ("optimizer", "params"):
+        out["offload_optimizer"] = {"device": "cpu"}
+    if spec.offload == "params":
+        out["offload_param"] = {"device": "cpu"}
+    return out
+
+
+def cpu_adam(spec: RunSpec, params) -> torch.optim.Optimizer:
+    """DeepSpeed's CPU Adam, which steps an offloaded optimizer on the host: the study's Adam
+    (L2 weight decay) or AdamW (decoupled) with its settings."""
+    from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+    return DeepSpeedCPUAdam(params, lr=spec.lr, betas=spec.betas, eps=spec.eps,
+                            weight_decay=spec.weight_decay,
+                            adamw_mode=spec.optimizer == "adamw")  # fmt: skip
+
+
 def ds_config(spec: RunSpec, fragment: dict | None = None) -> dict:
     """The ds_config for a run: batch sizes, ZeRO stage and precision from the spec."""
     cfg = {
         "train_batch_size": spec.global_batch_size,
         "train_micro_batch_size_per_gpu": spec.per_worker_batch_size // spec.grad_accum,
         "gradient_accumulation_steps": spec.grad_accum,
-        "zero_optimization": {"stage": stage(spec)},
+        "zero_optimization": {"stage": stage(spec), **offloaded(spec)},
         # torch.optim.SGD is not on ZeRO's tested list; the update rule is the study's
         "zero_allow_untested_optimizer": True,
         "gradient_clipping": 0.0,
@@ -96,7 +118,9 @@ def ds_config(spec: RunSpec, fragment: dict | None = None) -> dict:
 
 
 def zero_estimate_bytes(spec: RunSpec, net: torch.nn.Module) -> int:
-    """DeepSpeed's model-state memory estimate per device, no offload (stage 0: world 1)."""
+    """DeepSpeed's model-state memory estimate per device (stage 0: world 1), with the run's
+    offload: the optimizer's state on the host, and at ZeRO-3 with `params` the parameters
+    too."""
     from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
     from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
 
@@ -107,10 +131,13 @@ def zero_estimate_bytes(spec: RunSpec, net: torch.nn.Module) -> int:
         largest = max(sum(getattr(p, "ds_numel", p.numel()) for p in m.parameters(recurse=False))
                       for m in net.modules())  # fmt: skip
         _, dev, _ = estimate_zero3_model_states_mem_needs(
-            total, largest, per_node, nodes, cpu_offload=False, zero_init=False
-        )
+            total, largest, per_node, nodes, cpu_offload=spec.offload != "none",
+            cpu_offload_params=spec.offload == "params", zero_init=False,
+        )  # fmt: skip
         return dev
-    _, dev = estimate_zero2_model_states_mem_needs(total, per_node, nodes, cpu_offload=False)
+    _, dev = estimate_zero2_model_states_mem_needs(
+        total, per_node, nodes, cpu_offload=spec.offload != "none"
+    )
     return dev
 
 
@@ -184,6 +211,7 @@ class ZeRO(Plugin):
             models.build(spec.model, shape, classes, spec.own_model)
         with zero.Init(config_dict_or_path=config):
             net = models.build(spec.model, shape, classes, spec.own_model)
+        checkpointing.apply(net, spec.own_model, spec.activation_checkpointing)
 
         def gathered(tensors: list[torch.Tensor]):
             return zero.GatheredParameters([t for t in tensors if hasattr(t, "ds_id")],
@@ -198,8 +226,10 @@ class ZeRO(Plugin):
         self.zero_estimate = zero_estimate_bytes(spec, net)
         self.config = ds_config(spec, load_fragment(spec.deepspeed_config))
         t_init = time.perf_counter()
+        params = net.parameters()
+        opt = cpu_adam(spec, params) if spec.offload != "none" else self.loop.make_optimizer(params)
         self.engine, _, _, _ = self.deepspeed.initialize(
-            model=net, optimizer=self.loop.make_optimizer(net.parameters()), config=self.config
+            model=net, optimizer=opt, config=self.config
         )
         self.init_seconds += time.perf_counter() - t_init
         if spec.compile:  # DeepSpeed's own: the module compiled in place, at its first call
@@ -269,15 +299,17 @@ def main(spec: RunSpec, out: str) -> None:
     run(ZeRO, spec, out)
 
 
-def build_ops() -> None:
+def build_ops(cpu_adam: bool = False) -> None:
     """Compile the ops DeepSpeed JIT-builds on first use into TORCH_EXTENSIONS_DIR, once, so
-    no run pays (or measures) the compile: the `deepspeed_ops` rule calls this."""
+    no run pays (or measures) the compile: the `deepspeed_ops` rule calls this, and with
+    `cpu_adam` (a study with offload cells) the `deepspeed_cpu_adam` rule, for CPU Adam."""
     os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
     clear_stale_build_locks()
     import deepspeed.ops  # noqa: F401  (fills __compatible_ops__)
     from deepspeed.accelerator import get_accelerator
 
     names = ["ShareMemCommBuilder"] if get_accelerator().device_name() == "cpu" else []
+    names = ["CPUAdamBuilder"] if cpu_adam else names
     for name in names:
         builder = get_accelerator().create_op_builder(name)
         if builder is None or not builder.is_compatible():
@@ -289,6 +321,8 @@ def build_ops() -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] != ["--build-ops"]:
-        raise SystemExit("usage: python -m trainscale.runners.torch.deepspeed_zero --build-ops")
-    build_ops()
+    if sys.argv[1:] not in (["--build-ops"], ["--build-ops", "cpu-adam"]):
+        raise SystemExit(
+            "usage: python -m trainscale.runners.torch.deepspeed_zero --build-ops [cpu-adam]"
+        )
+    build_ops(cpu_adam=sys.argv[2:] == ["cpu-adam"])

@@ -14,16 +14,21 @@ from trainscale.models import gpt
 from trainscale.models import torch_models as models
 from trainscale.plan import catalog
 from trainscale.plan.runspec import RunSpec
+from trainscale.runners.torch import checkpointing
 from trainscale.runners.torch.torch_parts import DTYPES
 
 
-def per_sample(model: str, shape: tuple[int, ...], classes: int, own=None) -> float:
+def per_sample(
+    model: str, shape: tuple[int, ...], classes: int, own=None, checkpointed: str = "none"
+) -> float:
     """FLOPs of forward and backward of `model` on one sample of `shape` (a (C, H, W)
     image, or (context,) token ids whose classes are the vocabulary), on the meta device (under
-    fake tensors)."""
+    fake tensors). With `checkpointed` (activation checkpointing full or selective), what the
+    hardware runs: the forward operations recomputed in the backward pass counted again."""
     tokens = (own.input if own is not None else catalog.MODELS[model].input) == "tokens"
     with torch.device("meta"):
         net = models.build(model, shape, classes, own)
+        checkpointing.apply(net, own, checkpointed)
         x = torch.zeros(1, *shape, dtype=torch.long) if tokens else torch.zeros(1, *shape)
     counter = FlopCounterMode(display=False)
     with counter, models.fake_forward():
@@ -79,10 +84,13 @@ def device_peak(spec: RunSpec, device: torch.device, out: str | Path) -> tuple[f
 
 
 def count(spec: RunSpec, shape: tuple[int, ...], classes: int) -> dict:
-    """`per_sample` and `method` of the run's model, and for a GPT PaLM's analytic count
-    (`analytic_per_sample`); the Keras runs take their twin's from here too."""
-    own = spec.own_model
+    """`per_sample` and `method` of the run's model, `hardware_per_sample` with its activation
+    checkpointing, and for a GPT PaLM's analytic count (`analytic_per_sample`); the Keras runs
+    take their twin's from here too."""
+    own, recomputed = spec.own_model, spec.activation_checkpointing
     block = {"per_sample": per_sample(spec.model, shape, classes, own), "method": "flop_counter"}
+    if recomputed != "none":  # what the hardware ran; hfu (measure.flops.block) from it
+        block["hardware_per_sample"] = per_sample(spec.model, shape, classes, own, recomputed)
     if own is None and catalog.MODELS[spec.model].gpt:
         block["analytic_per_sample"] = (
             gpt.analytic_flops_per_token(spec.model, shape[0], classes) * shape[0]

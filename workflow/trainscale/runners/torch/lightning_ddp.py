@@ -53,7 +53,7 @@ from trainscale.runners.common import (
     write_ok,
 )
 from trainscale.runners.guarded import Parts
-from trainscale.runners.torch import flop_count
+from trainscale.runners.torch import checkpointing, flop_count
 from trainscale.runners.torch.exposed import block
 from trainscale.runners.torch.lightning_data import InMemory, ShardBatches, SizedWait, WindowEpochs
 from trainscale.runners.torch.torch_parts import (
@@ -166,6 +166,7 @@ class LightningRun:
         torch.manual_seed(spec.seed)  # the same fresh initial weights as torch-ddp's
         self.net = models.build(spec.model, self.info.shape, self.info.num_classes, spec.own_model,
                                 seed=spec.seed)  # fmt: skip
+        checkpointing.apply(self.net, spec.own_model, spec.activation_checkpointing)
         self.net.to(self.device, memory_format=memory_format(spec))
         uuid = torch.cuda.get_device_properties(self.device).uuid if self.cuda else None
         self.uuid = str(uuid) if uuid is not None else None  # which GPU's counter it reads

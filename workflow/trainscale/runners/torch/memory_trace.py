@@ -23,6 +23,13 @@ every byte; the peak of the rank with the largest need is the prediction:
 - TensorFlow and Keras strategies: `model-states` only (fp32 parameters, gradients and the
   optimizer's slots, counted on the PyTorch twin), no trace.
 
+Activation checkpointing (matrix activation_checkpointing) is traced as the runner applies
+it: the activations a checkpointed block keeps are its input (full) or its matrix multiplies'
+and attention's outputs (selective), and its recomputation is among the temporaries. Offload
+(matrix offload) leaves out of a GPU's prediction what moves to the host: DeepSpeed's
+estimate with its `cpu_offload` flags, and torch-fsdp's parameters, gradients and optimizer
+state (`on_host`).
+
 `method` says which: `traced` or `model-states`. A CUDA run is traced on fake CPU tensors
 where this PyTorch has no CUDA (its autograd engine needs a CUDA device for a CUDA backward,
 fake or not): CPU autocast's op lists and CPU attention kernels stand in for CUDA's, and the
@@ -37,6 +44,7 @@ stdout and stderr are only a log (a user's model may print anything).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import sys
@@ -56,6 +64,7 @@ from trainscale.data import imagesets
 from trainscale.models import torch_models as models
 from trainscale.plan import catalog
 from trainscale.plan.runspec import RunSpec
+from trainscale.runners.torch import checkpointing
 from trainscale.runners.torch.torch_parts import DTYPES, make_optimizer
 
 #: the parts a prediction is given in, and the tracker categories each one sums
@@ -117,6 +126,7 @@ def fake_model(spec: RunSpec, device: torch.device) -> nn.Module:
     info = imagesets.spec_info(spec.to_dict())
     with torch.device("meta"):
         net = models.build(spec.model, info.shape, info.num_classes, spec.own_model)
+    checkpointing.apply(net, spec.own_model, spec.activation_checkpointing)
     layout = memory_format(spec)
     made: dict[int, torch.Tensor] = {}
     for module in net.modules():
@@ -243,6 +253,16 @@ def fsdp(spec: RunSpec, device: torch.device) -> dict:
             return tracked(tracker, net, opt, batches, device, None)
 
 
+def on_host(parts: dict) -> dict:
+    """torch-fsdp with offload params (CPUOffloadPolicy) on a GPU: the sharded parameters,
+    their gradients and the optimizer state live on the host, so the device's peak is the
+    rest: the gathered units (communication), activations and temporaries. (On CPU the host
+    is the device: nothing leaves the prediction.)"""
+    moved = sum(parts[k] or 0 for k in ("parameters", "gradients", "optimizer"))
+    return {**parts, "parameters": 0, "gradients": 0, "optimizer": 0,
+            "total": parts["total"] - moved}  # fmt: skip
+
+
 def tensor_parallel(spec: RunSpec, device: torch.device) -> dict:
     """torch-tp and torch-fsdp-tp: the runner's plan (`tp_plans.parallelize`) on a fake
     dp × tp mesh, FSDP over dp as the runner shards."""
@@ -358,7 +378,11 @@ def predict(spec: RunSpec, target: str) -> dict:
                  "torch-fsdp-tp": tensor_parallel, "torch-pipeline": pipeline}.get(
             spec.strategy, deepspeed if spec.strategy.startswith("deepspeed-") else data_parallel
         )  # fmt: skip
-        parts, method = trace(spec, device), "traced"
+        # offload moves state off a GPU; on CPU the host is the device, and nothing moves
+        moving = spec if target == "cuda" else dataclasses.replace(spec, offload="none")
+        parts, method = trace(moving, device), "traced"
+        if moving.strategy == "torch-fsdp" and moving.offload == "params":
+            parts = on_host(parts)
     total = parts.pop("total")
     stage = parts.pop("stage", None)
     answer = {"total_bytes": total, "parts": parts, "method": method,

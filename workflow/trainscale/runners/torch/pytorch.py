@@ -30,7 +30,12 @@ DISTRIBUTED = catalog.names(runner="pytorch", one_process=False)
 
 
 def shard(
-    net: torch.nn.Module, dtype: torch.dtype | None, compile: bool = False, own=None, mesh=None
+    net: torch.nn.Module,
+    dtype: torch.dtype | None,
+    compile: bool = False,
+    own=None,
+    mesh=None,
+    offload: bool = False,
 ) -> torch.nn.Module:
     """FSDP2: every top-level block with parameters is one shard unit (its parameters are
     all-gathered just before it runs and freed after; blocks that share a parameter are one
@@ -40,17 +45,28 @@ def shard(
     forward is compiled after it is sharded, so FSDP's hooks (all-gather, reduce-scatter) run
     eagerly around compiled blocks (compiling the sharded root, or a block with its hooks,
     builds no graph: FSDP keeps TorchDynamo out of its hooks and all they call). `mesh`: the
-    DeviceMesh to shard over (torch-fsdp-tp: its dp dimension); None: every rank."""
+    DeviceMesh to shard over (torch-fsdp-tp: its dp dimension); None: every rank. `offload`
+    (matrix offload params): FSDP2's CPUOffloadPolicy, every shard, its gradient and its
+    optimizer state kept on the host, each unit's parameters copied to the device to run."""
     # imported here: torch.distributed.fsdp loads TorchDynamo and DTensor (~1 s), which only
     # torch-fsdp uses, and every torch run would pay it at start
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import (
+        CPUOffloadPolicy,
+        MixedPrecisionPolicy,
+        OffloadPolicy,
+        fully_shard,
+    )
 
     policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32 if dtype else None)
+    # pinned host memory for the copies to a GPU; without one, pinning has no device to ask
+    pin = torch.cuda.is_available()
+    offload_policy = CPUOffloadPolicy(pin_memory=pin) if offload else OffloadPolicy()
+    kw = {"mesh": mesh, "mp_policy": policy, "offload_policy": offload_policy}
     for unit in shard_units(models.blocks(net, own)):
-        fully_shard(unit if len(unit) > 1 else unit[0], mesh=mesh, mp_policy=policy)
+        fully_shard(unit if len(unit) > 1 else unit[0], **kw)
     if compile:
         compile_blocks(models.blocks(net, own))
-    fully_shard(net, mesh=mesh, mp_policy=policy)
+    fully_shard(net, **kw)
     return net
 
 
@@ -129,8 +145,10 @@ class DataParallel(Plugin):
         self.fsdp = self.spec.strategy == "torch-fsdp"
         self.eval_model = self.net = net if on_meta(net) else net.to(lp.device)
         if self.fsdp:
-            self.model = shard(net, self.dtype, self.spec.compile, self.spec.own_model)
-            materialise(net, lp.device, self.spec)
+            offload = self.spec.offload == "params"
+            self.model = shard(net, self.dtype, self.spec.compile, self.spec.own_model,
+                               offload=offload)  # fmt: skip
+            materialise(net, torch.device("cpu") if offload else lp.device, self.spec)
             self.dtype = None  # FSDP casts parameters and inputs itself: no autocast
         else:
             step_net = compiled(net, self.spec)  # torch.compile(DDP(net)) here traces nothing

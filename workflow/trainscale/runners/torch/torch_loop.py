@@ -41,7 +41,7 @@ from trainscale.runners.common import (
     write_ok,
 )
 from trainscale.runners.guarded import Parts
-from trainscale.runners.torch import flop_count
+from trainscale.runners.torch import checkpointing, flop_count
 from trainscale.runners.torch.exposed import batches_of, block
 from trainscale.runners.torch.plugin import Plugin, Shard
 from trainscale.runners.torch.torch_parts import (
@@ -128,11 +128,12 @@ class Loop:
 
     def build_model(self, meta: bool = False) -> torch.nn.Module:
         """The run's model as `models.build` makes it from the run's seed (on the meta device
-        where `meta` asks and the model initialises module by module), in the run's memory
-        format (trainscale.runners.torch.torch_speed)."""
+        where `meta` asks and the model initialises module by module), its blocks checkpointed
+        as the run asks (checkpointing.py), in the run's memory format (torch_speed.py)."""
         spec = self.spec
         net = models.build(spec.model, self.info.shape, self.info.num_classes, spec.own_model,
                            seed=spec.seed, meta=meta)  # fmt: skip
+        checkpointing.apply(net, spec.own_model, spec.activation_checkpointing)
         return net if on_meta(net) else net.to(memory_format=memory_format(self.spec))
 
     def make_optimizer(self, params) -> torch.optim.Optimizer:
@@ -341,12 +342,21 @@ class Loop:
             ),
             launch=metrics.launch_info(),
             **p.extra_blocks,
+            **offload_block(self.spec, self.device),
             **skipped_block(p.skipped_steps()),
         )
         write_ok(out, result, result["test"]["accuracy"])
 
 
 @record
+def offload_block(spec: RunSpec, device: torch.device) -> dict:
+    """The record's `offload` block, where the run offloads: what, and whether it moved (a
+    CPU run's device is the host: the offloading code runs, nothing leaves the device)."""
+    if spec.offload == "none":
+        return {}
+    return {"offload": {"mode": spec.offload, "to": "cpu", "moved": device.type != "cpu"}}
+
+
 def run(plugin: type[Plugin], spec: RunSpec, out: str) -> None:
     """Train `spec` with the strategy `plugin` and write its metrics to `out` (rank 0)."""
     loop = Loop(spec, plugin)

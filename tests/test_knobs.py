@@ -1,0 +1,116 @@
+"""Activation checkpointing and offload (matrix `activation_checkpointing` and `offload`,
+trainscale.plan.knobs): the cells that cannot take them dropped with the reason, paths unchanged
+without them, and real runs of gpt-nano that train the same weights as one process without
+them, as the other equivalence tests check (tests/test_fsdp_pipeline.py, test_deepspeed.py)."""
+
+from __future__ import annotations
+
+import subprocess
+
+import numpy as np
+import pytest
+
+from trainscale.measure import metrics
+from trainscale.plan.matrix import build_runs
+
+import tap
+from conftest import PYTHON, ROOT, deepspeed_ops_built, launch, run_env, validated
+
+#: the equivalence tests' tolerance (rtol 1e-4 / atol 1e-5): a recomputed forward runs the same
+#: operations on the same values, and DeepSpeed's CPU Adam is AdamW in another loop order
+RTOL, ATOL = 1e-4, 1e-5
+ADAMW = {"name": "adamw", "lr": 0.005, "weight_decay": 0.1, "eps": 1e-6}
+
+
+def plan(strategies, ckpt=("none",), offload=("none",), model="gpt-nano", **kw):
+    m = {"strategy": list(strategies), "model": [model], "dataset": ["shakespeare"],
+         "seq_len": [32], "batch_size": [8], "workers": [kw.pop("workers", 2)],
+         "activation_checkpointing": list(ckpt), "offload": list(offload)}  # fmt: skip
+    cfg = {"study": "t", "epochs": 2, "steps_per_epoch": 2, "threads_per_worker": 1,
+           "optimizer": kw.pop("optimizer", ADAMW), "matrix": m, **kw}  # fmt: skip
+    return build_runs(validated(cfg))
+
+
+def reasons(dropped) -> dict[tuple, str]:
+    return {(d.values["strategy"], d.values["activation_checkpointing"], d.values["offload"]):
+            d.reason for d in dropped}  # fmt: skip
+
+
+def test_a_run_without_either_keeps_its_path_and_a_run_with_one_names_it():
+    (plain,), _ = plan(["torch"], workers=1)
+    assert "activation_checkpointing" not in plain.path and "offload" not in plain.path
+    assert plain.activation_checkpointing == "none" and plain.offload == "none"
+    runs, _ = plan(["deepspeed-zero3"], ckpt=("full",), offload=("params",))
+    assert runs[0].path.endswith("/activation_checkpointing~full/offload~params/repeat~0")
+
+
+def test_what_cannot_take_a_knob_is_dropped_with_the_reason():
+    _, dropped = plan(["tf-mirrored", "torch-fsdp", "deepspeed-zero0", "deepspeed-zero2",
+                       "torch-ddp"], ckpt=("none", "full"),
+                      offload=("none", "optimizer", "params"))  # fmt: skip
+    why = reasons(dropped)
+    assert "Keras strategies keep every activation" in why[("tf-mirrored", "full", "none")]
+    assert "no FSDP2 equivalent" in why[("torch-fsdp", "none", "optimizer")]
+    assert "stage 0 partitions nothing" in why[("deepspeed-zero0", "none", "optimizer")]
+    assert "stages 1 and 2 keep whole" in why[("deepspeed-zero2", "none", "params")]
+    assert "torch-ddp: no offload" in why[("torch-ddp", "none", "optimizer")]
+    _, dropped = plan(["deepspeed-zero2"], offload=("optimizer",),
+                      optimizer={"name": "sgd", "lr": 0.1})  # fmt: skip
+    assert "CPU Adam; optimizer sgd has none" in dropped[0].reason
+    cnn = build_runs(validated({"study": "t", "matrix": {
+        "strategy": ["torch"], "model": ["seed-small"], "dataset": ["digits"],
+        "activation_checkpointing": ["full", "selective"]}}))  # fmt: skip
+    assert [r.activation_checkpointing for r in cnn[0]] == ["full"]
+    assert "seed-small's stages are convolutions" in cnn[1][0].reason
+
+
+def tapped(tmp_path, spec) -> tuple[dict, dict]:
+    """One real run with the test plug-in: its record and final weights."""
+    name = f"{spec.strategy}-{spec.activation_checkpointing}-{spec.offload}"
+    out, taps = tmp_path / name / "metrics.json", tmp_path / f"{name}-tap"
+    p = launch(spec, out, **tap.env(taps))
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    rec = metrics.read(out)
+    assert rec["status"] == "ok", rec["error"]
+    return rec, tap.final_weights(taps, spec.strategy)
+
+
+@pytest.mark.slow
+def test_checkpointing_and_offload_train_one_process_weights(tmp_path):
+    """gpt-nano, 4 AdamW steps at a global batch of 8: under torch with full and selective
+    checkpointing, torch-fsdp with full checkpointing and with its parameters offloaded,
+    ZeRO-3 with full checkpointing and ZeRO-2 with its optimizer offloaded (DeepSpeed's CPU
+    Adam), the weights and losses of `torch` without either."""
+    deepspeed_ops_built()
+    cmd = [PYTHON, "-m", "trainscale.runners.torch.deepspeed_zero", "--build-ops", "cpu-adam"]
+    built = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900,
+                           env=run_env(TORCH_EXTENSIONS_DIR=str(ROOT / ".cache" /
+                                                                "torch_extensions")))  # fmt: skip
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    (ref_spec,), _ = plan(["torch"], workers=1)
+    ref_rec, ref = tapped(tmp_path, ref_spec)
+    cases = [
+        *plan(["torch"], ckpt=("full", "selective"), workers=1)[0],
+        *plan(["torch-fsdp"], ckpt=("full",))[0],
+        *plan(["torch-fsdp"], offload=("params",))[0],
+        *plan(["deepspeed-zero3"], ckpt=("full",))[0],
+        *plan(["deepspeed-zero2"], offload=("optimizer",))[0],
+    ]
+    assert len(cases) == 6
+    for spec in cases:
+        rec, final = tapped(tmp_path, spec)
+        what = f"{spec.strategy} {spec.activation_checkpointing} {spec.offload}"
+        assert rec["spec"]["activation_checkpointing"] == spec.activation_checkpointing
+        assert final.keys() == ref.keys(), what
+        for k in ref:
+            np.testing.assert_allclose(final[k], ref[k], rtol=RTOL, atol=ATOL,
+                                       err_msg=f"{what}: {k}")  # fmt: skip
+        assert rec["test"]["loss"] == pytest.approx(ref_rec["test"]["loss"], rel=RTOL), what
+        flops = rec["flops"]
+        if spec.activation_checkpointing == "full":  # a forward more for the blocks
+            assert flops["hardware_per_sample"] > 1.2 * flops["per_sample"], what
+            assert flops["hfu"] > flops["mfu"], what
+        if spec.offload != "none":
+            assert rec["offload"] == {"mode": spec.offload, "to": "cpu", "moved": False}, what
+    tap.assert_moved(tap.initial_weights(tmp_path / f"{ref_spec.strategy}-none-none-tap"), ref,
+                     "torch")  # fmt: skip

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from trainscale.measure import metrics
-from trainscale.plan.matrix import build_runs
+from trainscale.plan.matrix import ConfigError, build_runs
 
 import tap
 from conftest import PYTHON, ROOT, deepspeed_ops_built, launch, run_env, validated
@@ -54,14 +54,26 @@ def test_what_cannot_take_a_knob_is_dropped_with_the_reason():
     assert "stage 0 partitions nothing" in why[("deepspeed-zero0", "none", "optimizer")]
     assert "stages 1 and 2 keep whole" in why[("deepspeed-zero2", "none", "params")]
     assert "torch-ddp: no offload" in why[("torch-ddp", "none", "optimizer")]
-    _, dropped = plan(["deepspeed-zero2"], offload=("optimizer",),
-                      optimizer={"name": "sgd", "lr": 0.1})  # fmt: skip
-    assert "CPU Adam; optimizer sgd has none" in dropped[0].reason
+    with pytest.raises(ConfigError, match="CPU Adam; optimizer sgd has none"):
+        plan(["deepspeed-zero2"], offload=("optimizer",), optimizer={"name": "sgd", "lr": 0.1})
     cnn = build_runs(validated({"study": "t", "matrix": {
         "strategy": ["torch"], "model": ["seed-small"], "dataset": ["digits"],
         "activation_checkpointing": ["full", "selective"]}}))  # fmt: skip
     assert [r.activation_checkpointing for r in cnn[0]] == ["full"]
     assert "seed-small's stages are convolutions" in cnn[1][0].reason
+
+
+def test_the_memory_preflight_traces_checkpointing_as_the_runner_applies_it():
+    """gpt-nano under torch, one step traced on fake tensors (trainscale.runners.torch.
+    memory_trace): full checkpointing keeps the blocks' inputs only, selective keeps their
+    matrix multiplies' outputs too, so full < selective < none in activations."""
+    from trainscale.runners.torch import memory_trace
+
+    runs, _ = plan(["torch"], ckpt=("none", "full", "selective"), workers=1)
+    act = {r.activation_checkpointing: memory_trace.predict(r, "cpu")["parts"]["activations"]
+           for r in runs}  # fmt: skip
+    assert act["full"] < act["selective"] < act["none"], act
+    assert act["full"] < 0.5 * act["none"], act
 
 
 def tapped(tmp_path, spec) -> tuple[dict, dict]:

@@ -5,6 +5,7 @@ the `python -m trainscale.report` command line, headless Chromium, and the Snake
 from __future__ import annotations
 
 import base64
+import dataclasses
 import html
 import json
 import math
@@ -52,6 +53,7 @@ FIGURES = (
     "convergence",
     "memory",
     "memory_predicted",
+    "memory_trade",
     "busbw",
 )
 XSS = "<script>alert('x')</script> & <b>bold</b>"
@@ -89,6 +91,12 @@ def rich_study(runs: Path) -> list[Path]:
                             rec["memory"]["predicted"] = {"total_bytes": int(1.05 * peak),
                                                           "method": "traced"}  # fmt: skip
                             paths.append(write(runs, s, rec))
+    for r in range(2):  # torch with full activation checkpointing: slower, half the memory
+        s = dataclasses.replace(spec_for("torch", 1, repeat=r), activation_checkpointing="full")
+        t = 0.5 * 1.25 * (1 + 0.05 * r)
+        rec = ok_record(s, [t, t * 1.02], first=t * 1.5)
+        rec["memory"]["peak_device_bytes"] = 2**29
+        paths.append(write(runs, s, rec))
     for r in range(2):  # N = 4 in one configuration: the heat map has two N > 1 to show
         s = spec_for("torch-ddp", 4, repeat=r)
         t = 0.5 / 4**0.8 * (1 + 0.05 * r)
@@ -128,8 +136,9 @@ def test_cli_writes_tables_figures_and_report(built):
     out, study = built
     for f in ("runs.csv", "epochs.csv", "scaling.csv", "invalid.csv", "summary.txt", "report.html"):
         assert (out / f).stat().st_size > 0, f
-    assert len(study.runs) == 2 * 2 * 2 * 2 + 2 * 2 * 2 * 2 * 2 + 2 + 1  # torch, ddp, N=4, failed
-    assert len(study.scaling) == 8 + 16 + 1
+    # torch, ddp, torch with full checkpointing, N=4, failed
+    assert len(study.runs) == 2 * 2 * 2 * 2 + 2 * 2 * 2 * 2 * 2 + 2 + 2 + 1
+    assert len(study.scaling) == 8 + 16 + 1 + 1
     assert [Path(p).parent.name for p, _ in study.invalid] == ["corrupt"]
     summary = (out / "summary.txt").read_text()
     assert "invalid metrics files (not counted)" in summary and "corrupt" in summary
@@ -241,9 +250,11 @@ def test_absent_data_gives_a_note_image_not_an_empty_plot(tmp_path):
         "throughput_batch",
         "accuracy",
         "memory_predicted",
+        "memory_trade",
         "busbw",
     }
     assert "nothing was predicted" in notes["memory_predicted"]
+    assert "varies neither activation_checkpointing nor offload" in notes["memory_trade"]
     assert "no N=1 run of torch-ddp" in notes["speedup"]
     assert "no all-reduce benchmark ran" in notes["busbw"]
     assert notes["throughput_scale"].endswith("dataset scale was not varied: 1 only")
@@ -515,7 +526,7 @@ def test_snakemake_reports_copied_results_without_training(tmp_path):
     # other figure (busbw too: the workflow ran the all-reduce benchmark for N = 2) must be a
     # drawing, not the "no data" placeholder
     absent = {"throughput_scale", "throughput_batch", "accuracy", "efficiency_heatmap",
-              "memory_predicted"}  # fmt: skip
+              "memory_predicted", "memory_trade"}  # fmt: skip
     for name in FIGURES:
         svg = (results / "figures" / f"{name}.svg").read_text()
         assert ("no data in this study" in svg) == (name in absent), name

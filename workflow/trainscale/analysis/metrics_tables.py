@@ -68,7 +68,8 @@ EPOCH_FIELDS = [
 ]
 
 
-_CELL_TEXT = ("strategy", "model", "dataset", "batch_mode", "precision")
+_CELL_TEXT = ("strategy", "model", "dataset", "batch_mode", "precision", "activation_checkpointing",
+              "offload")  # fmt: skip
 #: dtypes of the cell columns, in every table that has them.
 CELL_TYPES = {k: ("str" if k in _CELL_TEXT else "int64") for k in CELL}
 #: dtypes of epochs.csv's columns.

@@ -51,6 +51,8 @@ GROUP = [
     "scale",
     "batch_size",
     "batch_mode",
+    "activation_checkpointing",
+    "offload",
 ]
 #: Spec keys that are not study-wide settings: they name the cell or the repeat, follow from
 #: the cell (world size, batch per worker, the scaled learning rate), or are a local path.

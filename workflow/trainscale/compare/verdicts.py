@@ -41,6 +41,7 @@ import numpy as np
 
 from trainscale.analysis.aggregate import CELL
 from trainscale.compare import card as ts_card
+from trainscale.plan.runspec import OUT_OF_PATH
 
 SCHEMA_ID = "trainscale.compare/1"
 VERDICTS = ("slower", "faster", "same", "not comparable")
@@ -93,7 +94,9 @@ def cells_of(card: dict) -> dict[tuple, dict]:
     out = {}
     for g in card["scaling"]:
         for p in g["by_n"]:
-            values = {**{k: g.get(k, 0) for k in ts_card.GROUP}, "workers": p["workers"]}
+            # a key a card made before its axis lacks: that axis's default (seq_len 0, none)
+            values = {**{k: g.get(k, OUT_OF_PATH.get(k, 0)) for k in ts_card.GROUP},
+                      "workers": p["workers"]}  # fmt: skip
             values["nodes"] = p["nodes"]
             values["tp"] = p.get("tp", 1)  # cards made before the axis: no tensor parallelism
             out[tuple(values[k] for k in CELL)] = p

@@ -280,6 +280,37 @@ def horovod_study(tmp_path_factory) -> dict:
     return {"recs": recs, "weights": weights, "workdir": workdir, "tap": workdir / "tap"}
 
 
+#: epochs of the horovod-keras-elastic runs at a fixed size: nothing changes, so 2 show the
+#: steady state
+ELASTIC_KERAS_EPOCHS = 2
+
+
+def elastic_keras_spec(workers: int, epochs: int):
+    """horovod-keras-elastic, seed-small on digits, scale 4 (89 steps of the global batch of 64
+    per epoch)."""
+    from trainscale.plan.matrix import build_runs
+
+    m = {"strategy": ["horovod-keras-elastic"], "model": ["seed-small"], "dataset": ["digits"]}
+    m |= {"workers": [workers], "batch_size": [64], "scale": [4]}
+    return build_runs(validated({"study": "t", "epochs": epochs, "matrix": m}))[0][0]
+
+
+@pytest.fixture(scope="session")
+def elastic_keras_fixed(tmp_path_factory) -> dict[int, dict]:
+    """horovod-keras-elastic runs that keep their 1 and 2 workers throughout: records by
+    worker count (tests/test_horovod_keras_elastic.py, and the Keras family's in
+    tests/test_keras_loop.py)."""
+    from trainscale.measure import metrics
+
+    recs = {}
+    for workers in (1, 2):
+        out = tmp_path_factory.mktemp(f"elastic-keras-{workers}") / "metrics.json"
+        p = launch(elastic_keras_spec(workers, ELASTIC_KERAS_EPOCHS), out, timeout=300)
+        assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+        recs[workers] = metrics.read(out)  # validated against the metrics schema
+    return recs
+
+
 # On a node with CUDA every GPU path's test must run: tests/gpu_guard.py, as this suite's hooks.
 from gpu_guard import (  # noqa: E402, F401
     pytest_addoption,

@@ -7,37 +7,21 @@ from __future__ import annotations
 import pytest
 
 from trainscale.measure import metrics
-from trainscale.plan.matrix import build_runs
 
-from conftest import launch, launch_losing_a_worker, validated
-
-STRATEGY = "horovod-keras-elastic"
-
-
-def elastic_spec(workers: int, epochs: int):
-    """seed-small on digits, scale 4 (89 steps of the global batch of 64 per epoch)."""
-    m = {"strategy": [STRATEGY], "model": ["seed-small"], "dataset": ["digits"]}
-    m |= {"workers": [workers], "batch_size": [64], "scale": [4]}
-    return build_runs(validated({"study": "t", "epochs": epochs, "matrix": m}))[0][0]
-
+from conftest import ELASTIC_KERAS_EPOCHS as FIXED_EPOCHS
+from conftest import elastic_keras_spec as elastic_spec
+from conftest import launch_losing_a_worker
 
 #: epochs of the run that loses a worker, long enough that Horovod's host discovery (polled
 #: about once a second) sees the change before the last epoch
 EPOCHS = 6
-#: epochs of the runs at a fixed size: nothing changes, so 2 show the steady state
-FIXED_EPOCHS = 2
 
 
 @pytest.fixture(scope="module")
-def fixed_size(tmp_path_factory) -> dict[int, dict]:
-    """Records of runs that keep their 1 and 2 workers throughout."""
-    recs = {}
-    for workers in (1, 2):
-        out = tmp_path_factory.mktemp(f"fixed-{workers}") / "metrics.json"
-        p = launch(elastic_spec(workers, FIXED_EPOCHS), out, timeout=300)
-        assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-        recs[workers] = metrics.read(out)  # validated against the metrics schema
-    return recs
+def fixed_size(elastic_keras_fixed) -> dict[int, dict]:
+    """Records of runs that keep their 1 and 2 workers throughout (conftest: shared with the
+    Keras family's tests)."""
+    return elastic_keras_fixed
 
 
 @pytest.mark.slow

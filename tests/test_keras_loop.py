@@ -7,11 +7,7 @@ import time
 
 import pytest
 
-from trainscale.measure import metrics
 from trainscale.measure.device_usage import CpuUsage, cpu_busy_percent
-from trainscale.plan.matrix import build_runs
-
-from conftest import launch, validated
 
 #: (strategy, workers, worker processes) of the family
 FAMILY = [
@@ -21,9 +17,6 @@ FAMILY = [
     ("horovod-keras", 2, 2),
     ("horovod-keras-elastic", 2, 2),
 ]
-#: the TensorFlow strategies' records come from the shared study (conftest.tf_study: 3 epochs);
-#: the Horovod ones from tiny runs of as many epochs, of 4 steps each
-EPOCHS = 3
 #: record blocks a plug-in adds on top of the loop's (KerasStrategy.extra_metrics)
 EXTRA = {"horovod-keras": {"horovod"}, "horovod-keras-elastic": {"horovod"}}
 
@@ -61,33 +54,16 @@ def test_busy_percent_is_the_share_of_the_thread_budget():
 
 
 @pytest.fixture(scope="module")
-def family(tmp_path_factory, tf_study) -> dict[str, dict]:
-    """A record of each strategy: tf, tf-mirrored and tf-multiworker from the shared TF study,
-    the Horovod strategies from tiny runs."""
-    tmp = tmp_path_factory.mktemp("keras-family")
+def family(tf_study, horovod_study, elastic_keras_fixed) -> dict[str, dict]:
+    """A record of each strategy, from the session's studies: tf, tf-mirrored and
+    tf-multiworker from the TF study (3 epochs), horovod-keras from the Horovod study and
+    horovod-keras-elastic's 2-worker run (2 epochs each): no run of their own."""
     recs = {s: tf_study[s] for s in ("tf", "tf-mirrored", "tf-multiworker")}
-    assert [len(r["epochs"]) for r in recs.values()] == [EPOCHS] * 3
+    recs["horovod-keras"] = horovod_study["recs"]["horovod-keras"][0]
+    recs["horovod-keras-elastic"] = elastic_keras_fixed[2]
     for strategy, workers, _ in FAMILY:
-        if strategy in recs:
-            continue
-        cfg = {
-            "study": "t",
-            "epochs": EPOCHS,
-            "steps_per_epoch": 4,
-            "matrix": {
-                "strategy": [strategy],
-                "model": ["seed-small"],
-                "dataset": ["digits"],
-                "workers": [workers],
-                "batch_size": [64],
-            },
-        }
-        spec = build_runs(validated(cfg))[0][0]
-        out = tmp / strategy / "metrics.json"
-        p = launch(spec, out, timeout=240)
-        assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-        recs[strategy] = metrics.read(out)
         assert recs[strategy]["status"] == "ok", recs[strategy]["error"]
+        assert recs[strategy]["spec"]["workers"] == workers, strategy
     return recs
 
 
@@ -107,7 +83,7 @@ def test_every_keras_runner_writes_the_same_metric_keys(family):
         )
         assert got == want, (strategy, got ^ want)
         epoch_keys = [set(e) for e in rec["epochs"]]
-        assert epoch_keys == [set(e) for e in family["tf"]["epochs"]], strategy
+        assert epoch_keys == [set(family["tf"]["epochs"][0])] * len(rec["epochs"]), strategy
 
 
 @pytest.mark.slow

@@ -46,7 +46,7 @@ def test_a_run_without_either_keeps_its_path_and_a_run_with_one_names_it():
 
 def test_what_cannot_take_a_knob_is_dropped_with_the_reason():
     _, dropped = plan(["tf-mirrored", "torch-fsdp", "deepspeed-zero0", "deepspeed-zero2",
-                       "torch-ddp"], ckpt=("none", "full"),
+                       "deepspeed-zero3", "torch-ddp"], ckpt=("none", "full", "selective"),
                       offload=("none", "optimizer", "params"))  # fmt: skip
     why = reasons(dropped)
     assert "Keras strategies keep every activation" in why[("tf-mirrored", "full", "none")]
@@ -54,6 +54,8 @@ def test_what_cannot_take_a_knob_is_dropped_with_the_reason():
     assert "stage 0 partitions nothing" in why[("deepspeed-zero0", "none", "optimizer")]
     assert "stages 1 and 2 keep whole" in why[("deepspeed-zero2", "none", "params")]
     assert "torch-ddp: no offload" in why[("torch-ddp", "none", "optimizer")]
+    assert "ZeRO-3 gathers a block's parameters" in why[("deepspeed-zero3", "selective", "none")]
+    assert ("deepspeed-zero2", "selective", "optimizer") not in why
     with pytest.raises(ConfigError, match="CPU Adam; optimizer sgd has none"):
         plan(["deepspeed-zero2"], offload=("optimizer",), optimizer={"name": "sgd", "lr": 0.1})
     cnn = build_runs(validated({"study": "t", "matrix": {
@@ -89,10 +91,10 @@ def tapped(tmp_path, spec) -> tuple[dict, dict]:
 
 @pytest.mark.slow
 def test_checkpointing_and_offload_train_one_process_weights(tmp_path):
-    """gpt-nano, 4 AdamW steps at a global batch of 8: under torch with full and selective
-    checkpointing, torch-fsdp with full checkpointing and with its parameters offloaded,
-    ZeRO-3 with full checkpointing and ZeRO-2 with its optimizer offloaded (DeepSpeed's CPU
-    Adam), the weights and losses of `torch` without either."""
+    """gpt-nano, 4 AdamW steps at a global batch of 8: under torch with full and with
+    selective checkpointing, torch-fsdp with full checkpointing and its parameters offloaded,
+    ZeRO-3 with full checkpointing and ZeRO-2 with full checkpointing and its optimizer
+    offloaded (DeepSpeed's CPU Adam), the weights and losses of `torch` without either."""
     deepspeed_ops_built()
     cmd = [PYTHON, "-m", "trainscale.runners.torch.deepspeed_zero", "--build-ops", "cpu-adam"]
     built = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900,
@@ -103,12 +105,11 @@ def test_checkpointing_and_offload_train_one_process_weights(tmp_path):
     ref_rec, ref = tapped(tmp_path, ref_spec)
     cases = [
         *plan(["torch"], ckpt=("full", "selective"), workers=1)[0],
-        *plan(["torch-fsdp"], ckpt=("full",))[0],
-        *plan(["torch-fsdp"], offload=("params",))[0],
+        *plan(["torch-fsdp"], ckpt=("full",), offload=("params",))[0],
         *plan(["deepspeed-zero3"], ckpt=("full",))[0],
-        *plan(["deepspeed-zero2"], offload=("optimizer",))[0],
+        *plan(["deepspeed-zero2"], ckpt=("full",), offload=("optimizer",))[0],
     ]
-    assert len(cases) == 6
+    assert len(cases) == 5
     for spec in cases:
         rec, final = tapped(tmp_path, spec)
         what = f"{spec.strategy} {spec.activation_checkpointing} {spec.offload}"

@@ -60,6 +60,13 @@ def checkpointing_why_not(
             "each GPU at every forward, and a copied block's checkpointed forward would still "
             "run the original block; use torch-ddp"
         )
+    if strategy == "deepspeed-zero3" and mode == "selective":
+        return (
+            "deepspeed-zero3: activation_checkpointing selective needs the same operations in "
+            "the forward and its recomputation, and ZeRO-3 gathers a block's parameters inside "
+            "it where its prefetch has not (an all-gather seen in one and not the other stops "
+            "the backward): use full"
+        )
     if own is not None:
         if not own.blocks:
             return (

@@ -348,7 +348,6 @@ class Loop:
         write_ok(out, result, result["test"]["accuracy"])
 
 
-@record
 def offload_block(spec: RunSpec, device: torch.device) -> dict:
     """The record's `offload` block, where the run offloads: what, and whether it moved (a
     CPU run's device is the host: the offloading code runs, nothing leaves the device)."""
@@ -357,6 +356,7 @@ def offload_block(spec: RunSpec, device: torch.device) -> dict:
     return {"offload": {"mode": spec.offload, "to": "cpu", "moved": device.type != "cpu"}}
 
 
+@record
 def run(plugin: type[Plugin], spec: RunSpec, out: str) -> None:
     """Train `spec` with the strategy `plugin` and write its metrics to `out` (rank 0)."""
     loop = Loop(spec, plugin)

@@ -11,12 +11,15 @@ Each round runs both sides on one process, alternating which goes first (A/B, th
 It prints each side's tokens/s min/median/max over the rounds with its spread (max/min; under
 1.05 for a 2% effect to be seen), the ratio runner / bare (min/median/max; the bar is a median
 ≥ 0.98) and both MFUs: the runner's `flops.mfu`, and the bare loop's from the same counted
-FLOPs per token and the same peak (the record's `flops.peak_per_second` and source). The load
-average is printed with every line: a busy machine shows as spread.
+FLOPs per token and the same peak (the record's `flops.peak_per_second` and source). Both
+sides step the optimizer as `--fused` says (config optimizer.fused: auto, true, false) and time
+steps alike (CUDA events on a GPU); the step-time spread (p95 / p50 of the timed steps, the
+median over rounds) is printed per side. The load average is printed with every line: a busy
+machine shows as spread.
 
     .venv/bin/python benchmarks/gpt_throughput.py [--model gpt-micro] [--seq-len 256]
         [--batch 8] [--precision fp32] [--threads 2] [--steps 8] [--epochs 3] [--rounds 5]
-        [--dataset shakespeare] [--compile]
+        [--dataset shakespeare] [--compile] [--fused auto|true|false]
     .venv/bin/python benchmarks/gpt_throughput.py --model hf:tiny-llama   # a Hugging Face config:
         # trainscale's `torch` runner against a bare loop of the same transformers model
 """
@@ -59,6 +62,7 @@ def spec(a: argparse.Namespace) -> RunSpec:
         global_batch_size=a.batch, per_worker_batch_size=a.batch, world_size=1,
         threads_per_worker=a.threads, timeout_minutes=60, target_accuracy=None,
         data_dir="data", steps_per_epoch=a.steps, seq_len=a.seq_len, compile=a.compile,
+        fused=FUSED[a.fused],
     )  # fmt: skip
 
 
@@ -77,21 +81,28 @@ def hf_spec(a: argparse.Namespace) -> RunSpec:
     assert not problems, problems
     runs, _ = build_runs(config)  # the overlay keeps config.yaml's other axes: one process
     run = next(r for r in runs if r.world_size == 1 and r.repeat == 0)
-    return dataclasses.replace(run, threads_per_worker=a.threads, compile=a.compile)
+    return dataclasses.replace(
+        run, threads_per_worker=a.threads, compile=a.compile, fused=FUSED[a.fused]
+    )
 
 
-def bare(s: RunSpec, a: argparse.Namespace) -> float:
+#: --fused as config optimizer.fused has it
+FUSED = {"auto": "auto", "true": True, "false": False}
+
+
+def bare(s: RunSpec, a: argparse.Namespace) -> dict:
     cmd = [
         sys.executable, str(ROOT / "benchmarks" / "minimal_gpt.py"), f"--model={s.model}",
         f"--dataset={s.dataset}", f"--seq-len={s.seq_len}", f"--batch={s.batch_size}",
         f"--warmup={a.steps}", f"--steps={a.steps * (a.epochs - 1)}",
         f"--precision={s.precision}", *(["--compile"] if a.compile else []),
+        f"--fused={a.fused}",
         *([f"--hf-config={s.own_model.builder_kwargs['config']}"] if s.own_model else []),
     ]  # fmt: skip
     env = {**os.environ, **worker_env(s)}
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
-    return json.loads(p.stdout.strip().splitlines()[-1])["tokens_per_second"]
+    return json.loads(p.stdout.strip().splitlines()[-1])
 
 
 def trio(xs: list[float]) -> str:
@@ -110,20 +121,28 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=3, help="epoch 1 is warm-up, the rest timed")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--compile", action="store_true", help="torch.compile on both sides")
+    p.add_argument("--fused", default="auto", choices=tuple(FUSED), help="optimizer.fused")
     a = p.parse_args()
     s = spec(a)
     print(
         f"{s.model}, {s.dataset}, seq_len {s.seq_len}, batch {s.batch_size}, {s.precision}, "
-        f"{a.threads} threads, {a.steps} steps × {a.epochs} epochs, compile {a.compile}; "
+        f"{a.threads} threads, {a.steps} steps × {a.epochs} epochs, compile {a.compile}, "
+        f"fused {a.fused}; "
         f"load average at start {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs",
         flush=True,
     )
     runner_x, bare_x, ratios, mfu_r, mfu_b = [], [], [], [], []
+    steps_r, steps_b, how = [], [], set()
     peak = None
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(a.rounds):
-            rec, x_b = in_order(i, lambda: runner_record(s, Path(tmp)), lambda: bare(s, a))
-            x_r, flops = rec["tokens_per_second"], rec["flops"]
+            rec, b = in_order(i, lambda: runner_record(s, Path(tmp)), lambda: bare(s, a))
+            x_r, flops, x_b = rec["tokens_per_second"], rec["flops"], b["tokens_per_second"]
+            timed = rec["epochs"][1:]
+            steps_r.append(statistics.median(e["step_seconds_p95"] / e["step_seconds_p50"]
+                                             for e in timed))  # fmt: skip
+            steps_b.append(b["step_seconds_p95"] / b["step_seconds_p50"])
+            how |= {f"runner {rec['optimizer']['implementation']}", f"bare {b['optimizer']}"}
             per_token = flops["per_sample"] / s.seq_len
             peak = (flops["peak_per_second"], flops["peak_source"], flops["peak_device"])
             runner_x.append(x_r)
@@ -137,9 +156,13 @@ def main() -> None:
                 f"{x_r / x_b:.3f} ({first} first; load {os.getloadavg()[0]:.1f})",
                 flush=True,
             )
-    print(f"\n{'side':<8}{'min':>10} {'median':>10} {'max':>10} {'spread':>8} {'MFU med':>9}")
-    for name, xs, mfu in (("runner", runner_x, mfu_r), ("bare", bare_x, mfu_b)):
-        print(f"{name:<8}{trio(xs)} {spread(xs):>8.3f} {statistics.median(mfu):>9.4f}")
+    print(f"\n{'side':<8}{'min':>10} {'median':>10} {'max':>10} {'spread':>8} {'MFU med':>9} "
+          f"{'step p95/p50':>13}")  # fmt: skip
+    sides = (("runner", runner_x, mfu_r, steps_r), ("bare", bare_x, mfu_b, steps_b))
+    for name, xs, mfu, st in sides:
+        print(f"{name:<8}{trio(xs)} {spread(xs):>8.3f} {statistics.median(mfu):>9.4f} "
+              f"{statistics.median(st):>13.3f}")  # fmt: skip
+    print(f"optimizer: {', '.join(sorted(how))}")
     med = statistics.median(ratios)
     verdict = "meets" if med >= 0.98 else "below"
     print(

@@ -5,9 +5,12 @@ One process: the same model (trainscale.models.gpt, or with `--hf-config` the tr
 model `AutoModelForCausalLM.from_config` builds, called as transformers' own loops call it),
 windows of the same ids (the shipped
 byte corpus, or synthetic-tokens' seeded random ids) drawn at random, next-token
-cross-entropy, AdamW, fp32 (or bf16 autocast), on the GPU when there is one. `--warmup`
-steps, then `--steps` timed ones. Prints one JSON line:
-{"tokens_per_second": ..., "seconds": ..., "steps": ...}.
+cross-entropy, AdamW (fused, foreach or a loop over the tensors as `--fused` says, by the
+runner's own rule: trainscale.runners.torch.torch_parts.optimizer_implementation), fp32 (or
+bf16 autocast), on the GPU when there is one. `--warmup` steps, then `--steps` timed ones, each
+step timed as the runner times it (CUDA events on a GPU: no wait per step). Prints one JSON line:
+{"tokens_per_second": ..., "seconds": ..., "steps": ..., "step_seconds_p50": ...,
+"step_seconds_p95": ..., "optimizer": ...}.
 """
 
 import argparse
@@ -21,6 +24,8 @@ import torch.nn.functional as F
 
 from trainscale.data import catalogue, tokens
 from trainscale.models import gpt
+from trainscale.runners.torch.step_timer import StepTimer
+from trainscale.runners.torch.torch_parts import optimizer_implementation
 
 p = argparse.ArgumentParser()
 p.add_argument("--model", default="gpt-micro")
@@ -32,6 +37,7 @@ p.add_argument("--steps", type=int, default=16)
 p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
 p.add_argument("--compile", action="store_true")
 p.add_argument("--hf-config", help="a config.json: train transformers' model of it instead")
+p.add_argument("--fused", choices=("auto", "true", "false"), default="auto")
 a = p.parse_args()
 
 torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
@@ -53,7 +59,10 @@ if a.hf_config:
 else:
     model = forward = gpt.build(a.model, a.seq_len, info.num_classes).to(device)
 step_model = torch.compile(forward) if a.compile else forward
-opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.999), eps=1e-7)
+fused = {"true": True, "false": False}.get(a.fused, "auto")
+how = optimizer_implementation(argparse.Namespace(fused=fused, optimizer="adamw"), device.type)
+kw = {"fused": True} if how == "fused" else {"foreach": how == "foreach"}
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.999), eps=1e-7, **kw)
 dtype = torch.bfloat16 if a.precision == "bf16" else None
 
 
@@ -82,10 +91,25 @@ def sync() -> None:
 for _ in range(a.warmup):
     step()
 sync()
+timer = StepTimer(device)
 t0 = time.perf_counter()
 for _ in range(a.steps):
+    timer.step_starts()
     step()
+    timer.step_ends()
 sync()
 seconds = time.perf_counter() - t0
 rate = a.steps * a.batch * a.seq_len / seconds
-print(json.dumps({"tokens_per_second": rate, "seconds": seconds, "steps": a.steps}))
+p50, p95 = np.percentile(timer.seconds(), [50, 95])
+print(
+    json.dumps(
+        {
+            "tokens_per_second": rate,
+            "seconds": seconds,
+            "steps": a.steps,
+            "step_seconds_p50": p50,
+            "step_seconds_p95": p95,
+            "optimizer": how,
+        }
+    )
+)

@@ -14,6 +14,7 @@ import subprocess
 import pytest
 
 from trainscale.gpu import check as gpu_check
+from trainscale.gpu import paths
 from trainscale.plan import matrix
 
 from conftest import ROOT, run_env
@@ -48,7 +49,7 @@ def test_the_paths_cover_what_the_issue_lists():
     assert {"torch-ddp-nccl", "torch-fsdp-nccl", "torch-ddp-gloo-shared-gpu"} <= names
     assert {"collectives-nccl", "collectives-gloo-cuda", "torch-pipeline-2-stages"} <= names
     assert "lightning-ddp-nccl" in names
-    assert {"cuda-oom", "horovod-torch-nccl", "tensorflow-gpu"} <= names
+    assert {"cuda-oom", "horovod-torch-nccl", "tensorflow-gpu", "torch-tp-shared-gpu"} <= names
     assert names >= gpu_check.OPTIONAL
     with pytest.raises(KeyError, match="no GPU check 'torch-tpu'"):
         gpu_check.by_name("torch-tpu")
@@ -61,6 +62,7 @@ def test_every_training_path_is_a_run_the_matrix_builds():
         "torch-pipeline-2-stages": dict(strategy="torch-pipeline", workers=2),
         "lightning-ddp-nccl": dict(strategy="lightning-ddp", precision="bf16"),
         "cuda-oom": dict(model="vgg19", dataset="synthetic-imagenet", scale=7, batch_size=8192),
+        "torch-tp-shared-gpu": paths.TP_TWO_RANKS,  # launched as planned without the GPU count
         **{f"deepspeed-zero{s}": dict(strategy=f"deepspeed-zero{s}") for s in range(4)},
     }
     for name, values in cases.items():

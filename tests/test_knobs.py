@@ -125,5 +125,7 @@ def test_checkpointing_and_offload_train_one_process_weights(tmp_path):
             assert flops["hfu"] > flops["mfu"], what
         if spec.offload != "none":
             assert rec["offload"] == {"mode": spec.offload, "to": "cpu", "moved": False}, what
+        cpu_adam = spec.offload == "optimizer"  # DeepSpeed's; FSDP's host shards: torch's loop
+        assert rec["optimizer"]["implementation"] == ("cpu-adam" if cpu_adam else "for-loop")
     tap.assert_moved(tap.initial_weights(tmp_path / f"{ref_spec.strategy}-none-none-tap"), ref,
                      "torch")  # fmt: skip

@@ -106,6 +106,8 @@ def test_every_runner_of_the_family_writes_the_same_keys(
         assert 0 < rec["device"]["utilization_mean"] <= 100, strategy
         assert "energy_joules" in rec["device"], strategy
         assert all(e["step_seconds_p95"] > 0 for e in rec["epochs"]), strategy
+        # config optimizer.fused auto: on CPU, torch's loop over the tensors (torch_parts)
+        assert rec["optimizer"] == {"implementation": "for-loop"}, strategy
         # per-class accuracy from the evaluation's confusion matrix (trainscale.measure.classes)
         test = rec["test"]
         assert sum(map(sum, test["confusion"])) == rec["data"]["test_samples"], strategy

@@ -69,9 +69,12 @@ RESULTS = f"results/{STUDY}"
 DEEPSPEED_OPS = ".cache/torch_extensions/deepspeed-ops.done"
 DEEPSPEED_CPU_ADAM = ".cache/torch_extensions/deepspeed-cpu-adam.done"
 ACCELERATOR = ts_matrix.detect_accelerator(config["accelerator"])
+# the GPUs of this machine, where it has some: a study is planned for the machine it is
+# planned on (as memory's limit is), and on a cluster each worker is given a GPU of its own
+GPUS_HERE = ts_matrix.visible_gpus() if ACCELERATOR == "cuda" else 0
 
 try:
-    RUNS, DROPPED = ts_matrix.build_runs(config, ACCELERATOR)
+    RUNS, DROPPED = ts_matrix.build_runs(config, ACCELERATOR, GPUS_HERE or None)
     # will each cell fit? predicted before any job, cached; over the limit: dropped or warned
     MEMORY = ts_memory.resolve(config, ACCELERATOR)
     RUNS, DROPPED, PREDICTED = ts_memory.fit(MEMORY, RUNS, DROPPED, ACCELERATOR)
@@ -114,7 +117,7 @@ def check_local_capacity():
     if workflow.executor_plugin is None or workflow.executor_plugin.name != "local":
         return
     problems = ts_matrix.capacity_problems(
-        RUNS, ACCELERATOR, os.cpu_count() or 1, ts_matrix.gpu_count()
+        RUNS, ACCELERATOR, os.cpu_count() or 1, ts_matrix.visible_gpus()
     )
     if problems:
         raise ValueError(

@@ -212,6 +212,27 @@ def pipeline_two_stages(ctx: Context) -> str | None:
     return None
 
 
+#: torch-tp at 2 ranks on gpt-nano (the matrix keys of tp_shared_gpu)
+TP_TWO_RANKS = {"strategy": "torch-tp", "model": "gpt-nano", "dataset": "shakespeare",
+                "seq_len": 64, "batch_size": 8, "workers": 2, "tp": 2}  # fmt: skip
+
+
+def tp_shared_gpu(ctx: Context) -> str | None:
+    """torch-tp with its 2 ranks on one GPU: the planner, told the node has 1 GPU, drops the
+    cell with its reason; a run launched there anyway ends failed with the runner's reason,
+    not with a signal (DTensor over gloo with CUDA tensors crashed in its all-gather)."""
+    _, dropped = matrix.build_runs(study(**TP_TWO_RANKS), "cuda", 1)
+    if not any("a rank needs one of its own" in d.reason for d in dropped):
+        return f"not dropped for 1 GPU: {[d.reason for d in dropped]}"
+    run = train(ctx, "torch-tp-shared-gpu", one_gpu(ctx), **TP_TWO_RANKS).record
+    if run["status"] != "failed" or "a rank needs one of its own" not in (run["error"] or ""):
+        return (
+            f"one GPU: expected the runner's refusal, got status {run['status']!r}: "
+            f"{one_line(run.get('error') or '')}"
+        )
+    return None
+
+
 def oom_then_ok(ctx: Context) -> str | None:
     """VGG19 at 224×224 with a batch no GPU holds (its first two conv layers' activations alone
     take 8192 × 2 × 64 × 224² × 4 B ≈ 210 GB): status oom with PyTorch's allocator message;
@@ -382,6 +403,12 @@ CHECKS: tuple[Check, ...] = (
         "torch-pipeline, 2 stages over NCCL on 2 GPUs; on a one-GPU node, the clear refusal "
         "of 2 stages on one GPU (gloo cannot send CUDA tensors point to point)",
         pipeline_two_stages,
+    ),
+    Check(
+        "torch-tp-shared-gpu",
+        "torch-tp, 2 ranks pinned to one GPU: dropped by the planner with its reason, refused "
+        "by the runner with it when launched anyway (no crash in DTensor over gloo)",
+        tp_shared_gpu,
     ),
     Check(
         "cuda-oom",

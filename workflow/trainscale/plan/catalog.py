@@ -67,6 +67,7 @@ class Strategy:
     constraints: tuple[Constraint, ...] = ()  # its own rules, checked before the common ones
     results_note: str = ""  # what a reader must know beside its results (tf-ps: asynchronous)
     results_mark: str = ""  # results_note in a word or two: the flag beside its rows and dots
+    gpu_per_rank: str = ""  # why each rank needs a GPU of its own on CUDA (ranks may not share)
 
 
 ALL_PRECISIONS = ("fp32", "fp16", "bf16")
@@ -113,6 +114,9 @@ _TP_UNMEASURED += "step without them"
 #: the tensor-parallel rows' common facts: bf16 or fp32, traffic of activations (no multiple of
 #: the gradient's all-reduce: modelled apart, analysis/tp_traffic.py), collectives not timed
 _TP = {
+    "gpu_per_rank": "DTensor's collectives over gloo, the backend of ranks that share a GPU, "
+    "crash with CUDA tensors (SIGSEGV in the block's all-gather, seen on an H200, with and "
+    "without sequence parallelism), and NCCL refuses two ranks on one GPU",
     "precisions": ("fp32", "bf16"),
     "volume_factor": None,
     "exposed_unmeasured": _TP_UNMEASURED,
@@ -173,6 +177,8 @@ STRATEGIES: dict[str, Strategy] = {
             "#cc78bc",
             precisions=PIPELINE_PRECISIONS,
             comm_pattern="activations and gradients between neighbouring stages",
+            gpu_per_rank="its activations go stage to stage over NCCL, which refuses two ranks "
+            "on one GPU, and gloo cannot send CUDA tensors point to point",
             volume_factor=None,
             collectives=None,
             exposed_unmeasured="pipeline parallelism: its communication is the activations and "
@@ -378,6 +384,13 @@ def _placement(c: Cell) -> str | None:
         return f"{s.title} is one process on one node: needs nodes=1"
     if s.needs_gpus and c.workers > 1 and c.accelerator != "cuda":
         return f"{s.name} with workers>1 needs GPUs: {s.why_gpus}"
+    shared = c.gpus_per_node is not None and c.workers > c.gpus_per_node
+    if s.gpu_per_rank and c.accelerator == "cuda" and shared:
+        return (
+            f"{s.name}: {c.workers} ranks would share the node's {c.gpus_per_node} GPU(s), and "
+            f"a rank needs one of its own: {s.gpu_per_rank}; use workers up to "
+            f"{c.gpus_per_node} per node"
+        )
     return None
 
 

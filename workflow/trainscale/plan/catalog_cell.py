@@ -31,6 +31,9 @@ class Cell:
     tp: int = 1  # tensor-parallel degree (matrix tp)
     seq_len: int = 0  # tokens per window (0: images)
     classes: int = 0  # the data set's classes; its vocabulary for token data
+    #: the GPUs a node gives the run's ranks where the planner knows them (a study run on this
+    #: machine); None where each worker is given one (a cluster profile's request)
+    gpus_per_node: int | None = None
 
     @property
     def row(self) -> Model:

@@ -20,6 +20,7 @@ from trainscale.plan.matrix import (
     data_shapes,
     detect_accelerator,
     summary,
+    visible_gpus,
 )
 
 
@@ -171,7 +172,8 @@ def check_file(path: str | Path, base: Path | None = None, show_memory: bool = T
     base = overlay.BASE_CONFIG if base is None else base
     accelerator = detect_accelerator(config["accelerator"])
     try:
-        runs, dropped = build_runs(config, accelerator)
+        gpus = visible_gpus() if accelerator == "cuda" else 0  # as the Snakefile plans
+        runs, dropped = build_runs(config, accelerator, gpus or None)
         if not show_memory:
             config["memory"] = {**config.get("memory", {}), "check": "off"}
         check = memory.resolve(config, accelerator, show=show_memory)

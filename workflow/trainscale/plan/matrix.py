@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
 
 from trainscale import data
@@ -58,6 +60,7 @@ def why_not(
     schedule: str = "gpipe",
     info: data.DatasetInfo | None = None,
     own: own_models.OwnModel | None = None,
+    gpus_per_node: int | None = None,
 ) -> str | None:
     """The reason a strategy or model cannot do this combination, or None if it can."""
     info = info or data.info(values["dataset"])
@@ -77,6 +80,7 @@ def why_not(
         tp=values["tp"],
         seq_len=values["seq_len"],
         classes=info.num_classes,
+        gpus_per_node=gpus_per_node,
     )
     runtime = catalog.STRATEGIES[values["strategy"]].runtime
     if own is not None and own.torch == hf_models.BUILDER:
@@ -130,11 +134,16 @@ def batch_sizes(batch_size: int, mode: str, world: int) -> tuple[int, int]:
     return batch_size, batch_size // world
 
 
-def build_runs(config: dict, accelerator: str = "cpu") -> tuple[list[RunSpec], list[Dropped]]:
+def build_runs(
+    config: dict, accelerator: str = "cpu", gpus_per_node: int | None = None
+) -> tuple[list[RunSpec], list[Dropped]]:
     """Expand a validated config into run specs (cartesian product minus exclusions).
 
     `accelerator` is "cpu" or "cuda": what the workers will run on, used only to drop
     combinations that cannot be parallel there (e.g. DataParallel without GPUs).
+    `gpus_per_node`: the GPUs the ranks of a node will have, where known (a study run on this
+    machine: `visible_gpus()`); cells whose ranks would share one where they must not are
+    dropped. None: each worker gets a GPU of its own (a cluster's request).
     """
     try:
         config = hf_models.expand(config)  # hf:NAME: an own model of a safe name
@@ -190,7 +199,7 @@ def build_runs(config: dict, accelerator: str = "cpu") -> tuple[list[RunSpec], l
         if values["model"] in answer:
             own = own_models.frozen(values["model"], config, answer, info.shape, info.num_classes)
         reason = (
-            why_not(values, accelerator, mb, schedule, info, own)
+            why_not(values, accelerator, mb, schedule, info, own, gpus_per_node)
             or speed_options.why_not(values["strategy"], values["model"], layout, compile_, own)
             or knobs.why_not(values["strategy"], values["model"],
                              values["activation_checkpointing"], values["offload"],
@@ -240,6 +249,7 @@ def build_runs(config: dict, accelerator: str = "cpu") -> tuple[list[RunSpec], l
             eps=opt["eps"],
             weight_decay=opt["weight_decay"],
             momentum=opt["momentum"],
+            fused=opt["fused"],
             global_batch_size=gbs,
             per_worker_batch_size=pwbs,
             world_size=world,
@@ -318,6 +328,16 @@ def gpu_count() -> int:
     """NVIDIA GPUs on this host, from the driver's /proc entries (no CUDA import)."""
     gpus = Path("/proc/driver/nvidia/gpus")
     return sum(1 for _ in gpus.iterdir()) if gpus.is_dir() else 0
+
+
+def visible_gpus(environ: Mapping[str, str] = os.environ) -> int:
+    """The GPUs this host's processes may use: its GPUs, fewer where CUDA_VISIBLE_DEVICES lists
+    fewer (an empty list: none), as CUDA itself counts them."""
+    have = gpu_count()
+    listed = environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is None:
+        return have
+    return min(have, len([e for e in listed.split(",") if e.strip()]))
 
 
 def detect_accelerator(setting: str = "auto") -> str:

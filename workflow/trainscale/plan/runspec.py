@@ -122,6 +122,7 @@ class RunSpec:
     tp: int = 1  # tensor-parallel degree (matrix tp): ranks each layer is split over
     activation_checkpointing: str = "none"  # none | full | selective (plan.knobs)
     offload: str = "none"  # none | optimizer | params (plan.knobs)
+    fused: bool | str = "auto"  # config optimizer.fused: auto | true | false (PyTorch family)
 
     @property
     def processes(self) -> int:

@@ -227,7 +227,11 @@ class ZeRO(Plugin):
         self.config = ds_config(spec, load_fragment(spec.deepspeed_config))
         t_init = time.perf_counter()
         params = net.parameters()
-        opt = cpu_adam(spec, params) if spec.offload != "none" else self.loop.make_optimizer(params)
+        if spec.offload != "none":
+            opt = cpu_adam(spec, params)
+            self.loop.optimizer_implementation = "cpu-adam"
+        else:
+            opt = self.loop.make_optimizer(params)
         self.engine, _, _, _ = self.deepspeed.initialize(
             model=net, optimizer=opt, config=self.config
         )

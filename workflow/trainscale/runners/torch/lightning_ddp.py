@@ -56,6 +56,7 @@ from trainscale.runners.guarded import Parts
 from trainscale.runners.torch import checkpointing, flop_count
 from trainscale.runners.torch.exposed import block
 from trainscale.runners.torch.lightning_data import InMemory, ShardBatches, SizedWait, WindowEpochs
+from trainscale.runners.torch.step_timer import StepTimer
 from trainscale.runners.torch.torch_parts import (
     evaluate,
     group_backend,
@@ -64,6 +65,7 @@ from trainscale.runners.torch.torch_parts import (
     loss_of,
     make_optimizer,
     memory_eval_batches,
+    optimizer_implementation,
     phase_peaks,
     rank_device,
     sync,
@@ -116,8 +118,8 @@ class EpochClock(pl.Callback):
 
     def __init__(self, run: LightningRun) -> None:
         self.run = run
-        self.t_epoch = self.t_step = 0.0
-        self.step_seconds: list[float] = []
+        self.t_epoch = 0.0
+        self.timer = StepTimer(run.device)
         self.losses: list[torch.Tensor] = []  # read after the epoch: no per-step wait
 
     def on_train_start(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
@@ -125,7 +127,7 @@ class EpochClock(pl.Callback):
         self.run.gpu.start()
 
     def on_train_epoch_start(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
-        self.step_seconds = []
+        self.timer = StepTimer(self.run.device)  # CUDA events on a GPU: no per-step wait
         self.losses = []
         self.run.barrier()
         self.t_epoch = time.perf_counter()
@@ -133,18 +135,17 @@ class EpochClock(pl.Callback):
     def on_train_batch_start(self, trainer, module, batch, batch_idx: int) -> None:
         if batch_idx == self.run.steps // 2:
             maybe_fault(self.run.spec, self.run.rk.rank, trainer.current_epoch + 1)
-        self.t_step = time.perf_counter()
+        self.timer.step_starts()
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx: int) -> None:
+        self.timer.step_ends()
         self.losses.append(outputs["loss"].detach().float())
-        sync(self.run.device)
-        self.step_seconds.append(time.perf_counter() - self.t_step)
 
     def on_train_epoch_end(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
-        self.run.barrier()
+        self.run.barrier()  # the device's work done: the steps' events have their times
         seconds = time.perf_counter() - self.t_epoch
         epoch = trainer.current_epoch + 1
-        if not self.run.epoch_done(epoch, seconds, self.losses, self.step_seconds):
+        if not self.run.epoch_done(epoch, seconds, self.losses, self.timer.seconds()):
             trainer.should_stop = True  # diverged: on every rank (the losses are all-reduced)
 
 
@@ -364,6 +365,7 @@ class LightningRun:
             env=env,
             oversubscribed=check_oversubscribed(self.spec.workers, self.spec.threads_per_worker),
             launch=metrics.launch_info(),
+            optimizer={"implementation": optimizer_implementation(self.spec, self.device.type)},
         )
         write_ok(out, result, result["test"]["accuracy"])
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import warnings
 
 import torch
+import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from trainscale.models import torch_models as models
@@ -47,7 +48,13 @@ def shard(
     builds no graph: FSDP keeps TorchDynamo out of its hooks and all they call). `mesh`: the
     DeviceMesh to shard over (torch-fsdp-tp: its dp dimension); None: every rank. `offload`
     (matrix offload params): FSDP2's CPUOffloadPolicy, every shard, its gradient and its
-    optimizer state kept on the host, each unit's parameters copied to the device to run."""
+    optimizer state kept on the host, each unit's parameters copied to the device to run.
+
+    Resharding after forward (freeing a unit's gathered parameters until its backward gathers
+    them again) saves memory only where there is something to shard: over one rank a shard is
+    the whole parameter, so no unit reshards (its backward would copy it again for nothing).
+    Over several, every unit but the last reshards: the last one's backward comes right after
+    its forward, so torchtitan keeps it gathered, as FSDP2 keeps the root."""
     # imported here: torch.distributed.fsdp loads TorchDynamo and DTensor (~1 s), which only
     # torch-fsdp uses, and every torch run would pay it at start
     from torch.distributed.fsdp import (
@@ -62,8 +69,11 @@ def shard(
     pin = torch.cuda.is_available()
     offload_policy = CPUOffloadPolicy(pin_memory=pin) if offload else OffloadPolicy()
     kw = {"mesh": mesh, "mp_policy": policy, "offload_policy": offload_policy}
-    for unit in shard_units(models.blocks(net, own)):
-        fully_shard(unit if len(unit) > 1 else unit[0], **kw)
+    over = mesh.size() if mesh is not None else dist.get_world_size()
+    units = shard_units(models.blocks(net, own))
+    for i, unit in enumerate(units):
+        reshard = over > 1 and i < len(units) - 1
+        fully_shard(unit if len(unit) > 1 else unit[0], reshard_after_forward=reshard, **kw)
     if compile:
         compile_blocks(models.blocks(net, own))
     fully_shard(net, **kw)

@@ -18,6 +18,7 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from trainscale.models import torch_models as models
 from trainscale.models.init import on_meta
+from trainscale.plan import catalog
 from trainscale.plan.matrix import RunSpec
 from trainscale.runners.torch import tp_plans
 from trainscale.runners.torch.plugin import Plugin
@@ -38,6 +39,16 @@ class TensorParallel(Plugin):
     and for torch-fsdp-tp each block sharded over `dp` as torch-fsdp shards it."""
 
     def connect(self, device: torch.device) -> None:
+        if device.type == "cuda" and self.loop.backend != "nccl":
+            # the planner drops such cells where it knows the node's GPUs (catalog
+            # gpu_per_rank); a run launched onto a node of fewer GPUs ends here, with the reason,
+            # instead of in a SIGSEGV inside DTensor's first all-gather
+            raise RuntimeError(
+                f"{self.spec.strategy}: {self.loop.rk.local_world_size} ranks share "
+                f"{torch.cuda.device_count()} GPU(s) on this node, and a rank needs one of its "
+                f"own: {catalog.STRATEGIES[self.spec.strategy].gpu_per_rank}; use workers up "
+                "to the node's GPUs"
+            )
         super().connect(device)
         self.tp = self.spec.tp
         self.dp = self.loop.rk.world_size // self.tp

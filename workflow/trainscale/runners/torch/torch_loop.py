@@ -44,11 +44,13 @@ from trainscale.runners.guarded import Parts
 from trainscale.runners.torch import checkpointing, flop_count
 from trainscale.runners.torch.exposed import batches_of, block
 from trainscale.runners.torch.plugin import Plugin, Shard
+from trainscale.runners.torch.step_timer import StepTimer
 from trainscale.runners.torch.torch_parts import (
     group_backend,
     loader_eval_batches,
     make_optimizer,
     memory_eval_batches,
+    optimizer_implementation,
     phase_peaks,
     rank_device,
     skipped_block,
@@ -137,6 +139,10 @@ class Loop:
         return net if on_meta(net) else net.to(memory_format=memory_format(self.spec))
 
     def make_optimizer(self, params) -> torch.optim.Optimizer:
+        """The study's optimizer over `params`; the record says how it steps them."""
+        params = list(params)
+        device_type = params[0].device.type if params else self.device.type
+        self.optimizer_implementation = optimizer_implementation(self.spec, device_type)
         return make_optimizer(self.spec, params)
 
     def batches(self, shard: Shard, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -185,7 +191,8 @@ class Loop:
         shard = self.last_shard = p.shard(epoch)
         steps = shard.steps
         batches = datawait.DataWait(self.batches(shard, epoch))
-        losses, step_seconds = [], []  # summed after the timed epoch: no per-step add
+        losses = []  # summed after the timed epoch: no per-step add
+        timer = StepTimer(dev)  # CUDA events on a GPU: no per-step wait for the device
         sync(dev)
         p.barrier()
         if self.cpu:
@@ -194,13 +201,13 @@ class Loop:
         for step, (x, y) in enumerate(batches):
             if step == steps // 2:
                 maybe_fault(spec, self.rk.rank, epoch)
-            t_step = time.perf_counter()
+            timer.step_starts()
             losses.append(p.step(x, y))
-            sync(dev)
-            step_seconds.append(time.perf_counter() - t_step)
+            timer.step_ends()
         sync(dev)
         p.barrier()
         seconds = time.perf_counter() - t_epoch
+        step_seconds = timer.seconds()
         if self.cpu:
             self.cpu.span_ends()
         waits = p.gather_object(batches.seconds)  # every rank's wait, after the timed span
@@ -342,6 +349,7 @@ class Loop:
             ),
             launch=metrics.launch_info(),
             **p.extra_blocks,
+            optimizer={"implementation": self.optimizer_implementation},
             **offload_block(self.spec, self.device),
             **skipped_block(p.skipped_steps()),
         )

@@ -90,16 +90,37 @@ def to_tensors(arrays: data.Arrays, device: torch.device) -> tuple[torch.Tensor,
     )
 
 
+def optimizer_implementation(spec: RunSpec, device_type: str) -> str:
+    """How the optimizer steps parameters on `device_type` (config optimizer.fused): `fused`
+    (one kernel for every tensor: the default of nanoGPT and torchtitan for Adam and AdamW on
+    CUDA), `foreach` (a kernel per operation over all tensors: torch's default on CUDA) or
+    `for-loop` (tensor by tensor: torch's default on CPU, which has no foreach kernels)."""
+    if spec.fused is True:
+        return "fused"
+    if spec.fused == "auto" and device_type == "cuda" and spec.optimizer in ("adam", "adamw"):
+        return "fused"
+    return "foreach" if device_type == "cuda" else "for-loop"
+
+
 def make_optimizer(spec: RunSpec, params) -> torch.optim.Optimizer:
     """Adam (L2 weight decay added to the gradient), AdamW (decoupled weight decay, the usual
-    transformer optimizer) or SGD, from the spec; DeepSpeed and Horovod wrap this one too."""
+    transformer optimizer) or SGD, from the spec, implemented as optimizer_implementation says
+    for the parameters' device; DeepSpeed and Horovod wrap this one too."""
+    params = list(params)
+    how = optimizer_implementation(spec, params[0].device.type if params else "cpu")
+    kw = {"fused": True} if how == "fused" else {"foreach": how == "foreach"}
     if spec.optimizer in ("adam", "adamw"):
         adam = torch.optim.Adam if spec.optimizer == "adam" else torch.optim.AdamW
         return adam(
-            params, lr=spec.lr, betas=spec.betas, eps=spec.eps, weight_decay=spec.weight_decay
+            params,
+            lr=spec.lr,
+            betas=spec.betas,
+            eps=spec.eps,
+            weight_decay=spec.weight_decay,
+            **kw,
         )
     return torch.optim.SGD(
-        params, lr=spec.lr, momentum=spec.momentum, weight_decay=spec.weight_decay
+        params, lr=spec.lr, momentum=spec.momentum, weight_decay=spec.weight_decay, **kw
     )
 
 

@@ -378,8 +378,13 @@ def predict(spec: RunSpec, target: str) -> dict:
                  "torch-fsdp-tp": tensor_parallel, "torch-pipeline": pipeline}.get(
             spec.strategy, deepspeed if spec.strategy.startswith("deepspeed-") else data_parallel
         )  # fmt: skip
-        # offload moves state off a GPU; on CPU the host is the device, and nothing moves
-        moving = spec if target == "cuda" else dataclasses.replace(spec, offload="none")
+        # offload moves state off a GPU; on CPU the host is the device, and nothing moves.
+        # The optimizer is traced tensor by tensor whatever optimizer.fused says: the state it
+        # keeps is the same, and CPU's fused kernel on fake tensors allocates temporaries
+        # CUDA's fused kernel does not (docs/memory.md)
+        moving = dataclasses.replace(spec, fused=False)
+        if target != "cuda":
+            moving = dataclasses.replace(moving, offload="none")
         parts, method = trace(moving, device), "traced"
         if moving.strategy == "torch-fsdp" and moving.offload == "params":
             parts = on_host(parts)

@@ -53,7 +53,7 @@ def shard(
     Resharding after forward (freeing a unit's gathered parameters until its backward gathers
     them again) saves memory only where there is something to shard: over one rank a shard is
     the whole parameter, so no unit reshards (its backward would copy it again for nothing).
-    Over several, every unit but the last reshards: the last one's backward comes right after
+    Over several, every unit but the last to run reshards: its backward comes right after
     its forward, so torchtitan keeps it gathered, as FSDP2 keeps the root."""
     # imported here: torch.distributed.fsdp loads TorchDynamo and DTensor (~1 s), which only
     # torch-fsdp uses, and every torch run would pay it at start
@@ -70,9 +70,11 @@ def shard(
     offload_policy = CPUOffloadPolicy(pin_memory=pin) if offload else OffloadPolicy()
     kw = {"mesh": mesh, "mp_policy": policy, "offload_policy": offload_policy}
     over = mesh.size() if mesh is not None else dist.get_world_size()
-    units = shard_units(models.blocks(net, own))
-    for i, unit in enumerate(units):
-        reshard = over > 1 and i < len(units) - 1
+    blocks = models.blocks(net, own)
+    units = shard_units(blocks)
+    last = last_unit(units, blocks)
+    for unit in units:
+        reshard = over > 1 and unit is not last
         fully_shard(unit if len(unit) > 1 else unit[0], reshard_after_forward=reshard, **kw)
     if compile:
         compile_blocks(models.blocks(net, own))
@@ -95,6 +97,16 @@ def compile_blocks(blocks: list[torch.nn.Module]) -> None:
     hooks around it (torchtitan's per-block compile)."""
     for block in blocks:
         block.forward = torch.compile(block.forward)
+
+
+def last_unit(
+    units: list[list[torch.nn.Module]], blocks: list[torch.nn.Module]
+) -> list[torch.nn.Module] | None:
+    """Of `shard_units(blocks)`, the unit that runs last in the forward pass: the one holding
+    the last of `blocks` with parameters (a GPT's head, in its tied embedding's unit, which
+    `shard_units` puts first)."""
+    order = {id(b): i for i, b in enumerate(blocks)}
+    return max(units, key=lambda unit: max(order[id(b)] for b in unit), default=None)
 
 
 def shard_units(blocks: list[torch.nn.Module]) -> list[list[torch.nn.Module]]:

@@ -102,6 +102,19 @@ def optimizer_implementation(spec: RunSpec, device_type: str) -> str:
     return "foreach" if device_type == "cuda" else "for-loop"
 
 
+def one_kind_per_group(params: list) -> list:
+    """`params`, as two parameter groups where DTensors and plain tensors mix (tensor
+    parallelism splits the linear layers and leaves the norms whole): torch's fused kernel
+    steps a group's tensors in one call, and DTensor's dispatch refuses plain tensors among
+    them. The same hyperparameters in both groups: the same update."""
+    dtensor = sys.modules.get("torch.distributed.tensor")  # none exist where it is not loaded
+    if dtensor is None:
+        return params
+    split = [p for p in params if isinstance(p, dtensor.DTensor)]
+    whole = [p for p in params if not isinstance(p, dtensor.DTensor)]
+    return [{"params": split}, {"params": whole}] if split and whole else params
+
+
 def make_optimizer(spec: RunSpec, params) -> torch.optim.Optimizer:
     """Adam (L2 weight decay added to the gradient), AdamW (decoupled weight decay, the usual
     transformer optimizer) or SGD, from the spec, implemented as optimizer_implementation says
@@ -109,6 +122,8 @@ def make_optimizer(spec: RunSpec, params) -> torch.optim.Optimizer:
     params = list(params)
     how = optimizer_implementation(spec, params[0].device.type if params else "cpu")
     kw = {"fused": True} if how == "fused" else {"foreach": how == "foreach"}
+    if how == "fused":
+        params = one_kind_per_group(params)
     if spec.optimizer in ("adam", "adamw"):
         adam = torch.optim.Adam if spec.optimizer == "adam" else torch.optim.AdamW
         return adam(

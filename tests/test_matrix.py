@@ -19,6 +19,7 @@ def test_defaults_come_from_schema():
         "eps": 1e-7,
         "weight_decay": 0.0,
         "momentum": 0.0,
+        "fused": "auto",
     }
     assert cfg["matrix"]["batch_mode"] == ["global"] and cfg["matrix"]["precision"] == ["fp32"]
 

@@ -25,7 +25,7 @@ from trainscale.runners.torch import checkpointing
 from trainscale.runners.torch.exposed import measure_exposed_communication
 from trainscale.runners.torch.plugin import Plugin, Shard
 from trainscale.runners.torch.torch_loop import run
-from trainscale.runners.torch.torch_parts import loss_of
+from trainscale.runners.torch.torch_parts import loss_of, make_optimizer
 from trainscale.runners.torch.torch_speed import compiled
 
 #: ds_config keys the study owns: a user fragment may not override them.
@@ -273,7 +273,7 @@ class ZeRO(Plugin):
         replica = replica.to(dtype) if dtype else replica
         return measure_exposed_communication(
             "replica", lp.rec.epochs, compiled(replica, self.spec),
-            lp.make_optimizer(replica.parameters()),
+            make_optimizer(self.spec, replica.parameters()),  # not the run's: unrecorded
             lp.sample_batches(self.micro, self.input_dtype), lp.device,
             grad_accum=self.spec.grad_accum,
         )  # fmt: skip

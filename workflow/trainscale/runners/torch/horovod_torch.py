@@ -36,7 +36,7 @@ from trainscale.runners.common import Rank
 from trainscale.runners.torch.exposed import measure_exposed_communication
 from trainscale.runners.torch.plugin import Plugin, Shard
 from trainscale.runners.torch.torch_loop import run
-from trainscale.runners.torch.torch_parts import loss_of
+from trainscale.runners.torch.torch_parts import loss_of, make_optimizer
 from trainscale.runners.torch.torch_speed import compiled
 
 
@@ -134,7 +134,7 @@ class Horovod(Plugin):
         replica = lp.build_model().to(lp.device)
         return measure_exposed_communication(
             "replica", lp.rec.epochs, compiled(replica, self.spec),
-            lp.make_optimizer(replica.parameters()),
+            make_optimizer(self.spec, replica.parameters()),  # not the run's: unrecorded
             lp.sample_batches(shard.batch), lp.device,
             self.dtype, self.scaler,
         )  # fmt: skip

@@ -16,6 +16,7 @@ import dataclasses
 import json
 import os
 import re
+import select
 import shlex
 import signal
 import socket
@@ -256,11 +257,8 @@ def supervise(
     _end_with_us(proc, cancelled)
     pump = threading.Thread(target=_pump, args=(proc.stdout, sys.stdout, tail), daemon=True)
     pump.start()
-    timed_out = False
-    try:
-        proc.wait(timeout=limit)
-    except subprocess.TimeoutExpired:
-        timed_out = True
+    timed_out = outlived(proc, limit)
+    if timed_out:
         _kill_group(proc, grace)
     pump.join(timeout=5)
     launch["exit_code"] = proc.returncode
@@ -310,6 +308,32 @@ def stamp(rec: dict, spec: RunSpec, attempt: int, env: Environment) -> dict:
     if predicted is not None:  # the planner's prediction (config memory:), beside the peaks
         rec["memory"]["predicted"] = predicted
     return rec
+
+
+def outlived(proc: subprocess.Popen, limit: float) -> bool:
+    """Wait for `proc` to end; True if it is still running after `limit` seconds.
+
+    Where Linux gives a pidfd this sleeps in one select() until the run ends or the limit
+    passes. Popen.wait(timeout) instead wakes every 50 ms to poll, and on a CPU study each
+    wake-up takes a core from one of the worker's compute threads, which the others then wait
+    for at their next barrier: the supervisor's polling alone cost the run involuntary context
+    switches while it trained (docs/performance.md, "Against nanoGPT's own benchmark")."""
+    try:
+        fd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):  # not Linux 5.3+: poll as Popen does
+        try:
+            proc.wait(timeout=limit)
+            return False
+        except subprocess.TimeoutExpired:
+            return True
+    try:
+        ready, _, _ = select.select([fd], [], [], limit)
+    finally:
+        os.close(fd)
+    if not ready:
+        return True
+    proc.wait()  # it has ended: this reaps it at once
+    return False
 
 
 def _end_with_us(proc: subprocess.Popen, before_exit: Callable[[int], None]) -> None:

@@ -91,8 +91,9 @@ def test_launch_forms():
 #: average two half-batch gradients where one process averages all 64, and update flat fp32
 #: partitions: the same numbers up to float32 rounding. Measured largest difference after 44
 #: SGD steps: 3e-8 at every stage; rtol 1e-4 / atol 1e-5 allow 300× that and stay far below a
-#: wrong update: with SGD (no momentum) a summed gradient takes 2× steps, a
-#: difference of the order of the whole training move, which is checked to be ≥ 0.02.
+#: wrong update: a summed gradient takes 2× steps (with momentum too: its buffer is linear in
+#: the gradient), a difference of the order of the whole training move, which is checked to be
+#: ≥ 0.02. (Adam's partitioned state is checked against one process in tests/test_knobs.py.)
 RTOL, ATOL = 1e-4, 1e-5
 
 
@@ -117,10 +118,12 @@ def assert_same_training(got: tuple, want: tuple, what: str) -> None:
 
 @pytest.mark.slow
 def test_every_zero_stage_trains_one_process_weights_with_sgd(tmp_path):
-    """ZeRO 0-3 with 2 ranks × 32 against one process × 64, SGD without momentum (where a
-    summed instead of averaged gradient shows): the same weights from the same start, after
-    training that moved them; each stage's samples and throughput against the fed batches."""
-    opt = {"name": "sgd", "lr": 0.05}
+    """ZeRO 0-3 with 2 ranks × 32 against one process × 64, SGD with momentum: a summed
+    instead of averaged gradient shows (the momentum buffer is linear in the gradient), and so
+    does a partitioned optimizer state (ZeRO 1-3 keep each rank's share of the momentum) that
+    is stepped, saved or restored wrongly. The same weights from the same start, after training
+    that moved them; each stage's samples and throughput against the fed batches."""
+    opt = {"name": "sgd", "lr": 0.05, "momentum": 0.9}
     ref = run_tapped(tmp_path, make("torch", workers=1, optimizer=opt), "torch")
     tap.assert_moved(ref[2], ref[1], "torch")
     for stage in (0, 1, 2, 3):
@@ -129,20 +132,6 @@ def test_every_zero_stage_trains_one_process_weights_with_sgd(tmp_path):
         assert got[0]["memory"]["zero_estimate_bytes"] > 0
         tap.assert_throughput_matches_the_work(got[0], tmp_path / f"z{stage}", feeds_per_step=2)
         assert_same_training(got, ref, f"ZeRO-{stage}")
-
-
-@pytest.mark.slow
-def test_zero_1_and_2_train_the_same_weights_as_zero_0_with_adam(tmp_path):
-    """ZeRO partitions Adam's state (1) and the gradients (2); it must not change the
-    optimisation: the weights of ZeRO-0 (plain data parallelism), from the same start."""
-    runs = {
-        stage: run_tapped(tmp_path, make(f"deepspeed-zero{stage}"), f"z{stage}")
-        for stage in (0, 1, 2)
-    }
-    tap.assert_moved(runs[0][2], runs[0][1], "ZeRO-0")
-    for stage in (1, 2):
-        assert runs[stage][0]["deepspeed"]["config"]["zero_optimization"]["stage"] == stage
-        assert_same_training(runs[stage], runs[0], f"ZeRO-{stage}")
 
 
 @pytest.mark.slow

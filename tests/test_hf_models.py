@@ -104,7 +104,7 @@ def hf_study(tmp_path_factory) -> dict:
     strategies = ["torch", "torch-ddp", "torch-fsdp", "torch-tp", "deepspeed-zero3",
                   "lightning-ddp", "tf-mirrored"]  # fmt: skip
     study = {
-        "study": "ci-hf", "epochs": 2, "repeats": 1, "steps_per_epoch": 2,
+        "study": "ci-hf", "epochs": 2, "repeats": 1, "steps_per_epoch": 2, "eval_tokens": 4096,
         "collectives": {"enabled": False},
         "optimizer": {"name": "adamw", "lr": 0.001, "weight_decay": 0.1},
         "matrix": {

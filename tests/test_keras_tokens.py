@@ -20,6 +20,8 @@ from conftest import launch, launch_losing_a_worker, validated
 #: gpt-nano on the shipped byte corpus, small enough for a CPU test: windows of 32 ids,
 #: a global batch of 4, 3 steps per epoch, 2 epochs
 SEQ_LEN, BATCH, STEPS, EPOCHS = 32, 4, 3, 2
+#: test tokens each evaluation scores (config eval_tokens): 128 windows, not the whole split
+EVAL_TOKENS = 4096
 
 
 def token_config(strategies: list[str], workers: list[int], dataset: str = "shakespeare",
@@ -29,7 +31,14 @@ def token_config(strategies: list[str], workers: list[int], dataset: str = "shak
         "seq_len": [SEQ_LEN], "batch_size": [BATCH], "workers": workers,
     }  # fmt: skip
     return validated(
-        {"study": "t", "epochs": EPOCHS, "steps_per_epoch": STEPS, "matrix": matrix, **extra}
+        {
+            "study": "t",
+            "epochs": EPOCHS,
+            "steps_per_epoch": STEPS,
+            "eval_tokens": EVAL_TOKENS,
+            "matrix": matrix,
+            **extra,
+        }
     )
 
 

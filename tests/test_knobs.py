@@ -26,8 +26,9 @@ def plan(strategies, ckpt=("none",), offload=("none",), model="gpt-nano", **kw):
     m = {"strategy": list(strategies), "model": [model], "dataset": ["shakespeare"],
          "seq_len": [32], "batch_size": [8], "workers": [kw.pop("workers", 2)],
          "activation_checkpointing": list(ckpt), "offload": list(offload)}  # fmt: skip
-    cfg = {"study": "t", "epochs": 2, "steps_per_epoch": 2, "threads_per_worker": 1,
-           "optimizer": kw.pop("optimizer", ADAMW), "matrix": m, **kw}  # fmt: skip
+    cfg = {"study": "t", "epochs": 2, "steps_per_epoch": 2, "eval_tokens": 4096,
+           "threads_per_worker": 1, "optimizer": kw.pop("optimizer", ADAMW), "matrix": m,
+           **kw}  # fmt: skip
     return build_runs(validated(cfg))
 
 
@@ -91,8 +92,8 @@ def tapped(tmp_path, spec) -> tuple[dict, dict]:
 
 @pytest.mark.slow
 def test_checkpointing_and_offload_train_one_process_weights(tmp_path):
-    """gpt-nano, 4 AdamW steps at a global batch of 8: under torch with full and with
-    selective checkpointing, torch-fsdp with full checkpointing and its parameters offloaded,
+    """gpt-nano, 4 AdamW steps at a global batch of 8: under torch with selective
+    checkpointing, torch-fsdp with full checkpointing and its parameters offloaded,
     ZeRO-3 with full checkpointing and ZeRO-2 with full checkpointing and its optimizer
     offloaded (DeepSpeed's CPU Adam), the weights and losses of `torch` without either."""
     deepspeed_ops_built()
@@ -103,13 +104,13 @@ def test_checkpointing_and_offload_train_one_process_weights(tmp_path):
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
     (ref_spec,), _ = plan(["torch"], workers=1)
     ref_rec, ref = tapped(tmp_path, ref_spec)
-    cases = [
-        *plan(["torch"], ckpt=("full", "selective"), workers=1)[0],
+    cases = [  # full checkpointing: under FSDP and ZeRO here, and traced (test above)
+        *plan(["torch"], ckpt=("selective",), workers=1)[0],
         *plan(["torch-fsdp"], ckpt=("full",), offload=("params",))[0],
         *plan(["deepspeed-zero3"], ckpt=("full",))[0],
         *plan(["deepspeed-zero2"], ckpt=("full",), offload=("optimizer",))[0],
     ]
-    assert len(cases) == 5
+    assert len(cases) == 4
     for spec in cases:
         rec, final = tapped(tmp_path, spec)
         what = f"{spec.strategy} {spec.activation_checkpointing} {spec.offload}"

@@ -18,13 +18,21 @@ from conftest import launch, validated
 pytestmark = pytest.mark.slow
 
 SEQ_LEN, BATCH, STEPS, EPOCHS = 32, 4, 3, 2
+#: test tokens each evaluation scores (config eval_tokens): 128 windows, not the whole split
+EVAL_TOKENS = 4096
 
 
 def token_spec(strategy: str, workers: int):
     """gpt-nano on shakespeare at seq_len 32, a global batch of 4, 3 steps × 2 epochs."""
     m = {"strategy": [strategy], "model": ["gpt-nano"], "dataset": ["shakespeare"],
          "seq_len": [SEQ_LEN], "batch_size": [BATCH], "workers": [workers]}  # fmt: skip
-    cfg = {"study": "t", "matrix": m, "epochs": EPOCHS, "steps_per_epoch": STEPS}
+    cfg = {
+        "study": "t",
+        "matrix": m,
+        "epochs": EPOCHS,
+        "steps_per_epoch": STEPS,
+        "eval_tokens": EVAL_TOKENS,
+    }
     runs, dropped = build_runs(validated(cfg))
     assert len(runs) == 1, dropped
     return runs[0]
@@ -70,7 +78,8 @@ def test_lightning_trains_gpt_nano_on_shakespeare(trained, workers):
     assert rec["flops"]["per_sample"] > 0
     assert rec["flops"]["analytic_per_sample"] > 0
     train = tokens.TrainWindows(tokens.spec_ids(spec, "train"), SEQ_LEN, 1, 0, 1, spec.seed)
-    evals = tokens.EvalWindows(tokens.spec_ids(spec, "test"), SEQ_LEN, 1, 0, 1)
+    evals = tokens.EvalWindows(tokens.spec_ids(spec, "test"), SEQ_LEN, 1, 0, 1, spec.eval_tokens)
+    assert evals.windows == EVAL_TOKENS // SEQ_LEN  # config eval_tokens bounds the scoring
     assert rec["data"]["train_samples"] == train.count
     assert rec["data"]["test_samples"] == evals.windows
     assert rec["data"]["seq_len"] == SEQ_LEN and rec["data"]["vocab_size"] == 256

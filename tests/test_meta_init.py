@@ -27,6 +27,7 @@ def gpt_runs(strategy: str, workers: int, model: str = "gpt-nano", **kw):
     m = {"strategy": [strategy], "model": [model], "dataset": ["shakespeare"], "seq_len": [32],
          "workers": [workers], "batch_size": [4]}  # fmt: skip
     runs, _ = build_runs(validated({"study": "t", "matrix": m, "epochs": 2, "steps_per_epoch": 1,
+                                    "eval_tokens": 4096,
                                     "threads_per_worker": 1, **kw}))  # fmt: skip
     assert len(runs) == 1
     return runs[0]

@@ -29,7 +29,7 @@ def runs_of(strategy, workers=2, tp=(1,), model="gpt-nano", dataset="shakespeare
         "tp": list(tp),
         "nodes": [kw.pop("nodes", 1)],
     }
-    return build_runs(validated({"study": "t", "matrix": m, **kw}))
+    return build_runs(validated({"study": "t", "eval_tokens": 4096, "matrix": m, **kw}))
 
 
 def only(strategy, tp, **kw):

@@ -35,5 +35,7 @@ def loaders(spec, rank: int, replicas: int, batch: int) -> tuple[Batches, Batche
     train = tokens.TrainWindows(
         tokens.spec_ids(spec, "train"), spec.seq_len, batch, rank, replicas, spec.seed, spec.scale
     )
-    test = tokens.EvalWindows(tokens.spec_ids(spec, "test"), spec.seq_len, batch, rank, replicas)
+    test = tokens.EvalWindows(
+        tokens.spec_ids(spec, "test"), spec.seq_len, batch, rank, replicas, spec.eval_tokens
+    )
     return Batches(train), Batches(test)

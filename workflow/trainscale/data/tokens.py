@@ -41,8 +41,9 @@ SCAN_IDS = 1 << 24
 SAMPLE_CHUNKS, SAMPLE_RUN = 64, 1 << 16
 
 
-#: test tokens scored per evaluation at most (the split's first ones): nanoGPT scores 200
-#: batches; a held-out file of a billion tokens would otherwise take longer than training
+#: test tokens scored per evaluation at most (the split's first ones), config eval_tokens'
+#: default: nanoGPT scores 200 batches; a held-out file of a billion tokens would otherwise
+#: take longer than training
 EVAL_TOKENS = 1 << 20
 
 
@@ -194,12 +195,16 @@ class TrainWindows:
 
 
 class EvalWindows:
-    """One rank's test batches: the first EVAL_TOKENS of the split as windows in order, every
-    world-th from `rank` (ranks may hold one window more or less; the loop's evaluation pads)."""
+    """One rank's test batches: the split's first `limit` tokens (config eval_tokens) as
+    windows in order, every world-th from `rank` (ranks may hold one window more or less; the
+    loop's evaluation pads)."""
 
-    def __init__(self, ids: np.ndarray, seq_len: int, batch: int, rank: int, world: int) -> None:
+    def __init__(
+        self, ids: np.ndarray, seq_len: int, batch: int, rank: int, world: int,
+        limit: int = EVAL_TOKENS,
+    ) -> None:  # fmt: skip
         self.ids, self.seq_len, self.batch = ids, seq_len, batch
-        self.windows = window_count(min(len(ids), EVAL_TOKENS + 1), seq_len)
+        self.windows = window_count(min(len(ids), limit + 1), seq_len)
         self.mine = np.arange(rank, self.windows, world)
 
     def epoch(self, epoch: int = 1):

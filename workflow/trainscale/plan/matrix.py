@@ -263,6 +263,7 @@ def build_runs(
             pipeline_schedule=schedule if pipe else None,
             microbatches=mb if pipe else 1,
             steps_per_epoch=limit,
+            eval_tokens=config.get("eval_tokens", tokens.EVAL_TOKENS),
             samples=samples,
             ps_tasks=config.get("ps_tasks", 1) if values["strategy"] == "tf-ps" else 0,
             memory_format=layout,

@@ -51,8 +51,8 @@ SOURCES = (
 IGNORED = frozenset(
     ("study", "repeat", "seed", "epochs", "lr", "base_lr", "lr_scaling", "betas", "eps",
      "weight_decay", "timeout_minutes", "target_accuracy", "data_dir", "fault",
-     "horovod_timeline", "steps_per_epoch", "samples", "loader_workers", "threads_per_worker",
-     "scale", "compile", "deepspeed_config", "fused")
+     "horovod_timeline", "steps_per_epoch", "eval_tokens", "samples", "loader_workers",
+     "threads_per_worker", "scale", "compile", "deepspeed_config", "fused")
 )  # fmt: skip
 GIB = 2**30
 TIMEOUT_SECONDS = 1800

@@ -109,6 +109,7 @@ class RunSpec:
     pipeline_schedule: str | None = None
     microbatches: int = 1
     steps_per_epoch: int | None = None
+    eval_tokens: int = tokens.EVAL_TOKENS  # config eval_tokens: test tokens one evaluation scores
     samples: int | None = None
     image_size: tuple[int, int] | None = None
     image_source: imagesets.ImageSource | None = None

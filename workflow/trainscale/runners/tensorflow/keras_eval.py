@@ -33,6 +33,12 @@ import tf_keras as keras  # noqa: E402
 
 from trainscale.measure.classes import scores, token_scores  # noqa: E402
 
+#: Test batches one call of the scorer's compiled function takes (Keras' `steps_per_execution`).
+#: One step per call costs a Python round trip and, under MultiWorkerMirroredStrategy, a
+#: cross-worker exchange per batch: a tf-multiworker gpt-nano run spent 22 s scoring 1,619
+#: test windows, against 2 s for the same under torch-ddp. The sums are the same either way.
+STEPS_PER_EXECUTION = 64
+
 
 class Confusion(keras.metrics.Metric):
     """Counts of (true class, argmax of the logits) pairs: rows true, columns predicted."""
@@ -104,11 +110,12 @@ def scorer(net: keras.Model, classes: int, tokens: bool = False) -> keras.Model:
     over the (B, T, V) logits a second time)."""
     model = Scorer(net)
     if tokens:
-        model.compile(metrics=[TokenTally()])
+        model.compile(metrics=[TokenTally()], steps_per_execution=STEPS_PER_EXECUTION)
         return model
     model.compile(
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=[Confusion(classes)],
+        steps_per_execution=STEPS_PER_EXECUTION,
     )
     return model
 

@@ -11,7 +11,7 @@ as torch-ddp's rank r reads them. A Horovod worker feeds its own rank's batch.
 The batches come from a Python generator over the windows (one fancy index into the ids, a
 memory-mapped file for the user's tokens, as torch's loader does), prefetched by tf.data on
 its own thread: the ids of a user's file need not fit in memory or in a graph. The test split
-(at most tokens.EVAL_TOKENS) is cut into windows once, in memory. Ids stay int32 under every
+(at most config eval_tokens) is cut into windows once, in memory. Ids stay int32 under every
 precision policy: the policy casts the model's floats, never its inputs' ids.
 """
 
@@ -81,7 +81,9 @@ def eval_windows(spec: RunSpec, rank: int = 0, world: int = 1) -> tokens.EvalWin
     """Rank `rank`'s share of the test split's windows (every world-th, as torch's ranks
     score them; the whole split for rank 0 of 1)."""
     ids = tokens.spec_ids(spec, "test")
-    return tokens.EvalWindows(ids, spec.seq_len, spec.per_worker_batch_size, rank, world)
+    return tokens.EvalWindows(
+        ids, spec.seq_len, spec.per_worker_batch_size, rank, world, spec.eval_tokens
+    )
 
 
 def eval_dataset(

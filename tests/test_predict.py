@@ -188,11 +188,14 @@ def test_exposed_block_and_replica_keep_the_weights():
     block = exposed.measure_exposed_communication(
         "replica", epochs, net, opt, batches, torch.device("cpu"), grad_accum=2
     )
-    assert block["method"] == "local-replica" and block["steps"] == exposed.STEPS
+    # the steady epochs' steps (none given here): the fewest no-sync steps
+    assert block["method"] == "local-replica" and block["steps"] == exposed.MIN_STEPS
     assert block["step_seconds_per_step"] == 2.0  # epochs 2.. only
     assert 0 < block["compute_seconds_per_step"] < 2.0
     assert math.isclose(block["exposed_seconds_per_step"], 2.0 - block["compute_seconds_per_step"])
     assert all(torch.equal(a, b) for a, b in zip(before, net.parameters(), strict=True))
+    assert exposed.no_sync_steps([{"steps": 50}, {"steps": 8}, {"steps": 8}]) == 16
+    assert exposed.no_sync_steps([{"steps": 50}, {"steps": 30}]) == exposed.STEPS
     assert not opt.state
     slow = exposed.block(epochs[:2], 5.0, "ddp-no_sync")
     assert slow["exposed_seconds_per_step"] == 0.0

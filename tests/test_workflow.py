@@ -91,7 +91,8 @@ def test_real_study_through_snakemake(torch_study):
     (two,) = [metrics.read(f) for f in files if "workers~2" in str(f)]
     comm = two["communication"]
     assert comm["method"] == "ddp-no_sync" and comm["exposed_seconds_per_step"] >= 0
-    assert comm["compute_seconds_per_step"] > 0 and comm["steps"] == 20
+    assert comm["compute_seconds_per_step"] > 0  # as many no-sync steps as epoch 2, ≤ 20
+    assert comm["steps"] == min(20, two["epochs"][1]["steps"]) >= 3
     pred = list(csv.DictReader((results / "predictions.csv").open()))
     predicted = [r for r in pred if r["basis"] == "predicted"]
     assert {int(r["world_size"]) for r in predicted} == {4, 8, 16, 32, 64}  # 128+: batch 64

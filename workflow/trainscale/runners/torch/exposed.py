@@ -2,7 +2,8 @@
 for, measured rather than modelled.
 
 After the timed epochs (their evaluation and the memory peaks) every multi-worker
-PyTorch-family run takes `STEPS` extra optimizer steps with gradient synchronisation off, on
+PyTorch-family run takes as many extra optimizer steps as its steady epochs timed, at least
+`MIN_STEPS` and at most `STEPS`, with gradient synchronisation off, on
 the same batches, timed on rank 0 like the epochs' steps (device synchronised) and counted in
 no epoch or throughput figure. The weights and optimizer state are restored afterwards, so
 the run ends with the weights its epochs trained.
@@ -33,8 +34,17 @@ from contextlib import contextmanager
 
 import torch
 
-#: No-sync steps per multi-worker run (after the timed epochs, never in their figures).
-STEPS = 20
+#: No-sync steps per multi-worker run, at most and at least (after the timed epochs, never in
+#: their figures): the median is taken over as many steps as the steady epochs' medians were,
+#: so a short run (a steps_per_epoch of 3) is not lengthened several-fold by its own check.
+STEPS, MIN_STEPS = 20, 3
+
+
+def no_sync_steps(epochs: list[dict]) -> int:
+    """The no-sync steps to time: the steady epochs' (2..E) timed steps, clipped to
+    [MIN_STEPS, STEPS]."""
+    timed = sum(e.get("steps") or 0 for e in epochs[1:])
+    return max(MIN_STEPS, min(STEPS, timed))
 
 
 def steady_step_seconds(epochs: list[dict]) -> float | None:
@@ -44,9 +54,14 @@ def steady_step_seconds(epochs: list[dict]) -> float | None:
 
 
 def block(
-    epochs: list[dict], compute: float | None, method: str | None, note: str | None = None
+    epochs: list[dict],
+    compute: float | None,
+    method: str | None,
+    note: str | None = None,
+    steps: int = STEPS,
 ) -> dict:
-    """The `communication` block of metrics.json from the no-sync steps' median time."""
+    """The `communication` block of metrics.json from the median time of `steps` no-sync
+    steps."""
     step = steady_step_seconds(epochs)
     exposed = max(0.0, step - compute) if step is not None and compute is not None else None
     return {
@@ -54,15 +69,15 @@ def block(
         "step_seconds_per_step": step,
         "exposed_seconds_per_step": exposed,
         "method": method,
-        "steps": STEPS if compute is not None else 0,
+        "steps": steps if compute is not None else 0,
         "note": note,
     }
 
 
-def time_steps(step: Callable[[int], None], device: torch.device) -> float:
-    """Median wall seconds of `STEPS` calls step(i), each ended by a device synchronisation."""
+def time_steps(step: Callable[[int], None], device: torch.device, steps: int = STEPS) -> float:
+    """Median wall seconds of `steps` calls step(i), each ended by a device synchronisation."""
     seconds = []
-    for i in range(STEPS):
+    for i in range(steps):
         t0 = time.perf_counter()
         step(i)
         if device.type == "cuda":
@@ -164,19 +179,20 @@ def measure_exposed_communication(
         else:
             opt.step()
 
+    n = no_sync_steps(epochs)
     methods = {"ddp": "ddp-no_sync", "fsdp": "fsdp-no-gradient-sync", "replica": "local-replica"}
     with weights_kept(model, opt):
         if kind == "ddp":
             with model.no_sync():
-                compute = time_steps(step, device)
+                compute = time_steps(step, device, n)
         elif kind == "fsdp":
             model.set_requires_gradient_sync(False)
             try:
-                compute = time_steps(step, device)
+                compute = time_steps(step, device, n)
             finally:
                 model.set_requires_gradient_sync(True)
         elif kind == "replica":
-            compute = time_steps(step, device)
+            compute = time_steps(step, device, n)
         else:
             raise ValueError(f"measure_exposed_communication: unknown kind {kind!r}")
-    return block(epochs, compute, methods[kind])
+    return block(epochs, compute, methods[kind], steps=n)

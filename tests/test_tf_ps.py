@@ -385,3 +385,35 @@ def test_mixed_precision_is_dropped_with_the_reason():
         "ParameterServerStrategy; use fp32"
         for p in ("bf16", "fp16")
     }
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_each_worker_step_reads_its_share_of_the_global_batch_from_its_own_shard(workers):
+    """What the record counts (worker steps × per_worker_batch_size samples an epoch) is what
+    the workers read. Under ParameterServerStrategy the InputContext's batch was the global
+    one and its shard all of the data: 2 workers each read 64 samples a step, the same ones,
+    where the record counted 32. Here each worker's pipeline (tf_ps.pipeline, the data set
+    dataset_fn builds on the worker with its index) yields per_worker_batch_size samples a
+    step, from a shard disjoint from the other workers'."""
+    import numpy as np
+
+    from trainscale import data
+    from trainscale.runners.tensorflow import tf_ps
+
+    s = build_runs(base_config(strategy=["tf-ps"], batch_size=[64], workers=[workers]),
+                   accelerator="cpu")[0][0]  # fmt: skip
+    arrays = data.load(s.dataset, s.data_dir, seed=s.seed)
+    n = len(arrays.train_y)
+    # each sample's "image" its index (normalised: an affine map, so still one value each)
+    x = np.arange(n, dtype=np.float32).reshape(n, 1, 1, 1)
+    assert s.per_worker_batch_size == 64 // workers
+    seen = []
+    for w in range(workers):
+        steps = (n // workers) // s.per_worker_batch_size  # one pass over the worker's shard
+        batches = list(tf_ps.pipeline(s, arrays, x, w).take(steps))
+        assert {len(b[1]) for b in batches} == {s.per_worker_batch_size}
+        values = np.concatenate([b[0].numpy().ravel() for b in batches])
+        assert len(set(values.tolist())) == steps * s.per_worker_batch_size  # no sample twice
+        seen.append(set(values.tolist()))
+    if workers == 2:
+        assert not seen[0] & seen[1]  # each worker its own samples

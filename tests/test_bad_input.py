@@ -75,6 +75,12 @@ def fails_before_any_job(tmp_path: Path, cfg: Path, *needles: str, real: bool = 
             {"faults": [{"match": {"strategy": "tf"}, "kind": "hang"}]},
             ["faults[0].match", "matches no run"],
         ),
+        (
+            {},
+            {"cost": {"device_hour": {"H100": 2.49}}},
+            ["cost.device_hour (H100) has no 'cpu-core' price", "add `cpu-core:"],
+        ),
+        ({}, {"report": {"rank_by": "cost"}}, ["report.rank_by: cost needs prices"]),
     ],
     ids=[
         "unknown-strategy",
@@ -93,6 +99,8 @@ def fails_before_any_job(tmp_path: Path, cfg: Path, *needles: str, real: bool = 
         "missing-deepspeed-config",
         "fault-rank-out-of-range",
         "fault-matches-nothing",
+        "cpu-study-without-cpu-core-price",
+        "rank-by-cost-without-prices",
     ],
 )
 def test_bad_config_stops_before_any_job_naming_key_and_fix(tmp_path, matrix_, top, needles):

@@ -283,3 +283,29 @@ def test_compare_with_adds_a_section_to_the_report(study, tmp_path):
     page = (study / "report.html").read_text()
     section = page[page.index('id="compared"') : page.index('id="environment"')]
     assert "slower" in section and "torch-ddp seed-small digits N=2" in section
+
+
+def test_with_prices_a_dearer_cell_is_reported_like_a_slowdown(study, tmp_path):
+    """Same throughput, twice the threads per worker (a cpu-core price is per thread): the
+    2-worker cell costs twice as much per million samples and fails the check; a device no
+    price names is not comparable, and says why."""
+    dear = copy_of(study, tmp_path / "dear")
+    for f in dear.glob(f"runs/{DDP2}"):
+        rec = json.loads(f.read_text())
+        rec["spec"]["threads_per_worker"] *= 2
+        f.write_text(json.dumps(rec))
+    prices = tmp_path / "cost.yaml"
+    prices.write_text(yaml.safe_dump({"cost": {"device_hour": {"cpu-core": 0.04}}}))
+    p = cli(study, dear, "--cost", prices, "--json", tmp_path / "c.json")
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "dearer: torch-ddp seed-small digits N=2" in p.stdout
+    result = json.loads((tmp_path / "c.json").read_text())
+    assert verdicts(result) == {1: "same", 2: "same"}  # throughput did not change
+    costs = {r["cell"]["workers"]: r for r in result["cells"]}
+    assert costs[2]["cost_verdict"] == "dearer" and costs[1]["cost_verdict"] == "same"
+    assert costs[2]["cost_ratio"] == pytest.approx(2.0) and costs[2]["cost_ci_low"] > 1.05
+    assert cli(study, dear).returncode == 0  # without prices: no cost verdict
+    prices.write_text(yaml.safe_dump({"cost": {"device_hour": {"H100": 2.49}}}))
+    p = cli(study, study, "--cost", prices)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "not comparable, no price in BASE: cost.device_hour has no 'cpu-core' price" in p.stdout

@@ -26,6 +26,7 @@ from trainscale.plan import check as ts_check
 from trainscale.plan import matrix as ts_matrix
 from trainscale.plan import memory as ts_memory
 from trainscale.plan import overlay as ts_overlay
+from trainscale.plan import prices as ts_prices
 
 
 def load_yaml(path):
@@ -75,6 +76,12 @@ GPUS_HERE = ts_matrix.visible_gpus() if ACCELERATOR == "cuda" else 0
 
 try:
     RUNS, DROPPED = ts_matrix.build_runs(config, ACCELERATOR, GPUS_HERE or None)
+    # config `cost`: prices that cannot apply to what the study runs on stop it here
+    _price_problem = ts_prices.check(
+        config, ACCELERATOR, ts_prices.gpu_names() if GPUS_HERE else []
+    )
+    if _price_problem:
+        raise ts_matrix.ConfigError(_price_problem)
     # will each cell fit? predicted before any job, cached; over the limit: dropped or warned
     MEMORY = ts_memory.resolve(config, ACCELERATOR)
     RUNS, DROPPED, PREDICTED = ts_memory.fit(MEMORY, RUNS, DROPPED, ACCELERATOR)

@@ -6,7 +6,7 @@ import contextlib
 from trainscale.analysis.study import Study
 
 with open(snakemake.log[0], "w") as log, contextlib.redirect_stderr(log):
-    study = Study.read(snakemake.input, snakemake.config["study"])
+    study = Study.read(snakemake.input, snakemake.config["study"], snakemake.config)
     study.add_collectives(snakemake.input.benchmarks)
     study.write(snakemake.output)  # collectives and communication
     print(

@@ -8,7 +8,7 @@ from trainscale.analysis.study import Study
 from trainscale.report import pipeline
 
 with open(snakemake.log[0], "w") as log, contextlib.redirect_stderr(log):
-    study = Study.read(snakemake.input, snakemake.config["study"])
+    study = Study.read(snakemake.input, snakemake.config["study"], snakemake.config)
     out = Path(snakemake.output[0]).parent
     drawn = pipeline.figures(study, out, dict(snakemake.config), jobs=snakemake.threads)
     for name, d in drawn.items():

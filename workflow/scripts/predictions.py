@@ -8,7 +8,7 @@ from trainscale.analysis.study import Study
 from trainscale.report import pipeline
 
 with open(snakemake.log[0], "w") as log, contextlib.redirect_stderr(log):
-    study = Study.read(snakemake.input, snakemake.config["study"])
+    study = Study.read(snakemake.input, snakemake.config["study"], snakemake.config)
     notes = pipeline.predictions(
         study.runs,
         study.collectives,

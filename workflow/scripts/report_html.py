@@ -11,7 +11,7 @@ from trainscale.report import html as report
 from trainscale.report import predict_plot
 
 with open(snakemake.log[0], "w") as log, contextlib.redirect_stderr(log):
-    study = Study.read(snakemake.input, snakemake.config["study"])
+    study = Study.read(snakemake.input, snakemake.config["study"], snakemake.config)
     compared = None
     base = snakemake.params.compare_with
     if base:  # config compare_with: this study (NEW) against that folder or card (BASE)
@@ -19,6 +19,7 @@ with open(snakemake.log[0], "w") as log, contextlib.redirect_stderr(log):
             result = compare.compare(
                 compare.load(base, "compare_with:"),
                 card.read(snakemake.input.card),
+                prices=study.prices,  # config cost: a dearer cell is reported like a slower one
             )
             compared = compare_output.section(result)
         except compare.CompareError as e:

@@ -5,4 +5,4 @@ import contextlib
 from trainscale.analysis.study import Study
 
 with open(snakemake.log[0], "w") as log, contextlib.redirect_stderr(log):
-    Study.read(snakemake.input, snakemake.config["study"]).write(snakemake.output)
+    Study.read(snakemake.input, snakemake.config["study"], snakemake.config).write(snakemake.output)

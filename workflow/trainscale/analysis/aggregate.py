@@ -59,6 +59,27 @@ once (in `trainscale.analysis.cells` and, for communication.csv, `trainscale.ana
   (x_f − ci_f ≤ x + ci), else it is slower beyond doubt; "behind" is 1 − x / x_f. Logical CPU
   devices are shown, not ranked (as in `fastest`); tf-ps carries its mark, asynchronous
   (trainscale.analysis.ranking).
+  With config `report.rank_by: cost` the same figure ranks cost per million instead, the
+  cheapest first: a cell is not distinguishable when x_c + ci_c ≥ x − ci, and "dearer" is
+  x / x_c − 1.
+- device-hours per million (device_hours_per_million): N × 10⁶ / (X · u) / 3600 per run,
+  X the steady throughput (samples/s, all workers) and u the units in a sample (seq_len tokens
+  on token data, else 1 sample): the device-hours a million tokens or samples take. A device
+  is a GPU, or on CPU a worker (its threads_per_worker threads). Averaged over the cell's ok
+  runs with a 95% CI, as every metric; the Cost table's hours per million is it ÷ N.
+- cost per million (cost_per_million): device-hours per million × the price of a device-hour
+  (config `cost.device_hour`, in `cost.currency`): on CPU the cpu-core price × threads_per_worker;
+  on a GPU the price of the one key that is a case-insensitive part of the record's
+  device.name. A device that no key or several keys match has no cost (`price_note` says
+  why; the report lists it among its warnings). Mean and 95% CI over ok runs.
+- energy per million (kwh_per_million): the run's measured energy (device.energy_joules: NVML
+  on GPUs over training; on CPU the RAPL package counters over the epochs, where the kernel
+  exposes them under /sys/class/powercap and they are readable) ÷ (samples trained in all
+  epochs × u) × 10⁶ / 3.6·10⁶ J per kWh. Absent where no run measured energy (no sensor, or
+  RAPL not readable, as in most containers and VMs): never estimated. Mean and 95% CI.
+- cheapest: per model and dataset over every N, the cell with the lowest mean cost per
+  million (device-hours per million where no price applies); the summary names it beside the
+  fastest cell where the two differ.
 - communication model (communication.csv): for every DDP-family cell (torch-ddp, torch-fsdp,
   deepspeed-zero0..3) with N > 1, the predicted communication seconds per optimizer step
   t_comm = v · 2(N − 1)/N · S / B. S = gradient bytes (parameters × 4; × 2 for DeepSpeed in

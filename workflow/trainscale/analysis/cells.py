@@ -11,8 +11,10 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
+from trainscale.analysis import cost
 from trainscale.measure.datawait import INPUT_BOUND_SHARE
 from trainscale.plan.matrix import MATRIX_KEYS
+from trainscale.plan.prices import Prices
 from trainscale.plan.runspec import OUT_OF_PATH
 
 #: A cell: every matrix value but the repeat.
@@ -38,6 +40,8 @@ METRICS = {
     "mfu": "flops.mfu",
     "hfu": "flops.hfu",
     "tokens_per_second": "tokens_per_second",
+    # per run from its record (trainscale.analysis.cost), so records of any age get them
+    **{name: name for name in cost.FIGURES},
 }
 
 
@@ -119,6 +123,8 @@ def _cells_of(runs: pd.DataFrame) -> pd.DataFrame:
     d["predicted_peak_bytes"] = pd.to_numeric(runs.get("predicted_peak_bytes", np.nan))
     d["memory_error"] = pd.to_numeric(runs.get("memory_error", np.nan))
     d["predicted_method"] = runs.get("memory.predicted.method", pd.Series(None, runs.index))
+    for col in ("price_key", "price_note", "currency"):
+        d[col] = runs[col]
     for name, col in METRICS.items():
         if col is None:
             v = pd.to_numeric(runs["first_epoch_seconds"], errors="coerce") - pd.to_numeric(
@@ -130,14 +136,15 @@ def _cells_of(runs: pd.DataFrame) -> pd.DataFrame:
     return d
 
 
-def scaling_frame(runs: pd.DataFrame) -> pd.DataFrame:
-    """One row per cell (scaling.csv): counts, mean/std/CI of each metric, speedup, efficiency.
+def scaling_frame(runs: pd.DataFrame, prices: Prices | None = None) -> pd.DataFrame:
+    """One row per cell (scaling.csv): counts, mean/std/CI of each metric, speedup, efficiency,
+    and what a million units cost (in device-hours, energy, and money at `prices`).
 
-    Every formula is stated in this module's docstring.
+    Every formula is stated in `trainscale.analysis.aggregate`'s docstring.
     """
     if not len(runs):
         return pd.DataFrame(columns=[*CELL, "world_size", "runs", "ok"])
-    d = _cells_of(runs)
+    d = _cells_of(runs.join(cost.run_costs(runs, prices)))
     g = d.groupby(CELL, sort=True, dropna=False)
     out = g.agg(
         world_size=("world_size", "first"),
@@ -151,6 +158,9 @@ def scaling_frame(runs: pd.DataFrame) -> pd.DataFrame:
         predicted_peak_bytes=("predicted_peak_bytes", "max"),  # whatever the runs' status
         memory_error=("memory_error", "mean"),  # over the runs that measured a device peak
         predicted_method=("predicted_method", "first"),
+        price_key=("price_key", "first"),
+        price_note=("price_note", "first"),
+        currency=("currency", "first"),
     )
     out["statuses"] = _status_counts(d)
     out["failed"] = out["runs"] - out["ok"]
@@ -161,6 +171,8 @@ def scaling_frame(runs: pd.DataFrame) -> pd.DataFrame:
         out[f"{name}_mean"] = g[name].mean()
         out[f"{name}_std"] = std
         out[f"{name}_ci95"] = t975(n.to_numpy()) * std / np.sqrt(n.where(n > 0))
+    for name in cost.FIGURES:  # the cell's figure, by the name docs/metrics.md defines
+        out[name] = out[f"{name}_mean"]
     out = out.reset_index()
     out["input_bound"] = out["data_wait_share_mean"] > INPUT_BOUND_SHARE  # NaN (unknown): False
     out = _with_baselines(out)

@@ -96,7 +96,7 @@ Invalid = list[tuple[str, str]]
 def _schema_types() -> dict[str, str]:
     """runs.csv column -> dtype, from the metrics schema's leaves and RunSpec's fields."""
     schema = metrics._schema()
-    out: dict[str, str] = {"run": "str", "train_loss_last": "float64"}
+    out: dict[str, str] = {"run": "str", "train_loss_last": "float64", "samples_trained": "float64"}
     out.update(predicted_peak_bytes="float64", memory_error="float64")
 
     def walk(node: dict, prefix: str, required: bool) -> None:
@@ -304,13 +304,15 @@ def memory_error(block: dict) -> tuple[int | None, float | None]:
 
 
 def runs_frame(records: list[dict]) -> pd.DataFrame:
-    """One flat row per run; the per-epoch list becomes `train_loss_last` and `epochs_done`."""
+    """One flat row per run; the per-epoch list becomes `train_loss_last`, `epochs_done` and
+    `samples_trained` (the samples of every epoch: what a run's energy is measured over)."""
     rows = []
     for rec in records:
         epochs = rec["epochs"]
         flat = _flatten({k: v for k, v in rec.items() if k != "epochs"})
         flat["epochs_done"] = len(epochs)
         flat["train_loss_last"] = epochs[-1]["train_loss"] if epochs else None
+        flat["samples_trained"] = sum(e["samples"] for e in epochs) if epochs else None
         flat["predicted_peak_bytes"], flat["memory_error"] = memory_error(rec["memory"])
         rows.append(flat)
     df = pd.DataFrame.from_records(rows) if rows else pd.DataFrame(columns=LEAD)

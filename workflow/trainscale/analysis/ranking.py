@@ -21,13 +21,25 @@ from trainscale.plan import catalog
 GROUP = ["model", "dataset", "world_size"]
 
 
-def ranking(scaling: pd.DataFrame) -> pd.DataFrame:
-    """One row per cell with a mean throughput, grouped by GROUP, fastest first: `rate_mean` and
+#: What a ranking may order by (config `report.rank_by`): the figure it draws, its CI, whether
+#: higher is better, and its unit (None: the data's rate unit).
+BY = {
+    "throughput": ("rate_mean", "rate_ci95", True),
+    "cost": ("cost_per_million_mean", "cost_per_million_ci95", False),
+}
+
+
+def ranking(scaling: pd.DataFrame, by: str = "throughput") -> pd.DataFrame:
+    """One row per cell with a mean throughput, grouped by GROUP, best first: `rate_mean` and
     `rate_ci95` in the data's `unit` (tokens/s on token data, else samples/s), `mfu_mean` and
-    `mfu_ci95` where recorded, `rank` (1 = fastest; NaN for logical devices), `fastest`,
-    `distinguishable` (True: CIs disjoint from the fastest's; False: they overlap; None: the
-    fastest itself, a logical cell, or a CI missing), `logical`, `mark` (the catalog's
-    results_mark) and `oversubscribed`."""
+    `mfu_ci95` where recorded; `value`, `value_ci95` and `value_unit`, the figure ranked
+    (`by`: throughput, the highest first, or cost per million, the lowest first; a cell
+    without it is listed last, unranked); `rank` (1 = best; NaN for logical devices and
+    unpriced cells), `fastest` (the best: the fastest, or the cheapest by cost),
+    `distinguishable` (True: CIs disjoint from the best's; False: they overlap; None: the best
+    itself, a logical cell, or a CI missing), `behind` (how much worse than the best, a
+    fraction: 1 − x / x_best for throughput, x / x_best − 1 for cost), `logical`, `mark` (the
+    catalog's results_mark), `oversubscribed` and `ranked_by`."""
     cols = [*GROUP, "strategy", "rank", "rate_mean", "rate_ci95", "unit", "distinguishable"]
     s = scaling[scaling["throughput_mean"].notna()] if len(scaling) else scaling
     if not len(s):
@@ -39,24 +51,38 @@ def ranking(scaling: pd.DataFrame) -> pd.DataFrame:
         for m, c, q in zip(s["throughput_mean"], s["throughput_ci95"], seq, strict=True)
     ]
     s["rate_mean"], s["rate_ci95"], s["unit"] = (list(v) for v in zip(*rates, strict=True))
-    for col in ("mfu_mean", "mfu_ci95"):
+    for col in ("mfu_mean", "mfu_ci95", "cost_per_million_mean", "cost_per_million_ci95"):
         if col not in s:
             s[col] = np.nan
+    mean, ci, higher = BY[by]
+    s["value"], s["value_ci95"], s["ranked_by"] = s[mean], s[ci], by
+    if by == "cost":
+        currency = s["currency"] if "currency" in s else pd.Series("", index=s.index)
+        per = np.where(seq.fillna(0).to_numpy() > 0, "million tokens", "million samples")
+        s["value_unit"] = currency.fillna("").astype(str).str.cat(per, sep=" per ").str.strip()
+    else:
+        s["value_unit"] = s["unit"]
     s["logical"] = s["logical"].fillna(False).astype(bool) if "logical" in s else False
     s["oversubscribed"] = s.get("oversubscribed", False)
     s["mark"] = s["strategy"].map(
         lambda n: catalog.STRATEGIES[n].results_mark if n in catalog.STRATEGIES else ""
     )
-    s = s.sort_values([*GROUP, "rate_mean"], ascending=[True, True, True, False], kind="stable")
-    ranked = ~s["logical"]
+    key = s["value"] if higher else -s["value"]
+    s = s.assign(_key=key.fillna(-np.inf))
+    s = s.sort_values([*GROUP, "_key"], ascending=[True, True, True, False], kind="stable")
+    ranked = ~s["logical"] & s["value"].notna()
     s["rank"] = ranked.groupby([s[k] for k in GROUP]).cumsum().where(ranked)
     s["fastest"] = s["rank"] == 1
-    top = s[s["fastest"]].set_index(GROUP)[["rate_mean", "rate_ci95"]]
+    top = s[s["fastest"]].set_index(GROUP)[["value", "value_ci95"]]
     ref = s[GROUP].merge(top, left_on=GROUP, right_index=True, how="left").set_index(s.index)
-    lo_fastest = ref["rate_mean"] - ref["rate_ci95"]
-    hi = s["rate_mean"] + s["rate_ci95"]
-    distinct = (lo_fastest > hi).astype(object)
-    distinct[lo_fastest.isna() | hi.isna() | s["fastest"] | s["logical"]] = None
+    if higher:  # the best's interval wholly above the cell's
+        apart = (ref["value"] - ref["value_ci95"]) > (s["value"] + s["value_ci95"])
+        s["behind"] = 1 - s["value"] / ref["value"]
+    else:  # wholly below
+        apart = (ref["value"] + ref["value_ci95"]) < (s["value"] - s["value_ci95"])
+        s["behind"] = s["value"] / ref["value"] - 1
+    distinct = apart.astype(object)
+    unknown = ref["value_ci95"].isna() | s["value_ci95"].isna() | s["fastest"] | ~ranked
+    distinct[unknown] = None
     s["distinguishable"] = distinct
-    s["behind"] = 1 - s["rate_mean"] / ref["rate_mean"]
-    return s.reset_index(drop=True)
+    return s.drop(columns="_key").reset_index(drop=True)

@@ -28,6 +28,7 @@ from trainscale.analysis.comm_model import (
     collectives_frame,
     communication_frame,
 )
+from trainscale.analysis.cost import FIGURES as COST_FIGURES
 from trainscale.analysis.metrics_tables import (
     CELL_TYPES,
     EPOCH_TYPES,
@@ -38,6 +39,7 @@ from trainscale.analysis.metrics_tables import (
 )
 from trainscale.analysis.ranking import ranking
 from trainscale.analysis.summary import summary_text
+from trainscale.plan.prices import Prices
 
 #: Table name -> its file in results/<study> (and the Snakemake input/output name it goes by).
 FILES = {
@@ -60,6 +62,10 @@ TYPES: dict[str, dict[str, str]] = {
         **CELL_TYPES,
         "statuses": "str",
         "baseline_note": "str",
+        "price_key": "str",
+        "price_note": "str",
+        "currency": "str",
+        **dict.fromkeys(COST_FIGURES, "float64"),
         "efficiency_kind": "str",
         "single_best_strategy": "str",
         "oversubscribed": "bool",
@@ -84,7 +90,10 @@ TYPES: dict[str, dict[str, str]] = {
     },
 }
 #: Text columns where an empty string is a value ("no note"), not a missing one.
-FILLED = {"scaling": ("statuses", "baseline_note"), "communication": ("note", "exposed_method")}
+FILLED = {
+    "scaling": ("statuses", "baseline_note", "price_note"),
+    "communication": ("note", "exposed_method"),
+}
 
 
 def _types(table: str, columns: Iterable[str]) -> dict[str, str]:
@@ -163,7 +172,9 @@ def _files(where: str | Path | Mapping) -> dict[str, object]:
 class Study:
     """A study's tables: runs (one row per run), epochs, scaling (one row per cell; computed
     from runs when not given), invalid files, and the all-reduce benchmark with the
-    communication model when the study has one."""
+    communication model when the study has one. From the study's config: `prices` (config
+    `cost`: what scaling's cost_per_million prices at) and `rank_by` (config
+    `report.rank_by`: what the ranking orders by, throughput or cost)."""
 
     name: str
     runs: pd.DataFrame
@@ -172,12 +183,15 @@ class Study:
     invalid: list[tuple[str, str]] = field(default_factory=list)
     collectives: pd.DataFrame = field(default_factory=lambda: _empty("collectives"))
     communication: pd.DataFrame = field(default_factory=lambda: _empty("communication"))
+    prices: Prices | None = None
+    rank_by: str = "throughput"
 
     def __post_init__(self) -> None:
         self.runs = typed("runs", self.runs)
         self.epochs = typed("epochs", self.epochs)
         self.scaling = typed(
-            "scaling", scaling_frame(self.runs) if self.scaling is None else self.scaling
+            "scaling",
+            scaling_frame(self.runs, self.prices) if self.scaling is None else self.scaling,
         )
         self.collectives = typed("collectives", self.collectives)
         self.communication = typed("communication", self.communication)
@@ -190,13 +204,16 @@ class Study:
         jobs: int = 1,
         default_name: str = "study",
         collectives: Iterable[str | Path] = (),
+        config: Mapping | None = None,
     ) -> Study:
         """Read and validate metrics files (by `jobs` processes) and compute every table; with
-        the all-reduce benchmark's JSON files, its table and the communication model too."""
+        the all-reduce benchmark's JSON files, its table and the communication model too; at
+        the prices of `config` (the study's config: `options`)."""
         runs, epochs, invalid = read_tables(metrics_paths, jobs=jobs)
         for p, why in invalid:
             print(f"trainscale: invalid metrics file {p}: {why}", file=sys.stderr)
-        study = cls(study_name(runs, default_name) if name is None else name, runs, epochs)
+        name = study_name(runs, default_name) if name is None else name
+        study = cls(name, runs, epochs, **options(config))
         study.invalid = invalid
         study.add_collectives(collectives)
         return study
@@ -211,17 +228,20 @@ class Study:
             )
 
     @classmethod
-    def read(cls, where: str | Path | Mapping, name: str | None = None) -> Study:
+    def read(
+        cls, where: str | Path | Mapping, name: str | None = None, config: Mapping | None = None
+    ) -> Study:
         """The tables the workflow wrote: every table file in the folder `where`, or the tables
         named in the mapping `where` (e.g. `snakemake.input`: runs, epochs, scaling, invalid,
-        collectives, communication). runs is required; scaling is computed when absent."""
+        collectives, communication). runs is required; scaling is computed when absent, at
+        the prices of `config` (the study's config: `options`)."""
         files = {k: v for k, v in _files(where).items() if k in FILES}
         if "runs" not in files:
             raise FileNotFoundError(f"{where}: no runs.csv (run the study first, or pass runs=)")
         tables = {t: _read_csv(t, p) for t, p in files.items()}
         invalid = tables.pop("invalid", None)
         runs = tables.pop("runs")
-        study = cls(study_name(runs) if name is None else name, runs, **tables)
+        study = cls(study_name(runs) if name is None else name, runs, **tables, **options(config))
         if invalid is not None:
             study.invalid = list(invalid[["path", "error"]].itertuples(index=False, name=None))
         return study
@@ -276,8 +296,15 @@ class Study:
     def ranking(self) -> pd.DataFrame:
         """Per model, dataset and N every cell with an ok run, fastest first (analysis.ranking)."""
         if not hasattr(self, "_ranking"):
-            self._ranking = ranking(self.scaling)
+            self._ranking = ranking(self.scaling, by=self.rank_by)
         return self._ranking
+
+
+def options(config: Mapping | None) -> dict:
+    """Study's fields from a study config: `prices` (config `cost`) and `rank_by` (config
+    `report.rank_by`)."""
+    report = (config or {}).get("report") or {}
+    return {"prices": Prices.from_config(config), "rank_by": report.get("rank_by") or "throughput"}
 
 
 def study_name(runs: pd.DataFrame, default: str = "study") -> str:

@@ -10,6 +10,7 @@ import math
 
 import pandas as pd
 
+from trainscale.analysis import cost
 from trainscale.analysis.cells import fastest, rate, scaling_frame
 from trainscale.plan import catalog
 
@@ -72,6 +73,7 @@ def summary_text(
                 f"(batch {r.batch_size} {r.batch_mode}, scale {r.scale}, {r.precision}) "
                 f"{human(x)}{ci} {unit}, {eff}{mfu}{ahead}{flag}"
             )
+    lines += cost_lines(scaling)
     logical = scaling[(scaling["ok"] > 0) & scaling["logical"].astype(bool)] if len(fast) else fast
     if len(logical):
         lines += ["", "not ranked (logical CPU devices: a code-path check, not a speed-up):"]
@@ -139,3 +141,32 @@ def failed_parts(df: pd.DataFrame) -> list[tuple[str, str, str]]:
         if isinstance(text, str) and text.startswith("["):
             out += [(run, w["part"], w["error"]) for w in json.loads(text)]
     return out
+
+
+def cost_lines(scaling: pd.DataFrame) -> list[str]:
+    """Per model and dataset, the cheapest cell per million units where it is not the fastest
+    (cost per million where priced, else device-hours per million), and the devices no price
+    applied to."""
+    lines = []
+    for r in cost.cheapest_and_fastest(scaling).itertuples(index=False):
+        if not r.differ:
+            continue
+        if not lines:
+            lines += ["", "cheapest per million tokens or samples, where not the fastest:"]
+        currency = _currency(scaling) if r.by == "cost_per_million" else ""
+        value = f"{human(r.cheapest_value)} {currency} per million".strip()
+        if r.by != "cost_per_million":
+            value = f"{human(r.cheapest_value)} device-hours per million"
+        lines.append(
+            f"  {r.model} on {r.dataset}: cheapest {r.cheapest} ({value}); fastest {r.fastest}"
+        )
+    warnings = cost.price_warnings(scaling)
+    if warnings:
+        lines += ["", "no money figure (config cost.device_hour):"]
+        lines += [f"  {w}" for w in warnings]
+    return lines
+
+
+def _currency(scaling: pd.DataFrame) -> str:
+    c = scaling["currency"].dropna() if "currency" in scaling else []
+    return str(c.iloc[0]) if len(c) else ""

@@ -260,12 +260,16 @@ def _points(records: list[dict], notes: dict[tuple, list[str]]) -> list[dict]:
     cells = aggregate.scaling_frame(aggregate.runs_frame(records))
     values: dict[tuple, list[float]] = {}
     statuses: dict[tuple, Counter] = {}
+    devices: dict[tuple, dict] = {}
     for r in records:
         statuses.setdefault(_key(r), Counter())[r["status"]] += 1
         if r["status"] == "ok" and r["throughput"]:
             values.setdefault(tuple(r["spec"][k] for k in aggregate.CELL), []).append(
                 r["throughput"]
             )
+            device = {k: r["device"].get(k) for k in ("kind", "name")}
+            device["threads_per_worker"] = r["spec"].get("threads_per_worker")
+            devices.setdefault(_key(r), device)
     groups: dict[tuple, dict] = {}
     for c in cells.sort_values([*GROUP, "nodes", "workers", "tp"]).itertuples(index=False):
         key = tuple(getattr(c, k) for k in aggregate.CELL)
@@ -311,6 +315,8 @@ def _points(records: list[dict], notes: dict[tuple, list[str]]) -> list[dict]:
                 "notes": cell_notes,
             }
         )
+        if key in devices:
+            g["by_n"][-1]["device"] = devices[key]
     return list(groups.values())
 
 

@@ -18,8 +18,9 @@ def main(argv: list[str] | None = None, prog: str = "trainscale compare") -> int
         prog=prog,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description=verdicts.__doc__.split("Definitions:")[0],
-        epilog="Exit status: 1 when any cell is slower beyond both its 95%% CI and the "
-        "threshold (with --reference: outside its tolerance), 0 otherwise, 2 on bad input.",
+        epilog="Exit status: 1 when any cell is slower (with --cost: or dearer) beyond both its "
+        "95%% CI and the threshold (with --reference: outside its tolerance), 0 otherwise, 2 on "
+        "bad input.",
     )
     p.add_argument("folders", nargs="+", metavar="BASE NEW", help="two studies or cards")
     p.add_argument("--threshold", type=float, default=0.05, help="default: %(default)s (5%%)")
@@ -28,6 +29,13 @@ def main(argv: list[str] | None = None, prog: str = "trainscale compare") -> int
         choices=["bootstrap", "welch"],
         default="bootstrap",
         help="how the ratio's 95%% CI is made (default: %(default)s)",
+    )
+    p.add_argument(
+        "--cost",
+        type=Path,
+        metavar="FILE",
+        help="a YAML file with a `cost:` section (a study config): compare cost per million "
+        "too; a dearer cell fails like a slower one",
     )
     p.add_argument("--reference", type=Path, help="references.yaml: check ONE study against it")
     p.add_argument("--html", type=Path, help="also write a self-contained HTML page here")
@@ -42,7 +50,10 @@ def main(argv: list[str] | None = None, prog: str = "trainscale compare") -> int
         if a.reference:
             result = references.check(verdicts.load(a.folders[0], "STUDY"), a.reference)
         else:
-            result = verdicts.compare_paths(*a.folders, threshold=a.threshold, method=a.ci)
+            prices = verdicts.prices_from(a.cost) if a.cost else None
+            result = verdicts.compare_paths(
+                *a.folders, threshold=a.threshold, method=a.ci, prices=prices
+            )
     except (verdicts.CompareError, references.ReferenceFileError) as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2

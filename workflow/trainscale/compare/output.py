@@ -60,6 +60,9 @@ def rows(result: dict) -> list[dict]:
         if r["memory"] and r["memory_change"] is not None:
             mem += f" ({r['memory']})"
         why = r["reason"]
+        cost = "–"
+        if r.get("cost_ratio") is not None:
+            cost = f"{_x(r['cost_ratio'])} [{r['cost_ci_low']:.3g}, {r['cost_ci_high']:.3g}]"
         out.append(
             {
                 "label": r["label"],
@@ -72,6 +75,9 @@ def rows(result: dict) -> list[dict]:
                 "memory": mem,
                 "reason": why,
                 "notes": r["notes"],
+                "cost": cost,
+                "cost_verdict": r.get("cost_verdict"),
+                "cost_reason": r.get("cost_reason", ""),
             }
         )
     return out
@@ -81,6 +87,10 @@ def headline(result: dict) -> str:
     c = result["counts"]
     parts = [f"{c[v]} {v}" for v in ("slower", "faster", "same", "not comparable") if c[v]]
     line = f"{len(result['cells'])} cells: " + (", ".join(parts) or "none")
+    if result.get("currency"):  # prices given: the cost verdicts too
+        costs = [r.get("cost_verdict") for r in result["cells"]]
+        said = [f"{costs.count(v)} {v}" for v in ("dearer", "cheaper") if costs.count(v)]
+        line += f"; cost ({result['currency']}): " + (", ".join(said) or "no change")
     if result["mode"] == "reference":
         bad = result.get("out_of_bounds", [])
         line += f"; {len(bad)} outside their reference bounds"
@@ -111,6 +121,9 @@ def text(result: dict) -> str:
             f"{r['verdict']:<15}{r['ratio']:>9}  {r['interval']:<24}{r['base']:<24}{r['new']:<24}"
             f"{r['accuracy']:>10}{r['memory']:>20}  {r['label']}"
         )
+        if r["cost_verdict"]:  # prices given
+            what = r["cost"] if r["cost"] != "–" else r["cost_reason"]
+            lines.append(f"{'':<15}  cost per million NEW/BASE: {r['cost_verdict']}, {what}")
         for note in ([r["reason"]] if r["reason"] else []) + r["notes"]:
             lines.append(f"{'':<15}  {note}")
     if result["environment"]:
@@ -122,6 +135,8 @@ def text(result: dict) -> str:
     lines += ["", headline(result)]
     if result["slower"]:
         lines.append("slower: " + "; ".join(result["slower"]))
+    if result.get("dearer"):
+        lines.append("dearer: " + "; ".join(result["dearer"]))
     if ref and result.get("out_of_bounds"):
         lines.append("outside bounds: " + "; ".join(result["out_of_bounds"]))
     return "\n".join(lines) + "\n"
@@ -149,6 +164,7 @@ def section(result: dict | None, error: str | None = None) -> dict | None:
         "threshold": result["threshold"],
         "ci": result["ci"],
         "reference": result["mode"] == "reference",
+        "currency": result.get("currency"),
     }
 
 

@@ -29,7 +29,16 @@ trainscale.compare.references. Definitions:
   of the mean peak host RSS otherwise (both the max over ranks).
 - environment diff: every machine entry of the cards (hosts, CPU/GPU models, framework, CUDA,
   NCCL and driver versions, trainscale) and every study-wide config key whose values differ.
-- exit status: 1 when any cell is slower, 0 otherwise; 2 on bad input, with the error named.
+- cost ratio (with prices: `--cost FILE`, a YAML file with a `cost:` section as a study config
+  has, or the study's own `cost` for `compare_with`): NEW / BASE of the geometric means of
+  the ok repeats' cost per million tokens or samples, each repeat's N · 10⁶ / (x · u) / 3600
+  device-hours (u: seq_len tokens on token data, else 1) at the price of its side's device
+  (trainscale.analysis.aggregate defines cost per million). Its CI is the throughput ratio's,
+  inverted and times the ratio of the two prices. Cost verdict: dearer when the CI's lower
+  end is above 1 and the ratio above 1 + threshold, cheaper the mirror image, same
+  otherwise; not comparable where a side's device has no price (its reason names why).
+- exit status: 1 when any cell is slower or dearer, 0 otherwise; 2 on bad input, with the
+  error named.
 """
 
 from __future__ import annotations
@@ -41,6 +50,7 @@ import numpy as np
 
 from trainscale.analysis.aggregate import CELL
 from trainscale.compare import card as ts_card
+from trainscale.plan.prices import CPU_KEY, Prices
 from trainscale.plan.runspec import OUT_OF_PATH
 
 SCHEMA_ID = "trainscale.compare/1"
@@ -165,6 +175,46 @@ def compare_cell(key: tuple, b: dict | None, n: dict | None, threshold: float, m
     return row
 
 
+def device_hour_price(p: dict, prices: Prices) -> tuple[float | None, str]:
+    """(the price of one of the point's devices for an hour, "") or (None, why there is none):
+    a cpu-core price × threads_per_worker on CPU."""
+    device = p.get("device")
+    if device is None:
+        return None, "the card records no device (made before cards did)"
+    key, why = prices.match(device["kind"], device["name"])
+    if key is None:
+        return None, why
+    threads = device.get("threads_per_worker") or 1
+    return prices.device_hour[key] * (threads if key == CPU_KEY else 1), ""
+
+
+def compare_cost(
+    row: dict, b: dict | None, n: dict | None, prices: Prices | None, threshold: float
+) -> dict:
+    """The cost ratio, its CI and verdict (the module docstring defines them) added to a
+    cell's row: from the throughput ratio, whose verdict must exist, and the two prices."""
+    row.update(cost_ratio=None, cost_ci_low=None, cost_ci_high=None, cost_verdict=None,
+               cost_reason="")  # fmt: skip
+    if prices is None:
+        return row
+    row["cost_verdict"] = "not comparable"
+    if row["ratio"] is None:
+        row["cost_reason"] = row["reason"]
+        return row
+    (pb, why_b), (pn, why_n) = device_hour_price(b, prices), device_hour_price(n, prices)
+    if pb is None or pn is None or pb == 0:
+        side, why = ("BASE", why_b) if pb is None else ("NEW", why_n)
+        row["cost_reason"] = f"no price in {side}: {why or 'its price is 0'}"
+        return row
+    # cost ∝ N · price / x, and N is the same on both sides of a cell
+    k = pn / pb
+    ratio, lo, hi = k / row["ratio"], k / row["ci_high"], k / row["ci_low"]
+    higher = {"slower": "cheaper", "faster": "dearer", "same": "same"}  # verdict's words for up
+    row.update(cost_ratio=ratio, cost_ci_low=lo, cost_ci_high=hi,
+               cost_verdict=higher[verdict(ratio, lo, hi, threshold)])  # fmt: skip
+    return row
+
+
 # --------------------------------------------------------------------------------------------
 # environment
 
@@ -217,16 +267,45 @@ def load(source: str | Path, side: str) -> dict:
         raise CompareError(f"{side} {e}") from None
 
 
+def prices_from(path: str | Path) -> Prices:
+    """The prices of a YAML file's `cost:` section (`--cost FILE`, e.g. a study config);
+    CompareError naming the file where there are none."""
+    import yaml
+
+    try:
+        config = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise CompareError(f"--cost {path}: {e}") from None
+    prices = Prices.from_config(config if isinstance(config, dict) else {})
+    if prices is None:
+        raise CompareError(
+            f"--cost {path}: no cost.device_hour prices in it (give e.g. "
+            f"`cost: {{device_hour: {{H100: 2.49, {CPU_KEY}: 0.04}}, currency: USD}}`)"
+        )
+    return prices
+
+
 def describe(card: dict) -> dict:
     runs = sum(p["runs"] for g in card["scaling"] for p in g["by_n"])
     return {"source": card["source"], "study": card["study"], "runs": runs}
 
 
-def compare(base: dict, new: dict, threshold: float = 0.05, method: str = "bootstrap") -> dict:
-    """The comparison of two cards, JSON-ready (the module docstring defines every figure)."""
+def compare(
+    base: dict,
+    new: dict,
+    threshold: float = 0.05,
+    method: str = "bootstrap",
+    prices: Prices | None = None,
+) -> dict:
+    """The comparison of two cards, JSON-ready (the module docstring defines every figure);
+    with `prices`, each cell's cost too."""
     cb, cn = cells_of(base), cells_of(new)
     keys = sorted(set(cb) | set(cn), key=lambda k: tuple(map(str, k)))
-    rows = [compare_cell(k, cb.get(k), cn.get(k), threshold, method) for k in keys]
+    rows = [
+        compare_cost(compare_cell(k, cb.get(k), cn.get(k), threshold, method), cb.get(k),
+                     cn.get(k), prices, threshold)
+        for k in keys
+    ]  # fmt: skip
     return finish(
         {
             "schema": SCHEMA_ID,
@@ -235,6 +314,7 @@ def compare(base: dict, new: dict, threshold: float = 0.05, method: str = "boots
             "new": describe(new),
             "threshold": threshold,
             "ci": method,
+            "currency": prices.currency if prices else None,
             "cells": rows,
             "environment": environment_diff(base, new),
             "failures": {"base": base["failures"], "new": new["failures"]},
@@ -247,7 +327,8 @@ def finish(result: dict) -> dict:
     counts = {v: sum(r["verdict"] == v for r in result["cells"]) for v in VERDICTS}
     result["counts"] = counts
     result["slower"] = [r["label"] for r in result["cells"] if r["verdict"] == "slower"]
-    failed = result.get("out_of_bounds", result["slower"])
+    result["dearer"] = [r["label"] for r in result["cells"] if r.get("cost_verdict") == "dearer"]
+    failed = result.get("out_of_bounds", result["slower"] + result["dearer"])
     result["exit_status"] = 1 if failed else 0
     return result
 

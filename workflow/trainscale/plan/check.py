@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from trainscale.data import imagecheck, names
-from trainscale.plan import catalog, hf_models, memory, own_models
+from trainscale.plan import catalog, hf_models, memory, own_models, prices
 from trainscale.plan.matrix import (
     CONFIG_SCHEMA,
     DEFAULT_SEQ_LEN,
@@ -174,6 +174,8 @@ def check_file(path: str | Path, base: Path | None = None, show_memory: bool = T
     try:
         gpus = visible_gpus() if accelerator == "cuda" else 0  # as the Snakefile plans
         runs, dropped = build_runs(config, accelerator, gpus or None)
+        if problem := prices.check(config, accelerator, prices.gpu_names() if gpus else []):
+            raise ConfigError(problem)
         if not show_memory:
             config["memory"] = {**config.get("memory", {}), "check": "off"}
         check = memory.resolve(config, accelerator, show=show_memory)

@@ -25,7 +25,7 @@ from trainscale.analysis import aggregate, predict
 from trainscale.analysis.aggregate import Study
 from trainscale.measure import collectives, metrics
 from trainscale.report import classes as report_classes
-from trainscale.report import rows
+from trainscale.report import cost_rows, rows
 from trainscale.report.rows import mib, pct, ratio, with_ci
 
 if TYPE_CHECKING:  # trainscale.report.figures imports matplotlib: only where figures are planned
@@ -115,11 +115,15 @@ def left_out(drawn: dict[str, Drawn]) -> list[str]:
     return out
 
 
-def figure_entries(figures_dir: Path | None, drawn: dict[str, Drawn]) -> list[dict]:
+def figure_entries(
+    figures_dir: Path | None, drawn: dict[str, Drawn], rank_by: str = "throughput"
+) -> list[dict]:
     """Every figure of figures.yaml that has something to show, with its PNG images embedded
     (PNG only: SVG files, when config `report.svg` writes them, stay beside the report), or
-    the note saying why a file is missing; figures with nothing to show are in `left_out`."""
+    the note saying why a file is missing; figures with nothing to show are in `left_out`.
+    The ranking's title follows config `report.rank_by`."""
     from trainscale.report.figures import FIGURES
+    from trainscale.report.figures.ranking import RANKED_BY_COST
 
     out = []
     for name, info in FIGURES.items():
@@ -128,7 +132,7 @@ def figure_entries(figures_dir: Path | None, drawn: dict[str, Drawn]) -> list[di
             continue
         entry = {
             "name": name,
-            "title": info["title"],
+            "title": RANKED_BY_COST if name == "ranking" and rank_by == "cost" else info["title"],
             "category": info["category"],
             "caption": _caption(name),
             "note": None,
@@ -161,7 +165,7 @@ def context(
     predictions are off; `tables` is `tables_context(study, config)` where already made."""
     return {
         **(tables if tables is not None else tables_context(study, config)),
-        "figures": figure_entries(Path(figures_dir) if figures_dir else None, drawn),
+        "figures": figure_entries(Path(figures_dir) if figures_dir else None, drawn, study.rank_by),
         "left_out": left_out(drawn),
         "predicted": predicted,
         "compared": compared,
@@ -199,6 +203,7 @@ def tables_context(study: Study, config: dict | None = None) -> dict:
         "communication": communication[: rows.MAX_CELLS],
         "communication_more": max(0, len(communication) - rows.MAX_CELLS),
         **report_classes.context(study),  # per_class, resources
+        "cost": cost_rows.context(study),
         "n_collectives": rows.n_measured_collectives(study),
         "failed_collectives": rows.failed_collective_rows(study),
         "failed": rows.failed_rows(study),

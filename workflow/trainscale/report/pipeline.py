@@ -16,14 +16,16 @@ from trainscale.analysis.study import Study
 from trainscale.report import html as report
 
 
-def read(runs_dir: str | Path, name: str | None = None, jobs: int = 1) -> Study:
+def read(
+    runs_dir: str | Path, name: str | None = None, jobs: int = 1, config: dict | None = None
+) -> Study:
     """The study of the metrics files under `runs_dir`, with the all-reduce benchmark where it
-    sits beside them (results/<study>/collectives)."""
+    sits beside them (results/<study>/collectives), at the prices and ranking of `config`."""
     paths = metrics_tables.metrics_paths(runs_dir)
     # unnamed runs in results/<study>/runs are named after <study>
     default = Path(runs_dir).resolve().parent.name if Path(runs_dir).name == "runs" else "study"
     found = sorted((Path(runs_dir).parent / "collectives").rglob("*.json"))
-    return Study.build(paths, name, jobs, default_name=default, collectives=found)
+    return Study.build(paths, name, jobs, default_name=default, collectives=found, config=config)
 
 
 def figures(
@@ -82,7 +84,7 @@ def build(
     `runs_dir`: the rules' steps in one process (`python -m trainscale.report`)."""
     from trainscale.report import predict_plot
 
-    study = read(runs_dir, name=name, jobs=jobs)
+    study = read(runs_dir, name=name, jobs=jobs, config=config)
     out = Path(out)
     fig_dir = out / "figures"
     csv, check_csv = out / "predictions.csv", out / "prediction_check.csv"

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from trainscale.report.figures import (  # noqa: F401
     accuracy,
+    cost,
     ranking,
     resources,
     scaling,

@@ -5,7 +5,9 @@ One panel per (model, dataset, N), wrapped two to a row: a horizontal dot plot o
 (`trainscale.analysis.ranking`) sorted by mean steady throughput, fastest on top, with 95% CI
 bars and the fastest's CI as a grey band, so a cell whose bar reaches the band is "not
 distinguishable" from it, as its mark says. MFU is a second, hollow dot per cell on the top
-axis. Rows are a fixed height, so 20 strategies stay as legible as 3.
+axis. Rows are a fixed height, so 20 strategies stay as legible as 3. Under config
+`report.rank_by: cost` the dots are each cell's cost per million tokens or samples, the
+cheapest on top, and the marks say how much dearer each cell is.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
-from matplotlib.ticker import EngFormatter, MaxNLocator
+from matplotlib.ticker import EngFormatter, FuncFormatter, MaxNLocator
 from matplotlib.transforms import blended_transform_factory
 
 from trainscale.analysis.aggregate import Study, human
@@ -31,6 +33,8 @@ WRAP = 2
 MARKS_LINE = 30
 #: Tick values on an axis at most: 5 stay apart at 3.3 inches, in engineering notation.
 TICKS = 5
+#: The figure's title under config `report.rank_by: cost` (figures.yaml has throughput's).
+RANKED_BY_COST = "Strategies ranked by cost per million tokens or samples"
 #: Cell keys that may tell two rows of one strategy apart (the rest are the panel's).
 CONFIG = ["batch_size", "batch_mode", "scale", "precision", "nodes", "seq_len",
           "activation_checkpointing", "offload"]  # fmt: skip
@@ -40,7 +44,11 @@ def _ranking(study: Study) -> pd.DataFrame | str:
     r = study.ranking
     if not len(study.scaling) or not (study.scaling["ok"] > 0).any():
         return "the study has no ok run"
-    return r if len(r) else "no ok run recorded a throughput"
+    if not len(r):
+        return "no ok run recorded a throughput"
+    if not r["value"].notna().any():  # report.rank_by: cost, and no cell priced
+        return "report.rank_by is cost, and no price of config cost.device_hour applies"
+    return r
 
 
 def marks(r) -> str:
@@ -48,9 +56,12 @@ def marks(r) -> str:
     if r.logical:
         words = ["logical devices, not ranked"]
     elif r.fastest:
-        words = ["fastest"]
+        words = ["cheapest" if r.ranked_by == "cost" else "fastest"]
+    elif pd.isna(r.value):
+        words = ["no price"]
     else:
-        words = [f"−{human(100 * r.behind, digits=2)} %"]
+        sign = "+" if r.ranked_by == "cost" else "−"
+        words = [f"{sign}{human(100 * r.behind, digits=2)} %"]
         if r.distinguishable is False:
             words.append("not distinguishable")
     if r.mark:
@@ -61,8 +72,9 @@ def marks(r) -> str:
 
 
 def _panel(sub: pd.DataFrame) -> pd.DataFrame:
-    """A panel's rows, fastest first, with their label and marks."""
-    sub = sub.sort_values("rate_mean", ascending=False, kind="stable").copy()
+    """A panel's rows, best first (as `trainscale.analysis.ranking` orders them), with their
+    label and marks."""
+    sub = sub.copy()
     # what tells a strategy's cells apart, named only where it has several (batch 64, 256)
     config = labels(sub, [k for k in CONFIG if k in sub], only_varying=True)
     several = sub["strategy"].duplicated(keep=False)
@@ -116,12 +128,15 @@ def draw_ranking(d: pd.DataFrame, kind: Kind) -> Figure:
         model, dataset, n = key
         pad = 22 if mfu else 6
         ax.set_title(f"{model} · {dataset} · {label('world_size', n)}", pad=pad, fontsize=9.5)
-    fig.suptitle(kind.title, x=0.1 / width, ha="left", y=1 - 0.08 / height, va="top", fontsize=11)
+    title = RANKED_BY_COST if d["ranked_by"].iloc[0] == "cost" else kind.title
+    fig.suptitle(title, x=0.1 / width, ha="left", y=1 - 0.08 / height, va="top", fontsize=11)
+    by_cost = d["ranked_by"].iloc[0] == "cost"
+    what, best = ("mean steady throughput", "fastest")
+    if by_cost:
+        what, best = "cost per million", "cheapest"
     handles = [
-        Line2D(
-            [], [], color="0.3", marker="o", linestyle="-", label="mean steady throughput, 95% CI"
-        ),
-        Patch(facecolor="0.88", edgecolor="none", label="the fastest's 95% CI"),
+        Line2D([], [], color="0.3", marker="o", linestyle="-", label=f"{what}, 95% CI"),
+        Patch(facecolor="0.88", edgecolor="none", label=f"the {best}'s 95% CI"),
     ]
     if mfu:
         handles.append(_dot("D", "none", "MFU (top axis)"))
@@ -151,13 +166,13 @@ def _draw_panel(ax, p: pd.DataFrame, colours: dict, mfu: bool) -> None:
     """One panel: dots with CI bars, the fastest's band, labels on the left, marks on the right,
     and MFU on a twin top axis."""
     y = np.arange(len(p))
-    x, ci = p["rate_mean"].to_numpy(float), p["rate_ci95"].to_numpy(float)
+    x, ci = p["value"].to_numpy(float), p["value_ci95"].to_numpy(float)
     ci = np.where(np.isfinite(ci), ci, 0.0)
     cols = np.array([colours[s] for s in p["strategy"]])
     top = p[p["fastest"]]
-    if len(top) and np.isfinite(top["rate_ci95"].iloc[0]):  # the band a tie would reach
+    if len(top) and np.isfinite(top["value_ci95"].iloc[0]):  # the band a tie would reach
         f = top.iloc[0]
-        ax.axvspan(f.rate_mean - f.rate_ci95, f.rate_mean + f.rate_ci95, color="0.88", lw=0)
+        ax.axvspan(f.value - f.value_ci95, f.value + f.value_ci95, color="0.88", lw=0)
     ax.hlines(y, x - ci, x + ci, colors=cols, linewidth=1.6, zorder=2)
     logical = p["logical"].to_numpy(bool)
     ax.scatter(x, y, s=34, c=cols, edgecolors=cols, linewidths=1.2, zorder=3)
@@ -177,9 +192,13 @@ def _draw_panel(ax, p: pd.DataFrame, colours: dict, mfu: bool) -> None:
         if fastest:
             tick.set_fontweight("bold")
     ax.set_xlim(0, float(np.nanmax(x + ci)) * 1.06 or 1.0)
-    ax.set_xlabel(p["unit"].iloc[0] + " (steady, all workers)")
+    by_cost = p["ranked_by"].iloc[0] == "cost"
+    ax.set_xlabel(p["value_unit"].iloc[0] + ("" if by_cost else " (steady, all workers)"))
     ax.xaxis.set_major_locator(MaxNLocator(TICKS))
-    ax.xaxis.set_major_formatter(EngFormatter(sep=" "))
+    # money in plain digits: engineering notation's "m" (milli) reads as million beside a price
+    ax.xaxis.set_major_formatter(
+        FuncFormatter(lambda v, _: human(v)) if by_cost else EngFormatter(sep=" ")
+    )
     ax.grid(axis="y", visible=False)
     beside = blended_transform_factory(ax.transAxes, ax.transData)
     for yi, text, fastest in zip(y, p["_marks"], p["fastest"], strict=True):

@@ -1,0 +1,99 @@
+"""What a device-hour costs (config `cost`), and which price applies to a device.
+
+A study's money figures (`cost_per_million` in scaling.csv, trainscale.analysis.cost) price
+each cell's device-hours. The price list is the user's: `cost: {device_hour: {H100: 2.49,
+cpu-core: 0.04}, currency: USD}`.
+
+- On CPU the key is `cpu-core`: a worker stands for a device, and its `threads_per_worker`
+  threads are priced as that many core-hours.
+- On a GPU the device is known from the records (`device.name`, e.g. "NVIDIA H100 80GB
+  HBM3"): a key applies when it is a case-insensitive substring of the name. A name that no
+  key or several keys match gets no price, and the report names it among its warnings.
+
+Before any job (`check`), a study whose prices cannot apply stops, naming `cost.device_hour`:
+a CPU study without `cpu-core`, or a GPU this machine has that no key (or several) matches.
+Where the planner sees no GPU (a SLURM login node), GPU names are checked in the report only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+#: The price key of a CPU core-hour.
+CPU_KEY = "cpu-core"
+
+
+@dataclass(frozen=True)
+class Prices:
+    """Config `cost`: the price of one device-hour by key, in `currency`."""
+
+    device_hour: Mapping[str, float] = field(default_factory=dict)
+    currency: str = "USD"
+
+    @classmethod
+    def from_config(cls, config: Mapping | None) -> Prices | None:
+        """The study's prices, or None where config `cost.device_hour` gives none."""
+        cost = (config or {}).get("cost") or {}
+        hourly = {str(k): float(v) for k, v in (cost.get("device_hour") or {}).items()}
+        return cls(hourly, str(cost.get("currency") or "USD")) if hourly else None
+
+    def match(self, kind: str | None, name: str | None) -> tuple[str | None, str]:
+        """(the key whose price applies to a device of `kind` ("cpu" or "cuda") named `name`,
+        "") or (None, why none applies)."""
+        if kind == "cpu":
+            if CPU_KEY in self.device_hour:
+                return CPU_KEY, ""
+            return None, f"cost.device_hour has no {CPU_KEY!r} price for CPU workers"
+        label = name or "an unnamed device"
+        keys = [k for k in self.device_hour if k != CPU_KEY and k.lower() in (name or "").lower()]
+        if len(keys) == 1:
+            return keys[0], ""
+        if not keys:
+            return None, f"no key of cost.device_hour matches the device {label!r}"
+        listed = ", ".join(repr(k) for k in sorted(keys))
+        return None, f"several keys of cost.device_hour match the device {label!r}: {listed}"
+
+
+def gpu_names(root: Path = Path("/proc/driver/nvidia/gpus")) -> list[str]:
+    """The model names of this host's NVIDIA GPUs, from the driver's /proc entries (as
+    `trainscale.plan.matrix.gpu_count` counts them, without importing CUDA)."""
+    names = set()
+    for info in sorted(root.glob("*/information")) if root.is_dir() else []:
+        for line in info.read_text(errors="replace").splitlines():
+            if line.startswith("Model:"):
+                names.add(line.split(":", 1)[1].strip())
+    return sorted(names)
+
+
+def check(config: Mapping, accelerator: str, gpus: list[str]) -> str | None:
+    """Why the study's prices cannot apply to what it runs on (None: they can, or none are
+    given), with the fix; `gpus` are this machine's GPU names (`gpu_names`)."""
+    prices = Prices.from_config(config)
+    rank_by = ((config.get("report") or {}).get("rank_by")) or "throughput"
+    if prices is None:
+        if rank_by == "cost":
+            return (
+                "report.rank_by: cost needs prices: give cost.device_hour (e.g. "
+                f"{{H100: 2.49, {CPU_KEY}: 0.04}}), or rank by throughput"
+            )
+        return None
+    given = ", ".join(sorted(prices.device_hour))
+    if accelerator == "cpu":
+        if CPU_KEY in prices.device_hour:
+            return None
+        return (
+            f"cost.device_hour ({given}) has no {CPU_KEY!r} price, and this study runs on CPU "
+            f"(accelerator: {config.get('accelerator', 'auto')}), where each worker's "
+            f"threads_per_worker threads are priced as {CPU_KEY} hours: add "
+            f"`{CPU_KEY}: <price of one core-hour>` to cost.device_hour, or remove cost"
+        )
+    problems = [why for name in gpus for key, why in [prices.match("cuda", name)] if key is None]
+    if problems:
+        return (
+            "; ".join(problems)
+            + f" (keys: {given}): name each GPU of the study by exactly one key, a "
+            "case-insensitive part of its name (e.g. H100 for 'NVIDIA H100 80GB HBM3')"
+        )
+    return None

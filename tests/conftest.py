@@ -254,12 +254,17 @@ def parallel_study(tmp_path_factory) -> dict:
 @pytest.fixture(scope="session")
 def tf_study(tmp_path_factory) -> dict[str, dict]:
     """`.test/tf.yaml` through Snakemake, for real, up to the tables tests/test_tf.py reads
-    (runs.csv, summary.txt): metrics records by strategy, and "_dir" (results, workdir and
-    Snakemake's output)."""
+    (runs.csv, summary.txt), with the test plug-in (tests/tap_plugin): metrics records by
+    strategy, and "_dir" (results, workdir, Snakemake's output and the plug-in's files)."""
+    import tap
+
     workdir = tmp_path_factory.mktemp("tf-study")
-    results, p = run_test_study(workdir, "tf", "runs.csv", "summary.txt")
+    taps = workdir / "tap"
+    env = run_env(**tap.env(taps))
+    results, p = run_test_study(workdir, "tf", "runs.csv", "summary.txt", env=env)
     recs = {rec["spec"]["strategy"]: rec for rec, _ in study_records(results)}
-    recs["_dir"] = {"results": results, "workdir": workdir, "output": p.stdout + p.stderr}
+    output = p.stdout + p.stderr
+    recs["_dir"] = {"results": results, "workdir": workdir, "output": output, "tap": taps}
     return recs
 
 
@@ -296,19 +301,29 @@ def elastic_keras_spec(workers: int, epochs: int):
 
 
 @pytest.fixture(scope="session")
-def elastic_keras_fixed(tmp_path_factory) -> dict[int, dict]:
-    """horovod-keras-elastic runs that keep their 1 and 2 workers throughout: records by
-    worker count (tests/test_horovod_keras_elastic.py, and the Keras family's in
-    tests/test_keras_loop.py)."""
+def elastic_keras_runs(tmp_path_factory) -> dict[int, tuple[dict, Path]]:
+    """horovod-keras-elastic runs that keep their 1 and 2 workers throughout, with the test
+    plug-in (tests/tap_plugin): (record, the plug-in's files) by worker count."""
     from trainscale.measure import metrics
 
-    recs = {}
+    import tap
+
+    runs = {}
     for workers in (1, 2):
-        out = tmp_path_factory.mktemp(f"elastic-keras-{workers}") / "metrics.json"
-        p = launch(elastic_keras_spec(workers, ELASTIC_KERAS_EPOCHS), out, timeout=300)
+        work = tmp_path_factory.mktemp(f"elastic-keras-{workers}")
+        out, taps = work / "metrics.json", work / "tap"
+        spec = elastic_keras_spec(workers, ELASTIC_KERAS_EPOCHS)
+        p = launch(spec, out, timeout=300, **tap.env(taps))
         assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-        recs[workers] = metrics.read(out)  # validated against the metrics schema
-    return recs
+        runs[workers] = metrics.read(out), taps  # validated against the metrics schema
+    return runs
+
+
+@pytest.fixture(scope="session")
+def elastic_keras_fixed(elastic_keras_runs) -> dict[int, dict]:
+    """The records of elastic_keras_runs by worker count (tests/test_horovod_keras_elastic.py,
+    and the Keras family's in tests/test_keras_loop.py)."""
+    return {workers: rec for workers, (rec, _) in elastic_keras_runs.items()}
 
 
 # On a node with CUDA every GPU path's test must run: tests/gpu_guard.py, as this suite's hooks.

@@ -121,6 +121,49 @@ def batches(tap: Path, kind: str = "samples") -> list[tuple[int, float, int]]:
     return sorted(rows, key=lambda x: x[1])
 
 
+def fed_per_epoch(tap: Path, strategy: str, workers: int) -> dict[int, list[int]]:
+    """The rows of every training batch the processes of the Keras run (`strategy`, `workers`)
+    fed, by the epoch they were fed in: each process's batches (`samples-<pid>.txt`) put in the
+    last epoch that process began before it (its `epochs-<strategy>-<workers>-<pid>.txt`). A
+    ParameterServerStrategy run's batches are noted by its chief, which schedules the steps."""
+    marks = sorted(tap.glob(f"epochs-{strategy}-{workers}-*.txt"))
+    assert marks, f"no epoch of {strategy} at {workers} recorded in {tap}: plug-in loaded?"
+    fed: dict[int, list[int]] = {}
+    for path in marks:
+        begins = sorted(
+            (float(t), int(e)) for _, t, e in map(str.split, path.read_text().splitlines())
+        )
+        pid = path.stem.rsplit("-", 1)[1]
+        for _, t, n in map(str.split, (tap / f"samples-{pid}.txt").read_text().splitlines()):
+            epochs = [e for b, e in begins if b <= float(t)]
+            assert epochs, f"{strategy}: a batch fed before the first epoch began ({path.name})"
+            fed.setdefault(epochs[-1], []).append(int(n))
+    return fed
+
+
+def assert_recorded_samples_were_fed(rec: dict, tap: Path) -> None:
+    """A Keras run's `epochs[].samples` against the batches its workers fed the model (every
+    call of the model's train_step, once per replica or worker step, with the rows it got):
+    per epoch, the recorded samples are the rows fed in that epoch, in batches of
+    per_worker_batch_size (one worker's share of the global batch; under ParameterServerStrategy
+    one worker step's)."""
+    spec = rec["spec"]
+    fed = fed_per_epoch(tap, spec["strategy"], spec["workers"])
+    epochs = rec["epochs"]
+    assert sorted(fed) == list(range(1, len(epochs) + 1)), (sorted(fed), len(epochs))
+    for i, e in enumerate(epochs, start=1):
+        rows = fed[i]
+        run = f"{spec['strategy']} at {spec['workers']} workers, epoch {i}"
+        assert {*rows} == {spec["per_worker_batch_size"]}, (
+            f"{run}: its workers fed batches of {sorted({*rows})} rows; the per-worker batch "
+            f"is {spec['per_worker_batch_size']}"
+        )
+        assert e["samples"] == sum(rows), (
+            f"{run}: recorded {e['samples']} samples; its workers fed {sum(rows)} in "
+            f"{len(rows)} batches"
+        )
+
+
 def assert_throughput_matches_the_work(rec: dict, tap: Path, feeds_per_step: int) -> None:
     """The record's samples and throughput against the batches the ranks really fed.
 

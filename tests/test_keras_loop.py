@@ -4,10 +4,13 @@ TensorFlow strategy writes the same metric keys, per-rank memory, utilisation an
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 
 from trainscale.measure.device_usage import CpuUsage, cpu_busy_percent
+
+import tap
 
 #: (strategy, workers, worker processes) of the family
 FAMILY = [
@@ -108,3 +111,31 @@ def test_every_keras_runner_records_per_rank_memory_utilisation_and_step_p95(fam
         assert sum(confusion[k][k] for k in range(10)) / 360 == test["accuracy"], strategy
         assert len(test["per_class_accuracy"]) == 10, strategy
         assert len(rec["env"]["rank_hosts"]) == processes
+
+
+def fed_run(request, strategy: str, workers: int) -> tuple[dict, Path]:
+    """(record, the test plug-in's files) of the session's Keras-loop run of `strategy` at
+    `workers`, from the study that ran it with the plug-in: no run of its own."""
+    if strategy.startswith("tf"):
+        study = request.getfixturevalue("tf_study")
+        return study[strategy], study["_dir"]["tap"]
+    if strategy == "horovod-keras":
+        study = request.getfixturevalue("horovod_study")
+        return study["recs"][strategy][0], study["tap"]
+    return request.getfixturevalue("elastic_keras_runs")[workers]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "strategy, workers",
+    [*((s, w) for s, w, _ in FAMILY), ("horovod-keras-elastic", 1)],
+)
+def test_every_keras_strategy_records_the_samples_its_workers_fed(request, strategy, workers):
+    """Each epoch's recorded samples are the rows the model's train_step got in that epoch,
+    over every replica and worker, each a per-worker batch (tap.assert_recorded_samples_were_fed;
+    tf-ps: tests/test_tf_ps.py and tests/test_seeds.py). Under ParameterServerStrategy the
+    two disagreed by 2× until the tf-ps fix: a check here makes any strategy's drift fail."""
+    rec, taps = fed_run(request, strategy, workers)
+    assert rec["status"] == "ok", rec["error"]
+    assert rec["spec"]["workers"] == workers
+    tap.assert_recorded_samples_were_fed(rec, taps)

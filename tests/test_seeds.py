@@ -9,7 +9,8 @@ import yaml
 
 from trainscale.measure import metrics
 
-from conftest import ROOT, snakemake
+import tap
+from conftest import ROOT, run_env, snakemake
 
 SEEDS = ROOT / ".test" / "seeds.yaml"
 
@@ -17,7 +18,9 @@ SEEDS = ROOT / ".test" / "seeds.yaml"
 @pytest.mark.slow
 def test_seed_study_through_snakemake(tmp_path):
     cfg = yaml.safe_load(SEEDS.read_text())
-    p = snakemake(tmp_path, "--cores", "2", "--configfile", str(SEEDS))
+    taps = tmp_path / "tap"  # the test plug-in: the batches every Keras run's workers fed
+    env = run_env(**tap.env(taps))
+    p = snakemake(tmp_path, "--cores", "2", "--configfile", str(SEEDS), env=env)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     study = tmp_path / "results" / cfg["study"]
     recs = [metrics.read(f) for f in sorted(study.glob("runs/**/metrics.json"))]
@@ -31,6 +34,8 @@ def test_seed_study_through_snakemake(tmp_path):
         assert rec["device"]["count"] == rec["spec"]["workers"]
         per_class = rec["test"]["per_class_accuracy"]
         assert len(per_class) == 10 and rec["test"]["class_names"] == [str(i) for i in range(10)]
+        if rec["spec"]["strategy"] != "lightning-ddp":  # tf-ps at 1 and 2, Keras elastic
+            tap.assert_recorded_samples_were_fed(rec, taps)
     page = (study / "report.html").read_text()
     assert 'id="per-class"' in page  # the per-class section, with the class names
     for s in strategies:

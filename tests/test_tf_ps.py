@@ -19,6 +19,7 @@ from trainscale.measure import metrics
 from trainscale.plan.matrix import build_runs
 from trainscale.plan.runspec import ConfigError
 
+import tap
 from conftest import PYTHON, base_config, launch, run_env, validated
 
 LOCAL = Environment(mode="local", python="/venv/bin/python")
@@ -330,11 +331,13 @@ def test_a_cluster_of_the_wrong_shape_is_refused_before_training(monkeypatch):
 @pytest.mark.slow
 @pytest.mark.parametrize("workers, ps", [(2, 2)])  # 1 worker, 1 server: .test/seeds.yaml
 def test_tf_ps_trains_digits_asynchronously(tmp_path, workers, ps):
-    """With 2 servers every variable is cut in 2 shards: the chief's evaluation joins them."""
+    """With 2 servers every variable is cut in 2 shards: the chief's evaluation joins them.
+    The samples each epoch records are those its worker steps trained (the test plug-in's
+    count of every train_step's rows, tap.assert_recorded_samples_were_fed)."""
     cfg = base_config(strategy=["tf-ps"], workers=[workers], batch_size=[64], scale=[4])
     s = build_runs(validated({**cfg, "epochs": 3, "ps_tasks": ps}), accelerator="cpu")[0][0]
-    out = tmp_path / "metrics.json"
-    p = launch(s, out, timeout=300)
+    out, taps = tmp_path / "metrics.json", tmp_path / "tap"
+    p = launch(s, out, timeout=300, **tap.env(taps))
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     rec = metrics.read(out)  # validated against the schema
     assert rec["status"] == "ok", rec["error"]
@@ -346,6 +349,7 @@ def test_tf_ps_trains_digits_asynchronously(tmp_path, workers, ps):
     steps = 1437 * 4 // 64  # whole global batches of the training set × scale
     assert [e["steps"] for e in rec["epochs"]] == [steps * workers] * 3  # worker steps
     assert [e["samples"] for e in rec["epochs"]] == [steps * 64] * 3  # the same samples
+    tap.assert_recorded_samples_were_fed(rec, taps)  # ... and what the workers trained
     assert rec["oversubscribed"] == (workers + ps + 1 > metrics.cpu_count())
     assert f"trainscale.launch.tfrun --nproc={workers} --ps={ps}" in rec["launch"]["command"]
 

@@ -9,6 +9,10 @@ TRAINSCALE_TEST_TAP=DIR, and every process of a run (each rank) writes into DIR
   process really fed: for PyTorch runners each call of `F.cross_entropy` that builds a graph
   (a training loss; evaluation runs under no_grad), for TensorFlow runners each call of the Keras
   model's `train_step` (once per replica and step, with that replica's share of the batch);
+- `epochs-<strategy>-<workers>-<pid>.txt`: for TensorFlow runners, one line `<rank> <unix seconds>
+  <epoch>` as each epoch of `model.fit` begins (the epoch numbered from 1; the file named after
+  the run's strategy and worker count from its `--spec`), so that every batch in `samples-<pid>.txt`
+  can be put in the epoch it was fed in, and each run of a study told apart;
 - with TRAINSCALE_SAVE_WEIGHTS=PATH: the final weights of a Keras run (`get_weights()` as
   `.npz`, once `model.fit` returns), at PATH from rank 0, or, where PATH holds `{rank}` (and
   `{strategy}`), from every rank at PATH formatted with its rank (and the run's strategy);
@@ -119,12 +123,38 @@ def _patch_models(mod) -> None:
     mod.build = build
 
 
-def _spec_strategy() -> str:
-    """The run's strategy, from the worker's command line (`--spec JSON`)."""
+def _spec() -> dict:
+    """The run's spec, from the worker's command line (`--spec JSON`); {} without one."""
     import json
 
     argv = sys.argv
-    return json.loads(argv[argv.index("--spec") + 1])["strategy"] if "--spec" in argv else ""
+    return json.loads(argv[argv.index("--spec") + 1]) if "--spec" in argv else {}
+
+
+def _spec_strategy() -> str:
+    """The run's strategy, from the worker's command line (`--spec JSON`)."""
+    return _spec().get("strategy", "")
+
+
+def _epoch_marks():
+    """A Keras callback that notes when each epoch begins (`epochs-*.txt`). It reads no logs
+    (`_supports_tf_logs`: Keras converts none for it, so a ParameterServerStrategy fit stays
+    asynchronous) and has no batch hook."""
+    import tf_keras as keras
+
+    spec = _spec()
+    name = f"epochs-{spec.get('strategy')}-{spec.get('workers')}-{os.getpid()}.txt"
+
+    class EpochMarks(keras.callbacks.Callback):
+        def __init__(self) -> None:
+            super().__init__()
+            self._supports_tf_logs = True
+
+        def on_epoch_begin(self, epoch, logs=None) -> None:
+            with open(os.path.join(TAP, name), "a") as f:
+                f.write(f"{_rank()} {time.time():.6f} {epoch + 1}\n")
+
+    return EpochMarks()
 
 
 def _save_final_weights(save) -> None:
@@ -160,6 +190,8 @@ def _patch_keras_models(mod) -> None:
         real_fit = model.fit
 
         def fit(*args, **kw):  # the weights training ended with, before any evaluation after
+            # (every runner passes its callbacks by keyword)
+            kw["callbacks"] = [*(kw.get("callbacks") or []), _epoch_marks()]
             history = real_fit(*args, **kw)
             _save_final_weights(lambda path: np.savez(path, *model.get_weights()))
             return history

@@ -23,6 +23,7 @@ from pathlib import Path
 import pandas as pd
 
 from trainscale.analysis.cells import CELL
+from trainscale.analysis.interval import within_variance
 from trainscale.measure import metrics
 from trainscale.plan.matrix import RunSpec
 
@@ -97,7 +98,12 @@ def _schema_types() -> dict[str, str]:
     """runs.csv column -> dtype, from the metrics schema's leaves and RunSpec's fields."""
     schema = metrics._schema()
     out: dict[str, str] = {"run": "str", "train_loss_last": "float64"}
-    out.update(predicted_peak_bytes="float64", memory_error="float64")
+    out.update(
+        predicted_peak_bytes="float64",
+        memory_error="float64",
+        within_run_var="float64",
+        within_run_blocks="float64",
+    )
 
     def walk(node: dict, prefix: str, required: bool) -> None:
         if "$ref" in node:
@@ -304,13 +310,16 @@ def memory_error(block: dict) -> tuple[int | None, float | None]:
 
 
 def runs_frame(records: list[dict]) -> pd.DataFrame:
-    """One flat row per run; the per-epoch list becomes `train_loss_last` and `epochs_done`."""
+    """One flat row per run; the per-epoch list becomes `train_loss_last`, `epochs_done` and
+    `within_run_var` and `within_run_blocks` (the variance of the log of its mean step time
+    from its steady epochs' batch means, and how many: trainscale.analysis.interval)."""
     rows = []
     for rec in records:
         epochs = rec["epochs"]
         flat = _flatten({k: v for k, v in rec.items() if k != "epochs"})
         flat["epochs_done"] = len(epochs)
         flat["train_loss_last"] = epochs[-1]["train_loss"] if epochs else None
+        flat["within_run_var"], flat["within_run_blocks"] = within_variance(epochs)
         flat["predicted_peak_bytes"], flat["memory_error"] = memory_error(rec["memory"])
         rows.append(flat)
     df = pd.DataFrame.from_records(rows) if rows else pd.DataFrame(columns=LEAD)

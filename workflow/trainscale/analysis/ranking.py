@@ -1,6 +1,8 @@
 """The ranking: per model, dataset and N, every cell with ok runs sorted by mean steady
-throughput, each compared with the fastest by their 95% confidence intervals (the definition is
-the bullet "ranking" in `trainscale.analysis.aggregate`'s docstring, quoted in Methods).
+throughput, each compared with the fastest by the 95% interval of their difference, and, where
+that cannot tell them apart, what would (the definitions are the bullets "ranking",
+"distinguishable" and "what would settle it" in `trainscale.analysis.aggregate`'s docstring,
+quoted in Methods; `trainscale.analysis.interval` computes them).
 
 Only ok runs count (a cell's means are over its ok runs; a cell without one has no throughput
 and is not in the ranking), so a status that is not ok is never ranked. Cells on logical CPU
@@ -15,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from trainscale.analysis.cells import rate
+from trainscale.analysis.settle import verdicts
 from trainscale.plan import catalog
 
 #: A ranking's facet: the cells compared with each other.
@@ -25,9 +28,11 @@ def ranking(scaling: pd.DataFrame) -> pd.DataFrame:
     """One row per cell with a mean throughput, grouped by GROUP, fastest first: `rate_mean` and
     `rate_ci95` in the data's `unit` (tokens/s on token data, else samples/s), `mfu_mean` and
     `mfu_ci95` where recorded, `rank` (1 = fastest; NaN for logical devices), `fastest`,
-    `distinguishable` (True: CIs disjoint from the fastest's; False: they overlap; None: the
-    fastest itself, a logical cell, or a CI missing), `logical`, `mark` (the catalog's
-    results_mark) and `oversubscribed`."""
+    `distinguishable` (True: the 95% interval of the log difference from the fastest excludes
+    0; False: it does not; None: the fastest itself, a logical cell, or an interval missing),
+    for a False its `repeats_needed`, `steps_factor_needed` and `settle` (the words: what would
+    settle it, or that the difference is below the harness's resolution), `interval_method`,
+    `logical`, `mark` (the catalog's results_mark) and `oversubscribed`."""
     cols = [*GROUP, "strategy", "rank", "rate_mean", "rate_ci95", "unit", "distinguishable"]
     s = scaling[scaling["throughput_mean"].notna()] if len(scaling) else scaling
     if not len(s):
@@ -51,12 +56,15 @@ def ranking(scaling: pd.DataFrame) -> pd.DataFrame:
     ranked = ~s["logical"]
     s["rank"] = ranked.groupby([s[k] for k in GROUP]).cumsum().where(ranked)
     s["fastest"] = s["rank"] == 1
-    top = s[s["fastest"]].set_index(GROUP)[["rate_mean", "rate_ci95"]]
-    ref = s[GROUP].merge(top, left_on=GROUP, right_index=True, how="left").set_index(s.index)
-    lo_fastest = ref["rate_mean"] - ref["rate_ci95"]
-    hi = s["rate_mean"] + s["rate_ci95"]
-    distinct = (lo_fastest > hi).astype(object)
-    distinct[lo_fastest.isna() | hi.isna() | s["fastest"] | s["logical"]] = None
-    s["distinguishable"] = distinct
+    top = s[s["fastest"]].set_index(GROUP)
+    ref = top.reindex(pd.MultiIndex.from_frame(s[GROUP])).set_index(s.index)
+    told = verdicts(ref, s)
+    unknown = s["fastest"] | s["logical"] | ref["rate_mean"].isna()
+    s["distinguishable"] = told["distinguishable"].where(~unknown, None)
+    for col in ("repeats_needed", "steps_factor_needed"):
+        s[col] = told[col].where(~unknown)
+    s["settle"] = told["settle"].where(~unknown, "")
+    if "interval_method" not in s:
+        s["interval_method"] = ""
     s["behind"] = 1 - s["rate_mean"] / ref["rate_mean"]
     return s.reset_index(drop=True)

@@ -21,13 +21,21 @@ import numpy as np
 import pandas as pd
 
 from trainscale.analysis import metrics_tables
-from trainscale.analysis.cells import CELL, METRICS, convergence_frame, fastest, scaling_frame
+from trainscale.analysis.cells import (
+    CELL,
+    METRICS,
+    PROPORTIONAL,
+    convergence_frame,
+    fastest,
+    scaling_frame,
+)
 from trainscale.analysis.comm_model import (
     COLLECTIVE_COLUMNS,
     COMM_COLUMNS,
     collectives_frame,
     communication_frame,
 )
+from trainscale.analysis.interval import CELL_COLUMNS
 from trainscale.analysis.metrics_tables import (
     CELL_TYPES,
     EPOCH_TYPES,
@@ -68,6 +76,9 @@ TYPES: dict[str, dict[str, str]] = {
         "per_worker_batch_size": "float64",
         "target_accuracy": "float64",
         **{f"{m}_{s}": "float64" for m in METRICS for s in ("mean", "std", "ci95")},
+        **{f"{m}_ci95_repeats": "float64" for m in PROPORTIONAL if m in METRICS},
+        **{c: "float64" for c in CELL_COLUMNS if c != "interval_method"},
+        "interval_method": "str",
     },
     "invalid": {"path": "str", "error": "str"},
     "collectives": {
@@ -84,7 +95,10 @@ TYPES: dict[str, dict[str, str]] = {
     },
 }
 #: Text columns where an empty string is a value ("no note"), not a missing one.
-FILLED = {"scaling": ("statuses", "baseline_note"), "communication": ("note", "exposed_method")}
+FILLED = {
+    "scaling": ("statuses", "baseline_note", "interval_method"),
+    "communication": ("note", "exposed_method"),
+}
 
 
 def _types(table: str, columns: Iterable[str]) -> dict[str, str]:

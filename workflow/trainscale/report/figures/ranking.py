@@ -3,9 +3,12 @@ each model, dataset and N, and by how much, at a glance.
 
 One panel per (model, dataset, N), wrapped two to a row: a horizontal dot plot of the cells
 (`trainscale.analysis.ranking`) sorted by mean steady throughput, fastest on top, with 95% CI
-bars and the fastest's CI as a grey band, so a cell whose bar reaches the band is "not
-distinguishable" from it, as its mark says. MFU is a second, hollow dot per cell on the top
-axis. Rows are a fixed height, so 20 strategies stay as legible as 3.
+bars (from steps and repeats; over repeats only where the records lack step times, and marked)
+and the fastest's CI as a grey band. The mark "not distinguishable" follows the pairwise
+verdict (the 95% interval of the difference from the fastest), not the bars' overlap: two bars
+may overlap and the cells still be told apart. Beside it, what would settle the tie. MFU is a
+second, hollow dot per cell on the top axis. Rows are a fixed height, so 20 strategies stay as
+legible as 3.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from matplotlib.ticker import EngFormatter, MaxNLocator
 from matplotlib.transforms import blended_transform_factory
 
 from trainscale.analysis.aggregate import Study, human
+from trainscale.analysis.interval import REPEATS
+from trainscale.analysis.settle import short
 from trainscale.report.figures.registry import Kind, figure
 from trainscale.report.figures.style import label, labels, palette
 
@@ -53,6 +58,10 @@ def marks(r) -> str:
         words = [f"−{human(100 * r.behind, digits=2)} %"]
         if r.distinguishable is False:
             words.append("not distinguishable")
+            if getattr(r, "settle", ""):
+                words.append(short(r.settle))
+    if getattr(r, "interval_method", "") == REPEATS:
+        words.append("CI: repeats only")
     if r.mark:
         words.append(r.mark)
     if r.oversubscribed:
@@ -119,7 +128,12 @@ def draw_ranking(d: pd.DataFrame, kind: Kind) -> Figure:
     fig.suptitle(kind.title, x=0.1 / width, ha="left", y=1 - 0.08 / height, va="top", fontsize=11)
     handles = [
         Line2D(
-            [], [], color="0.3", marker="o", linestyle="-", label="mean steady throughput, 95% CI"
+            [],
+            [],
+            color="0.3",
+            marker="o",
+            linestyle="-",
+            label="mean steady throughput, 95% CI (steps and repeats)",
         ),
         Patch(facecolor="0.88", edgecolor="none", label="the fastest's 95% CI"),
     ]

@@ -293,3 +293,64 @@ def test_repeats_needed_is_the_fewest_that_reach_80_percent_power():
     assert settle.steps_factor(d, quiet, quiet) == 3  # within-run error dominates: steps can
     assert settle.settle_text(6.0, None, True).endswith("run-to-run spread dominates")
     assert settle.short(settle.settle_text(6.0, 3.0, True)) == "6 repeats would settle it"
+
+
+# --------------------------------------------------------------------------------------------
+# trainscale compare: the same interval
+
+
+def folder_of(tmp_path, slow: float, spread: float | None) -> list:
+    """4 cells × 2 repeats 2 % apart; torch-ddp's runs `slow`× as long."""
+    paths = []
+    for i, strategy in enumerate(("torch-ddp", "torch-fsdp", "horovod-torch", "lightning-ddp")):
+        for r, jitter in enumerate((1.0, 1.02)):
+            spec = spec_for(strategy, 2, repeat=r)
+            t = (1 + 0.1 * i) * jitter * (slow if i == 0 else 1.0)
+            paths.append(write(tmp_path, spec, with_blocks(ok_record(spec, [t, t]), spread)))
+    return paths
+
+
+def card_of(tmp_path, slow: float, spread: float | None) -> dict:
+    from trainscale.compare import card
+
+    return card.from_files(folder_of(tmp_path, slow, spread), [], str(tmp_path), "s")
+
+
+def test_compare_uses_the_interval_from_steps_and_repeats(tmp_path):
+    from scipy.special import stdtrit
+
+    from trainscale.compare import verdicts
+
+    base, new = card_of(tmp_path / "base", 1.0, 0.01), card_of(tmp_path / "new", 1.08, 0.01)
+    rows = {r["cell"]["strategy"]: r for r in verdicts.compare(base, new)["cells"]}
+    ddp = rows["torch-ddp"]
+    assert ddp["ci"] == "steps" and verdicts.FALLBACK not in ddp["notes"]
+    assert ddp["ratio"] == pytest.approx(1 / 1.08) and ddp["verdict"] == "slower"
+    b, n = (verdicts.model_of(p) for c in (base, new)
+            for k, p in verdicts.cells_of(c).items() if k[0] == "torch-ddp")  # fmt: skip
+    assert b[2] > 3 and n[2] > 3  # pooled over the study's cells, not 1 df
+    var = b[1] + n[1]
+    nu = math.floor(var**2 / (b[1] ** 2 / b[2] + n[1] ** 2 / n[2]))
+    high = math.exp(n[0] - b[0] + stdtrit(nu, 0.975) * math.sqrt(var))
+    assert ddp["ci_high"] == pytest.approx(high)
+    assert rows["torch-fsdp"]["verdict"] == "same" and rows["torch-fsdp"]["ratio"] == pytest.approx(
+        1
+    )
+    assert verdicts.compare(base, new, method="welch")["cells"][0]["ci"] == "welch"
+
+
+def test_compare_of_old_records_falls_back_to_the_bootstrap_and_says_so(tmp_path):
+    from trainscale.compare import card, verdicts
+
+    base, new = card_of(tmp_path / "base", 1.0, None), card_of(tmp_path / "new", 1.08, None)
+    point = new["scaling"][0]["by_n"][0]["throughput"]
+    assert point["interval"] == interval.REPEATS and point["log_var"] is not None
+    rows = {r["cell"]["strategy"]: r for r in verdicts.compare(base, new)["cells"]}
+    assert (
+        rows["torch-ddp"]["ci"] == "bootstrap" and verdicts.FALLBACK in rows["torch-ddp"]["notes"]
+    )
+    assert rows["torch-ddp"]["verdict"] == "slower"  # every NEW repeat below every BASE one
+    old = {k: v for k, v in point.items() if k not in ("interval", "log_mean", "log_var", "df")}
+    new["scaling"][0]["by_n"][0]["throughput"] = old  # a card made before the fields
+    card.validate(new)
+    assert verdicts.model_of(new["scaling"][0]["by_n"][0]) is None

@@ -1,12 +1,11 @@
-"""A cell's 95% confidence interval from steps and repeats, and the verdict between two cells.
+"""A cell's 95% confidence interval of throughput from steps and repeats.
 
-The definitions (model, assumptions, the pairwise verdict and what would settle a tie) are the
-bullets "confidence interval", "distinguishable" and "what would settle it" of
-`trainscale.analysis.aggregate`'s docstring, the report's Methods; this module computes them,
-once, for scaling.csv (`trainscale.analysis.cells`), the ranking and summary, and `trainscale
-compare`. `fit` works on arrays with any leading axes, so the coverage test
-(tests/test_interval.py) runs thousands of simulated studies through the same code a report
-runs its one study through.
+The definition (model and assumptions) is the bullet "confidence interval" of
+`trainscale.analysis.aggregate`'s docstring, the report's Methods; this module computes it, once,
+for scaling.csv (`trainscale.analysis.cells`), and through it for the ranking, the summary and
+`trainscale compare`; `trainscale.analysis.settle` decides between two cells with it. `fit`
+works on arrays with any leading axes, so the coverage test (tests/test_interval.py) runs
+thousands of simulated studies through the same code a report runs its one study through.
 
 Student's t quantiles are computed here without scipy (a third of a second of every report for
 a handful of quantiles).
@@ -63,13 +62,49 @@ def _t_df(df: int, central: float) -> float:
     return (lo + hi) / 2
 
 
+#: From this many degrees of freedom on, a quantile comes from its expansion in 1/df (whose
+#: error there is below 1e-13; the closed form's terms grow with df).
+EXPANSION_FROM = 500
+
+
+@functools.cache
+def _z(central: float) -> float:
+    """The standard normal z at which P(|Z| ≤ z) = `central`, by bisection on erf."""
+    lo, hi = 0.0, 10.0
+    while hi - lo > 1e-15 * hi:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if math.erf(mid / math.sqrt(2)) < central else (lo, mid)
+    return (lo + hi) / 2
+
+
+def _t_expansion(df: float, central: float) -> float:
+    """t by its expansion about z in powers of 1/df (Abramowitz & Stegun 26.7.5)."""
+    z = _z(central)
+    g = [
+        (z**3 + z) / 4,
+        (5 * z**5 + 16 * z**3 + 3 * z) / 96,
+        (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / 384,
+        (79 * z**9 + 776 * z**7 + 1482 * z**5 - 1920 * z**3 - 945 * z) / 92160,
+    ]
+    return z + sum(gi / df ** (i + 1) for i, gi in enumerate(g))
+
+
+def t_scalar(df: float, q: float = 0.975) -> float:
+    """Student's t(q, df) for q > 0.5 of one df, floored to an integer (NaN below 1)."""
+    df = math.floor(df) if math.isfinite(df) else math.nan
+    if not df >= 1:
+        return math.nan
+    central = 2 * q - 1
+    return _t_df(int(df), central) if df < EXPANSION_FROM else _t_expansion(df, central)
+
+
 def t_quantile(df: np.ndarray | float, q: float = 0.975) -> np.ndarray | float:
     """Student's t(q, df) for q > 0.5, df floored to an integer (NaN where df < 1): the floor
     errs wide, as a Satterthwaite df calls for."""
     df = np.floor(np.asarray(df, dtype=float))
     out = np.full(df.shape, np.nan)
     ok = df >= 1
-    values = {v: _t_df(int(v), 2 * q - 1) for v in np.unique(df[ok])}
+    values = {v: t_scalar(v, q) for v in np.unique(df[ok])}
     out[ok] = [values[v] for v in df[ok]]
     return out if out.ndim else float(out)
 

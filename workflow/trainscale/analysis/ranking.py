@@ -2,7 +2,7 @@
 throughput, each compared with the fastest by the 95% interval of their difference, and, where
 that cannot tell them apart, what would (the definitions are the bullets "ranking",
 "distinguishable" and "what would settle it" in `trainscale.analysis.aggregate`'s docstring,
-quoted in Methods; `trainscale.analysis.interval` computes them).
+quoted in Methods; `trainscale.analysis.settle` decides them).
 
 Only ok runs count (a cell's means are over its ok runs; a cell without one has no throughput
 and is not in the ranking), so a status that is not ok is never ranked. Cells on logical CPU

@@ -14,7 +14,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from trainscale.analysis.interval import CELL_COLUMNS, STEPS, combined, t_quantile
+from trainscale.analysis.interval import CELL_COLUMNS, STEPS, combined, t_quantile, t_scalar
 
 #: Below this relative difference a pair is within the harness's resolution.
 RESOLUTION = 0.01
@@ -100,7 +100,7 @@ def pair_variance(a: dict, b: dict, model: np.ndarray) -> tuple[np.ndarray, np.n
 def _needs(df: float) -> float:
     """t(0.975, df) + t(POWER, df): the separation, in standard errors, at which a true
     difference is told apart at 95% in POWER of studies."""
-    return t_quantile(df) + t_quantile(df, POWER)
+    return t_scalar(df) + t_scalar(df, POWER)
 
 
 def repeats_needed(d: float, a: dict, b: dict, model: bool) -> float:
@@ -108,9 +108,11 @@ def repeats_needed(d: float, a: dict, b: dict, model: bool) -> float:
     studies: (t(0.975, ν) + t(0.80, ν)) · √Var(n) ≤ d, the variances as observed. In the
     model Var(n) is the pair's at n runs a cell, the pooled df that of the pool's cells with n
     runs each and each w̄'s df n/n_now as many; outside it (u_a + u_b)/n, u a cell's per-run
-    variance n · Var(ȳ), with 2(n − 1) df. NaN beyond MAX_REPEATS."""
+    variance n · Var(ȳ), with 2(n − 1) df. NaN beyond MAX_REPEATS. Var(n) falls and the df
+    grow with n, so the first n that does is found by bisection."""
     na, nb = a["throughput_n"], b["throughput_n"]
-    for n in range(2, MAX_REPEATS + 1):
+
+    def met(n: int) -> bool:
         if model:
             var, df = combined(
                 2 / n,
@@ -123,9 +125,15 @@ def repeats_needed(d: float, a: dict, b: dict, model: bool) -> float:
         else:
             var = (a["throughput_log_var"] * na + b["throughput_log_var"] * nb) / n
             df = 2.0 * (n - 1)
-        if _needs(float(df)) * math.sqrt(var) <= d:
-            return float(n)
-    return math.nan
+        return bool(_needs(float(df)) * math.sqrt(var) <= d)
+
+    if not met(MAX_REPEATS):
+        return math.nan
+    lo, hi = 1, MAX_REPEATS  # met(hi); not met(lo), as one repeat has no df
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if met(mid) else (mid, hi)
+    return float(hi)
 
 
 def steps_factor(d: float, a: dict, b: dict) -> float | None:

@@ -3,7 +3,7 @@ import json
 import numpy as np
 import pytest
 
-from trainscale.measure import metrics
+from trainscale.measure import metrics, steptimes
 from trainscale.plan.matrix import build_runs
 
 from conftest import base_config
@@ -69,8 +69,29 @@ def test_derived_figures_by_hand():
 @pytest.mark.parametrize("q", [0, 25, 50, 95, 100])
 def test_percentile_matches_numpy(q):
     xs = [0.3, 0.1, 0.2, 0.9, 0.4, 0.11]
-    assert metrics.percentile(xs, q) == pytest.approx(np.percentile(xs, q))
-    assert metrics.percentile([], q) is None
+    assert steptimes.percentile(xs, q) == pytest.approx(np.percentile(xs, q))
+    assert steptimes.percentile([], q) is None
+
+
+@pytest.mark.parametrize("steps", [1, 5, 8, 9, 22, 89])
+def test_batch_means_cover_every_step_in_blocks_a_step_apart_at_most(steps):
+    xs = [0.1 + 0.01 * (i % 7) for i in range(steps)]
+    bounds = steptimes.block_bounds(steps)
+    sizes = np.diff(bounds)
+    assert bounds[0] == 0 and bounds[-1] == steps  # every step in one block
+    assert len(sizes) == min(steps, steptimes.BLOCKS) and sizes.max() - sizes.min() <= 1
+    means = steptimes.batch_means(xs)
+    expected = [np.mean(xs[i:j]) for i, j in zip(bounds, bounds[1:], strict=False)]
+    assert means == pytest.approx(expected)
+    assert steptimes.batch_means([]) is None
+
+
+def test_every_epoch_records_its_batch_means_and_tf_ps_none():
+    rec = metrics.Recorder(spec_dict())
+    e = rec.epoch(2.2, samples=1000, steps=22, train_loss=1.0, step_seconds=[0.1] * 22)
+    assert e["step_batch_means"] == pytest.approx([0.1] * 8)
+    ps = rec.epoch(1.0, samples=10, steps=1, train_loss=1.0, step_seconds=[])
+    assert ps["step_batch_means"] is None and ps["step_seconds_p50"] is None
 
 
 def test_ok_record_validates_and_failed_needs_error(tmp_path):

@@ -11,7 +11,47 @@ once (in `trainscale.analysis.cells` and, for communication.csv, `trainscale.ana
 - statistics over repeats: mean, sample standard deviation (n − 1) and the 95% confidence
   interval mean ± t(0.975, n − 1) · std / √n (Student's t) of each metric over the cell's ok
   runs that have it (failed, oom, timeout and diverged runs are counted, never averaged); with
-  one such run the std and CI are empty.
+  one such run the std and CI are empty. Throughput's CI is the next bullet's; its Student's t
+  interval stays in `throughput_ci95_repeats` and its std in `throughput_std`.
+- confidence interval (of throughput, `throughput_ci95`, from steps and repeats): a two-level
+  random-effects model of y = ln X of run r of cell c, y_cr = μ_c + a_cr + e_cr: a_cr the
+  run's own level (a fresh process, placement, a busy neighbour), variance σ_a², and e_cr the
+  sampling error of the run's mean step time, variance w_cr = var(b) / (k · mean(b)²) (the
+  delta method) from the k batch means b of its steady epochs (`step_batch_means`, up to 8
+  blocks of consecutive steps an epoch: consecutive steps are correlated, so they are batched,
+  not treated as independent). Assumptions: the runs of one study share a machine, so σ_a² is
+  one relative spread common to its cells, and is pooled over them: s² = Σ_c Σ_r (y_cr −
+  ȳ_c)² / ν, ν = Σ_c (n_c − 1), and σ_a² = max(0, s² − Σ_c (n_c − 1) w̄_c / ν), what the batch
+  means do not account for; w̄_c is the mean of the cell's w_cr; the a and e are independent
+  and normal on the log scale. Then Var(ȳ_c) = (σ_a² + w̄_c) / n_c with Satterthwaite's
+  degrees of freedom ν_c = Var² / ((s²/n_c)² / ν + (w̄_c/n_c)² / Σ_r (k_r − 1)), floored, and
+  the interval is exp(ȳ_c ± h), h = t(0.975, ν_c) · √Var(ȳ_c); the table gives it as the
+  half-width x̄ · (e^h − 1), the wider side, about the mean x̄ (`interval_df` = ν_c,
+  `between_run_var` = σ_a², `within_run_var` = w̄_c, `pooled_run_var` = s², `pooled_df` = ν,
+  `interval_pool` the cells pooled, `throughput_log_mean` = ȳ_c, `throughput_log_var` =
+  Var(ȳ_c)). A cell of one run gets an interval from the pooled σ_a² too. Every figure that is
+  a fixed multiple of throughput or of its inverse within a cell (throughput per worker,
+  tokens/s) takes the same relative half-width. Cells whose records lack batch means (made
+  before them; tf-ps, whose runs see no step times) stay out of the pool and keep Student's t
+  over their repeats, `interval_method` "repeats only (records without step times)"; the
+  others say "steps and repeats". Anchors: Horovod's synthetic benchmark and tf_cnn_benchmarks
+  report mean ± 1.96σ over the iterations of one run (the within-run part alone); MLPerf
+  repeats whole runs (the between-run part); the model uses both.
+- distinguishable: two cells of a study are told apart at 95% when the 95% interval of their
+  log difference, ȳ_f − ȳ_o ± t(0.975, ν) · √(Var(ȳ_f) + Var(ȳ_o)), excludes 0; ν is
+  Satterthwaite's with the one σ_a² estimate both share ((1/n_f + 1/n_o) · s² with ν df, and
+  each w̄ / n with its own), or Welch–Satterthwaite's where a cell is outside the model. This
+  is not the same as the two cells' intervals being disjoint, which would be far more
+  conservative: two intervals may overlap and the cells still be told apart.
+- what would settle it: for a pair not told apart whose observed difference |d| is 1 % or more
+  (below 1 %: "below the harness's resolution (< 1 %)"), the fewest repeats per cell n at
+  which a true difference of |d| would be told apart in 80 % of studies, (t(0.975, ν_n) +
+  t(0.80, ν_n)) · √Var_n ≤ |d| with the variances as observed (Var_n the pair's at n runs a
+  cell, ν_n with the pooled df of the pool's cells at n runs each; 2(n − 1) df outside the
+  model), up to 100; and in the model the fewest times m as many steady steps per run (each
+  w̄ / m, s² as σ_a² + (s² − σ_a²) / m) that would do it at today's repeats, up to 100×, or
+  "more steps cannot: run-to-run spread dominates" where σ_a² alone prevents it
+  (`repeats_needed`, `steps_factor_needed`, `settle`; trainscale.analysis.settle).
 - first-epoch overhead: first_epoch_seconds − steady_epoch_seconds of each run (what epoch 1's
   warm-up costs), then averaged like any other metric.
 - baseline X(1), t1: the cell with the same strategy, model, dataset, scale, batch_size,
@@ -50,17 +90,21 @@ once (in `trainscale.analysis.cells` and, for communication.csv, `trainscale.ana
   matrix multiply timed on the host ("measured peak"); for a GPT the count is also given by
   PaLM's analytic 6·N + 12·L·H·Q·T per token (trainscale.measure.flops defines each).
 - fastest: per model, dataset and N, the cell with the highest mean throughput; the runner-up
-  is the best cell of another strategy, and `distinct` says whether their 95% CIs are disjoint.
+  is the best cell of another strategy, `distinct` says whether the two are distinguishable,
+  and `settle` what would settle it where they are not.
   Cells on logical CPU devices (`device.logical`) are never ranked: a code-path check. Predicted
   throughput (predictions.csv) is never ranked either.
 - ranking: the report's first figure, strategies ranked by throughput. Per model, dataset
   and N, every cell with an ok run, sorted by mean steady throughput (tokens/s on token data),
-  fastest first. A cell is "not distinguishable" from the fastest when their 95% CIs overlap
-  (x_f − ci_f ≤ x + ci), else it is slower beyond doubt; "behind" is 1 − x / x_f. Logical CPU
-  devices are shown, not ranked (as in `fastest`); tf-ps carries its mark, asynchronous
-  (trainscale.analysis.ranking).
+  fastest first, with its 95% CI. A cell is "not distinguishable" from the fastest when the
+  pair is not (the bullet "distinguishable"), with what would settle it, else it is slower
+  beyond doubt; "behind" is 1 − x / x_f. A scaling table made before the model's columns
+  keeps the rule it had: not distinguishable when the two CIs overlap (x_f − ci_f ≤ x + ci).
+  Logical CPU devices are shown, not ranked (as in `fastest`); tf-ps carries its mark,
+  asynchronous (trainscale.analysis.ranking).
   With config `report.rank_by: cost` the same figure ranks cost per million instead, the
-  cheapest first: a cell is not distinguishable when x_c + ci_c ≥ x − ci, and "dearer" is
+  cheapest first, by the same pairwise verdict (a run's cost is its cell's price times
+  N / (x · u), so −log cost is log throughput shifted by the log price), and "dearer" is
   x / x_c − 1.
 - device-hours per million (device_hours_per_million): N × 10⁶ / (X · u) / 3600 per run,
   X the steady throughput (samples/s, all workers) and u the units in a sample (seq_len tokens

@@ -4,7 +4,6 @@ model and N. Every formula is stated once, in `trainscale.analysis.aggregate`'s 
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Sequence
 
@@ -12,6 +11,8 @@ import numpy as np
 import pandas as pd
 
 from trainscale.analysis import cost
+from trainscale.analysis.interval import STEPS, cell_intervals, t975
+from trainscale.analysis.settle import verdicts
 from trainscale.measure.datawait import INPUT_BOUND_SHARE
 from trainscale.plan.matrix import MATRIX_KEYS
 from trainscale.plan.prices import Prices
@@ -43,45 +44,12 @@ METRICS = {
     # per run from its record (trainscale.analysis.cost), so records of any age get them
     **{name: name for name in cost.FIGURES},
 }
-
-
-def t975(n: np.ndarray | pd.Series | int) -> np.ndarray | float:
-    """Student's t quantile t(0.975, n − 1) for samples of size n (NaN where n < 2)."""
-    n = np.asarray(n, dtype=float)
-    out = np.full(n.shape, np.nan)
-    ok = n >= 2
-    sizes = n[ok]
-    quantiles = {v: _t975_df(int(v) - 1) for v in np.unique(sizes)}
-    out[ok] = [quantiles[v] for v in sizes]
-    return out if out.ndim else float(out)
-
-
-@functools.cache
-def _t975_df(df: int) -> float:
-    """t(0.975, df) for integer df ≥ 1: the t at which P(|T| ≤ t) = 0.95, by bisection on that
-    probability's closed form for integer degrees of freedom (Abramowitz & Stegun 26.7.3-4),
-    instead of importing scipy (a third of a second of every report) for one quantile."""
-
-    def central(t: float) -> float:  # P(|T| <= t), T ~ Student's t with df degrees of freedom
-        theta = math.atan(t / math.sqrt(df))
-        c2 = math.cos(theta) ** 2
-        total, term = 1.0, 1.0
-        if df % 2:  # odd: (2/π)(θ + sinθ cosθ Σ_k a_k cos^2k θ), a_k = a_k-1 · 2k/(2k+1)
-            for k in range(1, (df - 1) // 2):
-                term *= c2 * (2 * k) / (2 * k + 1)
-                total += term
-            sums = math.sin(theta) * math.cos(theta) * total if df > 1 else 0.0
-            return 2 / math.pi * (theta + sums)
-        for k in range(1, df // 2):  # even: sinθ Σ_k b_k cos^2k θ, b_k = b_k-1 · (2k-1)/2k
-            term *= c2 * (2 * k - 1) / (2 * k)
-            total += term
-        return math.sin(theta) * total
-
-    lo, hi = 0.0, 20.0  # t(0.975, 1) = 12.7
-    while hi - lo > 1e-13 * hi:
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if central(mid) < 0.95 else (lo, mid)
-    return (lo + hi) / 2
+#: Metrics that are, run by run, a fixed multiple of the run's throughput or of its inverse
+#: within a cell (the same samples per epoch, world size, seq_len and price): their 95% CI is
+#: the throughput's relative half-width (trainscale.analysis.interval) times their mean, where
+#: the cell's interval uses steps and repeats. Those a table lacks are passed over.
+PROPORTIONAL = ("throughput", "throughput_per_worker", "tokens_per_second",
+                "device_hours_per_million", "cost_per_million")  # fmt: skip
 
 
 def ci95(values: Sequence[float]) -> tuple[float, float, float]:
@@ -125,6 +93,8 @@ def _cells_of(runs: pd.DataFrame) -> pd.DataFrame:
     d["predicted_method"] = runs.get("memory.predicted.method", pd.Series(None, runs.index))
     for col in ("price_key", "price_note", "currency"):
         d[col] = runs[col]
+    for col in ("within_run_var", "within_run_blocks"):  # NaN in tables made before them
+        d[col] = pd.to_numeric(runs.get(col, pd.Series(np.nan, runs.index)), errors="coerce")
     for name, col in METRICS.items():
         if col is None:
             v = pd.to_numeric(runs["first_epoch_seconds"], errors="coerce") - pd.to_numeric(
@@ -173,9 +143,22 @@ def scaling_frame(runs: pd.DataFrame, prices: Prices | None = None) -> pd.DataFr
         out[f"{name}_ci95"] = t975(n.to_numpy()) * std / np.sqrt(n.where(n > 0))
     for name in cost.FIGURES:  # the cell's figure, by the name docs/metrics.md defines
         out[name] = out[f"{name}_mean"]
-    out = out.reset_index()
+    out = _with_intervals(out, cell_intervals(d, CELL)).reset_index()
     out["input_bound"] = out["data_wait_share_mean"] > INPUT_BOUND_SHARE  # NaN (unknown): False
     out = _with_baselines(out)
+    return out
+
+
+def _with_intervals(out: pd.DataFrame, intervals: pd.DataFrame) -> pd.DataFrame:
+    """The cells' model columns, and the CI of each PROPORTIONAL metric by the model where the
+    cell has it (its Student's t interval over repeats kept as `<metric>_ci95_repeats`)."""
+    out = out.join(intervals.drop(columns="ci95_rel"))
+    model = intervals["interval_method"] == STEPS
+    for name in PROPORTIONAL:
+        if f"{name}_mean" in out:
+            out[f"{name}_ci95_repeats"] = out[f"{name}_ci95"]
+            by_model = out[f"{name}_mean"] * intervals["ci95_rel"]
+            out[f"{name}_ci95"] = by_model.where(model, out[f"{name}_ci95"])
     return out
 
 
@@ -295,23 +278,25 @@ def fastest(scaling: pd.DataFrame) -> pd.DataFrame:
     if not len(s):
         return pd.DataFrame(columns=[*cols, "strategy"])
     s = s.sort_values([*cols, "throughput_mean"], ascending=[True] * 3 + [False], kind="stable")
-    # MFU is absent from a scaling table made before records counted FLOPs
-    win = s.drop_duplicates(cols)[[*cols, *(c for c in _WINNER if c in s.columns)]]
+    s = s.reset_index(drop=True)
+    first = ~s.duplicated(cols)
     # the runner-up: the best cell of another strategy in the same group
-    others = s.merge(win[[*cols, "strategy"]], on=cols, suffixes=("", "_win"))
-    others = others[others["strategy"] != others["strategy_win"]].drop_duplicates(cols)
-    others = others[[*cols, "strategy", "throughput_mean", "throughput_ci95"]].rename(
-        columns={
-            "strategy": "runner_up",
-            "throughput_mean": "runner_up_throughput",
-            "throughput_ci95": "ru_ci95_",
+    won = s[cols].merge(s.loc[first, [*cols, "strategy"]], on=cols, how="left")["strategy"]
+    ru = s[s["strategy"] != won.to_numpy()].drop_duplicates(cols).set_index(cols)
+    # MFU is absent from a scaling table made before records counted FLOPs
+    win = s[first][[*cols, *(c for c in _WINNER if c in s.columns)]]
+    best = s[first].set_index(cols).reindex(ru.index)
+    told = verdicts(best, ru)
+    others = pd.DataFrame(
+        {
+            "runner_up": ru["strategy"],
+            "runner_up_throughput": ru["throughput_mean"],
+            "distinct": told["distinguishable"],
+            "settle": told["settle"],
         }
-    )
+    ).reset_index()
     out = win.merge(others, on=cols, how="left").reset_index(drop=True)
-    x, x2 = out["throughput_mean"], out["runner_up_throughput"]
-    out["margin"] = x / x2 - 1
-    lo, hi = x - out["throughput_ci95"], x2 + out.pop("ru_ci95_")
-    distinct = (lo > hi).to_numpy().astype(object)
-    distinct[(lo.isna() | hi.isna()).to_numpy()] = None
-    out["distinct"] = distinct
+    out["margin"] = out["throughput_mean"] / out["runner_up_throughput"] - 1
+    out["distinct"] = out["distinct"].astype(object).where(out["distinct"].notna(), None)
+    out["settle"] = out["settle"].astype(object).where(out["settle"].notna(), "")
     return out

@@ -23,6 +23,7 @@ from pathlib import Path
 import pandas as pd
 
 from trainscale.analysis.cells import CELL
+from trainscale.analysis.interval import within_variance
 from trainscale.measure import metrics
 from trainscale.plan.matrix import RunSpec
 
@@ -97,7 +98,12 @@ def _schema_types() -> dict[str, str]:
     """runs.csv column -> dtype, from the metrics schema's leaves and RunSpec's fields."""
     schema = metrics._schema()
     out: dict[str, str] = {"run": "str", "train_loss_last": "float64", "samples_trained": "float64"}
-    out.update(predicted_peak_bytes="float64", memory_error="float64")
+    out.update(
+        predicted_peak_bytes="float64",
+        memory_error="float64",
+        within_run_var="float64",
+        within_run_blocks="float64",
+    )
 
     def walk(node: dict, prefix: str, required: bool) -> None:
         if "$ref" in node:
@@ -304,8 +310,10 @@ def memory_error(block: dict) -> tuple[int | None, float | None]:
 
 
 def runs_frame(records: list[dict]) -> pd.DataFrame:
-    """One flat row per run; the per-epoch list becomes `train_loss_last`, `epochs_done` and
-    `samples_trained` (the samples of every epoch: what a run's energy is measured over)."""
+    """One flat row per run; the per-epoch list becomes `train_loss_last`, `epochs_done`,
+    `samples_trained` (the samples of every epoch: what a run's energy is measured over),
+    `within_run_var` and `within_run_blocks` (the variance of the log of its mean step time
+    from its steady epochs' batch means, and how many: trainscale.analysis.interval)."""
     rows = []
     for rec in records:
         epochs = rec["epochs"]
@@ -313,6 +321,7 @@ def runs_frame(records: list[dict]) -> pd.DataFrame:
         flat["epochs_done"] = len(epochs)
         flat["train_loss_last"] = epochs[-1]["train_loss"] if epochs else None
         flat["samples_trained"] = sum(e["samples"] for e in epochs) if epochs else None
+        flat["within_run_var"], flat["within_run_blocks"] = within_variance(epochs)
         flat["predicted_peak_bytes"], flat["memory_error"] = memory_error(rec["memory"])
         rows.append(flat)
     df = pd.DataFrame.from_records(rows) if rows else pd.DataFrame(columns=LEAD)

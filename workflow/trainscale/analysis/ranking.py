@@ -1,6 +1,8 @@
 """The ranking: per model, dataset and N, every cell with ok runs sorted by mean steady
-throughput, each compared with the fastest by their 95% confidence intervals (the definition is
-the bullet "ranking" in `trainscale.analysis.aggregate`'s docstring, quoted in Methods).
+throughput, each compared with the fastest by the 95% interval of their difference, and, where
+that cannot tell them apart, what would (the definitions are the bullets "ranking",
+"distinguishable" and "what would settle it" in `trainscale.analysis.aggregate`'s docstring,
+quoted in Methods; `trainscale.analysis.settle` decides them).
 
 Only ok runs count (a cell's means are over its ok runs; a cell without one has no throughput
 and is not in the ranking), so a status that is not ok is never ranked. Cells on logical CPU
@@ -15,14 +17,15 @@ import numpy as np
 import pandas as pd
 
 from trainscale.analysis.cells import rate
+from trainscale.analysis.settle import verdicts
 from trainscale.plan import catalog
 
 #: A ranking's facet: the cells compared with each other.
 GROUP = ["model", "dataset", "world_size"]
 
 
-#: What a ranking may order by (config `report.rank_by`): the figure it draws, its CI, whether
-#: higher is better, and its unit (None: the data's rate unit).
+#: What a ranking may order by (config `report.rank_by`): the column ranked, its CI, and
+#: whether higher is better.
 BY = {
     "throughput": ("rate_mean", "rate_ci95", True),
     "cost": ("cost_per_million_mean", "cost_per_million_ci95", False),
@@ -36,10 +39,13 @@ def ranking(scaling: pd.DataFrame, by: str = "throughput") -> pd.DataFrame:
     (`by`: throughput, the highest first, or cost per million, the lowest first; a cell
     without it is listed last, unranked); `rank` (1 = best; NaN for logical devices and
     unpriced cells), `fastest` (the best: the fastest, or the cheapest by cost),
-    `distinguishable` (True: CIs disjoint from the best's; False: they overlap; None: the best
-    itself, a logical cell, or a CI missing), `behind` (how much worse than the best, a
-    fraction: 1 − x / x_best for throughput, x / x_best − 1 for cost), `logical`, `mark` (the
-    catalog's results_mark), `oversubscribed` and `ranked_by`."""
+    `distinguishable` (True: the 95% interval of the log difference from the best excludes
+    0; False: it does not; None: the best itself, a logical cell, or an interval missing),
+    for a False its `repeats_needed`, `steps_factor_needed` and `settle` (the words: what would
+    settle it, or that the difference is below the harness's resolution), `behind` (how much
+    worse than the best, a fraction: 1 − x / x_best for throughput, x / x_best − 1 for cost),
+    `interval_method`, `logical`, `mark` (the catalog's results_mark), `oversubscribed` and
+    `ranked_by`."""
     cols = [*GROUP, "strategy", "rank", "rate_mean", "rate_ci95", "unit", "distinguishable"]
     s = scaling[scaling["throughput_mean"].notna()] if len(scaling) else scaling
     if not len(s):
@@ -73,16 +79,32 @@ def ranking(scaling: pd.DataFrame, by: str = "throughput") -> pd.DataFrame:
     ranked = ~s["logical"] & s["value"].notna()
     s["rank"] = ranked.groupby([s[k] for k in GROUP]).cumsum().where(ranked)
     s["fastest"] = s["rank"] == 1
-    top = s[s["fastest"]].set_index(GROUP)[["value", "value_ci95"]]
-    ref = s[GROUP].merge(top, left_on=GROUP, right_index=True, how="left").set_index(s.index)
-    if higher:  # the best's interval wholly above the cell's
-        apart = (ref["value"] - ref["value_ci95"]) > (s["value"] + s["value_ci95"])
-        s["behind"] = 1 - s["value"] / ref["value"]
-    else:  # wholly below
-        apart = (ref["value"] + ref["value_ci95"]) < (s["value"] - s["value_ci95"])
-        s["behind"] = s["value"] / ref["value"] - 1
-    distinct = apart.astype(object)
-    unknown = ref["value_ci95"].isna() | s["value_ci95"].isna() | s["fastest"] | ~ranked
-    distinct[unknown] = None
-    s["distinguishable"] = distinct
+    scored = s if higher else _as_cost(s)
+    top = scored[s["fastest"]].set_index(GROUP)
+    ref = top.reindex(pd.MultiIndex.from_frame(s[GROUP])).set_index(s.index)
+    told = verdicts(ref, scored)
+    unknown = s["fastest"] | ~ranked | ref["value"].isna()
+    s["distinguishable"] = told["distinguishable"].where(~unknown, None)
+    for col in ("repeats_needed", "steps_factor_needed"):
+        s[col] = told[col].where(~unknown)
+    s["settle"] = told["settle"].where(~unknown, "")
+    if "interval_method" not in s:
+        s["interval_method"] = ""
+    s["behind"] = 1 - s["value"] / ref["value"] if higher else s["value"] / ref["value"] - 1
     return s.drop(columns="_key").reset_index(drop=True)
+
+
+def _as_cost(s: pd.DataFrame) -> pd.DataFrame:
+    """The cells with their throughput columns standing for cost per million, for the pairwise
+    verdict: a run's cost is its cell's price per device-hour p times N / (x · u) / 3600, so
+    −log cost differs from log throughput by log p and a constant of the panel (N, u) only,
+    with the same variance. Where a scaling table has no interval columns, the CI-overlap rule
+    is applied to cost's own CIs (the throughput columns replaced by the negated cost)."""
+    out = s.copy()
+    hours = s.get("device_hours_per_million_mean", np.nan)
+    price = s["cost_per_million_mean"] / hours
+    if "throughput_log_mean" in s:
+        out["throughput_log_mean"] = s["throughput_log_mean"] - np.log(price)
+    out["throughput_mean"] = -s["cost_per_million_mean"]
+    out["throughput_ci95"] = s["cost_per_million_ci95"]
+    return out

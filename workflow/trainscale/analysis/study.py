@@ -21,7 +21,14 @@ import numpy as np
 import pandas as pd
 
 from trainscale.analysis import metrics_tables
-from trainscale.analysis.cells import CELL, METRICS, convergence_frame, fastest, scaling_frame
+from trainscale.analysis.cells import (
+    CELL,
+    METRICS,
+    PROPORTIONAL,
+    convergence_frame,
+    fastest,
+    scaling_frame,
+)
 from trainscale.analysis.comm_model import (
     COLLECTIVE_COLUMNS,
     COMM_COLUMNS,
@@ -29,6 +36,7 @@ from trainscale.analysis.comm_model import (
     communication_frame,
 )
 from trainscale.analysis.cost import FIGURES as COST_FIGURES
+from trainscale.analysis.interval import CELL_COLUMNS
 from trainscale.analysis.metrics_tables import (
     CELL_TYPES,
     EPOCH_TYPES,
@@ -74,6 +82,9 @@ TYPES: dict[str, dict[str, str]] = {
         "per_worker_batch_size": "float64",
         "target_accuracy": "float64",
         **{f"{m}_{s}": "float64" for m in METRICS for s in ("mean", "std", "ci95")},
+        **{f"{m}_ci95_repeats": "float64" for m in PROPORTIONAL if m in METRICS},
+        **{c: "float64" for c in CELL_COLUMNS if c != "interval_method"},
+        "interval_method": "str",
     },
     "invalid": {"path": "str", "error": "str"},
     "collectives": {
@@ -91,7 +102,7 @@ TYPES: dict[str, dict[str, str]] = {
 }
 #: Text columns where an empty string is a value ("no note"), not a missing one.
 FILLED = {
-    "scaling": ("statuses", "baseline_note", "price_note"),
+    "scaling": ("statuses", "baseline_note", "price_note", "interval_method"),
     "communication": ("note", "exposed_method"),
 }
 

@@ -1,7 +1,7 @@
 """summary.txt: the study's answers in plain text (the fastest strategy per model and N with its
-efficiency, every cell's mean ± 95% CI, what failed, which measurements after training failed,
-or was invalid), and `human`, the number
-format every table, card and page shares."""
+efficiency, which cells cannot be told apart from it and what would settle each, every cell's
+mean ± 95% CI, what failed, which measurements after training failed, or was invalid), and
+`human`, the number format every table, card and page shares."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ import pandas as pd
 
 from trainscale.analysis import cost
 from trainscale.analysis.cells import fastest, rate, scaling_frame
+from trainscale.analysis.interval import REPEATS
+from trainscale.analysis.ranking import ranking
 from trainscale.plan import catalog
 
 #: The strategy column of the summary table: as wide as the longest strategy name, plus a space.
@@ -41,8 +43,9 @@ def summary_text(
     study: str,
     scaling: pd.DataFrame | None = None,
 ) -> str:
-    """Plain-text answers: fastest strategy per model and N with its efficiency, every cell's
-    mean ± 95% CI, and what failed or was invalid."""
+    """Plain-text answers: fastest strategy per model and N with its efficiency, the cells not
+    distinguishable from it with what would settle each, every cell's mean ± 95% CI, and what
+    failed or was invalid."""
     scaling = scaling_frame(df) if scaling is None else scaling
     lines = [f"trainscale study {study!r}: {len(df)} runs in {len(scaling)} cells"]
     if len(df):
@@ -63,7 +66,7 @@ def summary_text(
             if isinstance(r.runner_up, str):
                 ahead = f"; {human(100 * r.margin)} % ahead of {r.runner_up}"
                 if r.distinct is False:
-                    ahead += " (CIs overlap)"
+                    ahead += f" (not distinguishable: {r.settle})"
             mfu_mean = getattr(r, "mfu_mean", None)
             mfu = f", MFU {human(100 * mfu_mean)} %" if pd.notna(mfu_mean) else ""
             flag = " [oversubscribed]" if r.oversubscribed else ""
@@ -73,6 +76,7 @@ def summary_text(
                 f"(batch {r.batch_size} {r.batch_mode}, scale {r.scale}, {r.precision}) "
                 f"{human(x)}{ci} {unit}, {eff}{mfu}{ahead}{flag}"
             )
+    lines += ties(scaling)
     lines += cost_lines(scaling)
     logical = scaling[(scaling["ok"] > 0) & scaling["logical"].astype(bool)] if len(fast) else fast
     if len(logical):
@@ -92,6 +96,7 @@ def summary_text(
         ]
         for r in ok.itertuples(index=False):
             flag = "  oversubscribed" if r.oversubscribed else ""
+            flag += "  CI: repeats only" if getattr(r, "interval_method", "") == REPEATS else ""
             flag += "  logical devices" if r.logical else ""
             eff = human(100 * r.efficiency) if pd.notna(r.efficiency) else "n/a"
             lines.append(
@@ -129,6 +134,28 @@ def summary_text(
         lines += ["", "invalid metrics files (not counted):"]
         lines.extend(f"  {p}: {why}" for p, why in invalid)
     return "\n".join(lines) + "\n"
+
+
+def ties(scaling: pd.DataFrame) -> list[str]:
+    """The lines naming every cell not distinguishable from its panel's fastest, and what would
+    settle it (trainscale.analysis.settle), and what the CIs are; none without a ranking."""
+    r = ranking(scaling) if len(scaling) else scaling
+    if not len(r) or "settle" not in r:
+        return []
+    tied = r[r["distinguishable"].astype(object).eq(False)]
+    lines = ["", "± CI: 95% from steps and repeats (Methods: confidence interval); "
+             "'CI: repeats only' marks cells whose records lack step times"]  # fmt: skip
+    if not len(tied):
+        return lines
+    best = r[r["fastest"]].set_index(["model", "dataset", "world_size"])["strategy"]
+    lines += ["", "not distinguishable from the fastest at 95% (and what would settle it):"]
+    for t in tied.itertuples(index=False):
+        first = best.get((t.model, t.dataset, t.world_size), "?")
+        lines.append(
+            f"  {t.model} on {t.dataset}, N={t.world_size}: {t.strategy} "
+            f"{human(100 * t.behind)} % behind {first}: {t.settle}"
+        )
+    return lines
 
 
 def failed_parts(df: pd.DataFrame) -> list[tuple[str, str, str]]:

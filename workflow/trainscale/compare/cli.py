@@ -26,9 +26,10 @@ def main(argv: list[str] | None = None, prog: str = "trainscale compare") -> int
     p.add_argument("--threshold", type=float, default=0.05, help="default: %(default)s (5%%)")
     p.add_argument(
         "--ci",
-        choices=["bootstrap", "welch"],
-        default="bootstrap",
-        help="how the ratio's 95%% CI is made (default: %(default)s)",
+        choices=list(verdicts.METHODS),
+        default="steps",
+        help="how the ratio's 95%% CI is made (default: %(default)s, the study's interval from "
+        "steps and repeats; the bootstrap where a side lacks step times)",
     )
     p.add_argument(
         "--cost",

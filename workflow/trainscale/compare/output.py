@@ -12,6 +12,9 @@ from trainscale.analysis.aggregate import human
 from trainscale.report.html import REPORTS, TEMPLATE, templates
 
 PAGE = "compare.html.j2"
+#: How each --ci is named where the comparison is shown.
+CI_NAMES = {"steps": "steps and repeats (the bootstrap where a side lacks step times)",
+            "bootstrap": "bootstrap", "welch": "Welch's t"}  # fmt: skip
 
 
 def _na(v) -> bool:
@@ -107,7 +110,8 @@ def text(result: dict) -> str:
         f"(study {n['study']!r}, {n['runs']} runs)",
     ]
     if not ref:
-        lines[0] += f"; threshold {100 * result['threshold']:g} %, CI by {result['ci']}"
+        ci = CI_NAMES.get(result["ci"], result["ci"])
+        lines[0] += f"; threshold {100 * result['threshold']:g} %, CI from {ci}"
     head = (
         f"{'verdict':<15}{'NEW/BASE' if not ref else 'STUDY/REF':>9}  "
         f"{'95% CI' if not ref else 'bounds':<24}"
@@ -162,7 +166,7 @@ def section(result: dict | None, error: str | None = None) -> dict | None:
         "environment": result["environment"],
         "headline": headline(result),
         "threshold": result["threshold"],
-        "ci": result["ci"],
+        "ci": CI_NAMES.get(result["ci"], result["ci"]),
         "reference": result["mode"] == "reference",
         "currency": result.get("currency"),
     }

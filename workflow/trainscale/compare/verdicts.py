@@ -12,7 +12,14 @@ trainscale.compare.references. Definitions:
   batch_mode, workers, nodes, precision); cells of BASE and NEW are matched by these values.
 - throughput ratio: NEW / BASE of the geometric means of the cells' ok repeats, i.e.
   exp(mean ln x_new − mean ln x_base), x the run throughput of trainscale.compare.card.
-- 95% CI by bootstrap (the default, --ci bootstrap): the 2.5th and 97.5th percentiles of
+- 95% CI from steps and repeats (the default, --ci steps): the interval each side's study gives
+  the cell (aggregate's "confidence interval": ȳ and Var(ȳ) on log throughput, the run-to-run
+  variance pooled over that study's cells, each run's within-run variance from its batch
+  means), the two studies independent: exp(d ± t(0.975, ν) · √(Var_base + Var_new)), d = ȳ_new
+  − ȳ_base, ν Welch–Satterthwaite's of the two sides' degrees of freedom, floored; a regression
+  check then has the power the ranking has. Where either side's cell lacks it (records or a card
+  made before batch means; tf-ps) the bootstrap below is used and the row says so.
+- 95% CI by bootstrap (--ci bootstrap): the 2.5th and 97.5th percentiles of
   the log ratio over 10,000 resamplings (with replacement, fixed seed) of each side's repeats.
   With 2 repeats a side it spans every pairwise ratio, min(new)/max(base) to max(new)/min(base):
   slower then means every NEW repeat was slower than every BASE repeat.
@@ -20,8 +27,8 @@ trainscale.compare.references. Definitions:
   s²_new/n_new), with Welch–Satterthwaite's ν; with 2 repeats a side ν ≤ 2 and t ≥ 4.3, so it
   flags only large, steady changes.
 - verdict: not comparable when the cell is missing on one side, has no ok run there (failed,
-  oom, timeout or diverged: a run whose loss went unsound is never compared), or fewer than
-  2 ok repeats (single repeat: no CI); slower when the CI's upper end is below 1
+  oom, timeout or diverged: a run whose loss went unsound is never compared), or has no
+  interval (a single repeat outside the model: no CI); slower when the CI's upper end is below 1
   and the ratio below 1 − threshold; faster when the CI's lower end is above 1 and the ratio
   above 1 + threshold; same otherwise.
 - accuracy change: mean test accuracy NEW − BASE, in percentage points.
@@ -49,12 +56,17 @@ from pathlib import Path
 import numpy as np
 
 from trainscale.analysis.aggregate import CELL
+from trainscale.analysis.interval import STEPS, t_quantile
 from trainscale.compare import card as ts_card
 from trainscale.plan.prices import CPU_KEY, Prices
 from trainscale.plan.runspec import OUT_OF_PATH
 
 SCHEMA_ID = "trainscale.compare/1"
 VERDICTS = ("slower", "faster", "same", "not comparable")
+#: --ci: how the ratio's 95% CI is made (the module docstring defines each).
+METHODS = ("steps", "bootstrap", "welch")
+#: The note of a cell whose CI fell back from steps and repeats to the bootstrap.
+FALLBACK = "CI over repeats only (bootstrap): a side's records or card lack step times"
 RESAMPLES = 10_000
 
 
@@ -85,6 +97,26 @@ def log_ratio_ci(base: list[float], new: list[float], method: str) -> tuple[floa
     mb = b[rng.integers(0, len(b), (RESAMPLES, len(b)))].mean(axis=1)
     lo, hi = np.quantile(mb - ma, [0.025, 0.975])
     return math.exp(d), math.exp(lo), math.exp(hi)
+
+
+def model_of(p: dict) -> tuple[float, float, float] | None:
+    """(ȳ, Var(ȳ), ν) of a card's point where its study's interval is from steps and repeats;
+    None elsewhere (a card made before them; records without batch means)."""
+    t = p["throughput"]
+    if t.get("interval") != STEPS or any(t.get(k) is None for k in ("log_mean", "log_var", "df")):
+        return None
+    return t["log_mean"], t["log_var"], t["df"]
+
+
+def log_ratio_model(base: tuple, new: tuple) -> tuple[float, float, float]:
+    """(ratio, CI low, CI high) of NEW / BASE from each side's (ȳ, Var, ν): see the docstring."""
+    (yb, vb, nb), (yn, vn, nn) = base, new
+    d, var = yn - yb, vb + vn
+    if var <= 0:
+        return math.exp(d), math.exp(d), math.exp(d)
+    nu = var**2 / (vb**2 / nb + vn**2 / nn)
+    h = float(t_quantile(nu)) * math.sqrt(var)
+    return math.exp(d), math.exp(d - h), math.exp(d + h)
 
 
 def verdict(ratio: float, lo: float, hi: float, threshold: float) -> str:
@@ -129,7 +161,8 @@ def _side(p: dict | None) -> dict | None:
     if p is None:
         return None
     t = p["throughput"]
-    return {"n": t["n"], "ok": p["ok"], "runs": p["runs"], "mean": t["mean"], "ci95": t["ci95"]}
+    return {"n": t["n"], "ok": p["ok"], "runs": p["runs"], "mean": t["mean"], "ci95": t["ci95"],
+            "interval": t.get("interval")}  # fmt: skip
 
 
 def _change(new: float | None, base: float | None) -> float | None:
@@ -147,6 +180,7 @@ def compare_cell(key: tuple, b: dict | None, n: dict | None, threshold: float, m
         "ci_high": None,
         "verdict": "not comparable",
         "reason": "",
+        "ci": None,
         "accuracy_change": None,
         "memory_change": None,
         "memory": None,
@@ -167,10 +201,20 @@ def compare_cell(key: tuple, b: dict | None, n: dict | None, threshold: float, m
             what = "diverged" if set(p["statuses"]) == {"diverged"} else "failed"
             row["reason"] = f"{what} in {side} ({statuses})"
             return row
-        if p["throughput"]["n"] < 2:
-            row["reason"] = f"single repeat in {side}: no confidence interval"
-            return row
-    ratio, lo, hi = log_ratio_ci(b["throughput"]["values"], n["throughput"]["values"], method)
+    models = (model_of(b), model_of(n)) if method == "steps" else (None, None)
+    if None not in models:
+        ratio, lo, hi = log_ratio_model(*models)
+        row["ci"] = "steps"
+    else:
+        for side, p in (("BASE", b), ("NEW", n)):
+            if p["throughput"]["n"] < 2:
+                row["reason"] = f"single repeat in {side}: no confidence interval"
+                return row
+        row["ci"] = "bootstrap" if method == "steps" else method
+        if method == "steps":
+            row["notes"] = [*row["notes"], FALLBACK]
+        values = (b["throughput"]["values"], n["throughput"]["values"])
+        ratio, lo, hi = log_ratio_ci(*values, row["ci"])
     row.update(ratio=ratio, ci_low=lo, ci_high=hi, verdict=verdict(ratio, lo, hi, threshold))
     return row
 
@@ -294,7 +338,7 @@ def compare(
     base: dict,
     new: dict,
     threshold: float = 0.05,
-    method: str = "bootstrap",
+    method: str = "steps",
     prices: Prices | None = None,
 ) -> dict:
     """The comparison of two cards, JSON-ready (the module docstring defines every figure);

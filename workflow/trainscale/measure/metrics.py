@@ -11,6 +11,10 @@ Every per-run figure in metrics.json is defined here, once:
 - throughput: steady samples per second over all workers = sum(samples, epochs 2..E) /
   sum(seconds, epochs 2..E); throughput_per_worker = throughput / world size.
 - step_seconds_p50/p95: percentiles of rank 0's per-step wall times within the epoch.
+- step_batch_means: the mean step seconds of each of up to 8 blocks of the epoch's consecutive
+  steps, their lengths differing by at most one (one block per step below 8 steps; null without
+  step times): what the cell's confidence interval learns a run's sampling error from
+  (trainscale.measure.steptimes says why blocks, trainscale.analysis.interval how they are used).
 - test accuracy and loss (`test`): the last evaluation's, over the whole test set, every rank
   scoring a share, summed over ranks: accuracy = the confusion matrix's diagonal / its total.
 - confusion and per_class_accuracy (`test`): the last evaluation's counts of (true class, argmax
@@ -37,7 +41,7 @@ Every per-run figure in metrics.json is defined here, once:
   such updates (its `steps`), timed on the chief until every scheduled step has finished.
   device.count is the workers; the `ps_tasks` servers and the chief are in env.ps_tasks and in
   the core budget (each a process of threads_per_worker threads); memory is the chief's and
-  step_seconds_p50/p95 are null (a step's time is not seen from the chief).
+  step_seconds_p50/p95 and step_batch_means are null (a step's time is not seen from the chief).
 - communication (multi-worker runs): compute_seconds_per_step, the median rank-0 step time of
   extra steps with gradient synchronisation off (after the timed epochs, in no other figure);
   exposed_seconds_per_step = max(0, steady step − compute); method says how synchronisation
@@ -77,6 +81,7 @@ from trainscale.measure import classes, datawait, divergence, flops
 from trainscale.measure.device_usage import (  # noqa: F401  (runners call metrics.GpuMonitor)
     GpuMonitor,
 )
+from trainscale.measure.steptimes import batch_means, percentile
 from trainscale.plan import catalog
 
 SCHEMA_ID = "trainscale.metrics/1"
@@ -184,17 +189,6 @@ def write(path: str | Path, record: dict) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    """Linear-interpolated percentile (numpy's default method), q in [0, 100]."""
-    if not values:
-        return None
-    xs = sorted(values)
-    pos = (len(xs) - 1) * q / 100
-    lo = int(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
 def peak_rss_bytes() -> int:
@@ -336,6 +330,7 @@ class Recorder:
             "train_loss": train_loss,
             "step_seconds_p50": percentile(step_seconds, 50),
             "step_seconds_p95": percentile(step_seconds, 95),
+            "step_batch_means": batch_means(step_seconds),
             "test_accuracy": test_accuracy,
             "test_loss": test_loss,
         }

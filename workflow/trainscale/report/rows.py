@@ -15,6 +15,8 @@ import yaml
 
 from trainscale.analysis import aggregate
 from trainscale.analysis.aggregate import Study, human, rate
+from trainscale.analysis.interval import REPEATS
+from trainscale.analysis.settle import short
 from trainscale.analysis.summary import failed_parts
 from trainscale.plan import catalog, hf_models
 
@@ -35,6 +37,8 @@ def cell_note(r) -> str:
     notes.append(row.results_note if row else "")
     if getattr(r, "predicted_method", None) == "model-states":
         notes.append("predicted memory: model states only (no activations)")
+    if getattr(r, "interval_method", "") == REPEATS:
+        notes.append("throughput CI over repeats only: records without step times")
     return "; ".join(n for n in notes if n)
 
 
@@ -101,9 +105,10 @@ def summary_rows(study: Study) -> list[dict]:
             other, _, unit = rate(r.runner_up_throughput, 0.0, seq_len)
             runner = f"{r.runner_up} ({human(other)} {unit}): {pct(r.margin)} ahead"
             if r.distinct is False:
-                runner += ", 95% CIs overlap"
+                runner += ", not distinguishable"
+                runner += f" · {short(r.settle)}" if getattr(r, "settle", "") else ""
             elif r.distinct is True:
-                runner += ", CIs disjoint"
+                runner += ", told apart at 95%"
         eff = f"{pct(r.efficiency)} {r.efficiency_kind}" if not na(r.efficiency) else "–"
         rows.append(
             {

@@ -3,8 +3,9 @@ error-bar lines every line figure is drawn with.
 
 Lines are cells that differ only in the x-axis value: the colour (hue) and the facet say which,
 and every other matrix value that varies in the study is a line style ("variant") listed in the
-legend, so no two cells are ever averaged together. Error bars are 95% confidence intervals over
-repeats (Student's t, defined in `trainscale.analysis.aggregate`).
+legend, so no two cells are ever averaged together. Error bars are the cells' 95% confidence
+intervals as scaling.csv gives them (`trainscale.analysis.aggregate` defines them): from steps
+and repeats for throughput, over repeats (Student's t) for the rest.
 """
 
 from __future__ import annotations

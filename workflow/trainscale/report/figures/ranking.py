@@ -3,9 +3,12 @@ each model, dataset and N, and by how much, at a glance.
 
 One panel per (model, dataset, N), wrapped two to a row: a horizontal dot plot of the cells
 (`trainscale.analysis.ranking`) sorted by mean steady throughput, fastest on top, with 95% CI
-bars and the fastest's CI as a grey band, so a cell whose bar reaches the band is "not
-distinguishable" from it, as its mark says. MFU is a second, hollow dot per cell on the top
-axis. Rows are a fixed height, so 20 strategies stay as legible as 3. Under config
+bars (from steps and repeats; over repeats only where the records lack step times, and marked)
+and the fastest's CI as a grey band. The mark "not distinguishable" follows the pairwise
+verdict (the 95% interval of the difference from the fastest), not the bars' overlap: two bars
+may overlap and the cells still be told apart. Beside it, what would settle the tie. MFU is a
+second, hollow dot per cell on the top axis. Rows are a fixed height, so 20 strategies stay as
+legible as 3. Under config
 `report.rank_by: cost` the dots are each cell's cost per million tokens or samples, the
 cheapest on top, and the marks say how much dearer each cell is.
 """
@@ -21,6 +24,8 @@ from matplotlib.ticker import EngFormatter, FuncFormatter, MaxNLocator
 from matplotlib.transforms import blended_transform_factory
 
 from trainscale.analysis.aggregate import Study, human
+from trainscale.analysis.interval import REPEATS
+from trainscale.analysis.settle import short
 from trainscale.report.figures.registry import Kind, figure
 from trainscale.report.figures.style import label, labels, palette
 
@@ -64,6 +69,10 @@ def marks(r) -> str:
         words = [f"{sign}{human(100 * r.behind, digits=2)} %"]
         if r.distinguishable is False:
             words.append("not distinguishable")
+            if getattr(r, "settle", ""):
+                words.append(short(r.settle))
+    if getattr(r, "interval_method", "") == REPEATS:
+        words.append("CI: repeats only")
     if r.mark:
         words.append(r.mark)
     if r.oversubscribed:
@@ -135,7 +144,14 @@ def draw_ranking(d: pd.DataFrame, kind: Kind) -> Figure:
     if by_cost:
         what, best = "cost per million", "cheapest"
     handles = [
-        Line2D([], [], color="0.3", marker="o", linestyle="-", label=f"{what}, 95% CI"),
+        Line2D(
+            [],
+            [],
+            color="0.3",
+            marker="o",
+            linestyle="-",
+            label=f"{what}, 95% CI (steps and repeats)",
+        ),  # fmt: skip
         Patch(facecolor="0.88", edgecolor="none", label=f"the {best}'s 95% CI"),
     ]
     if mfu:

@@ -1,0 +1,357 @@
+"""The confidence interval from steps and repeats (trainscale.analysis.interval) and the verdict
+between two cells (trainscale.analysis.settle): a coverage test over simulated studies of the
+default study's shape, hand-computed values, and the tables, ranking and summary that carry
+them. Synthetic data only: the whole file runs in a few seconds."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import pytest
+import yaml
+from test_aggregate import ok_record, spec_for, write
+
+from trainscale.analysis import interval, settle
+from trainscale.analysis.study import Study
+from trainscale.data import imagesets
+from trainscale.measure import steptimes
+from trainscale.plan.matrix import build_runs
+from trainscale.report.figures import ranking as ranking_figure
+
+from conftest import ROOT, validated
+
+# --------------------------------------------------------------------------------------------
+# simulated studies
+
+#: The simulation's truth: run-to-run spread of log throughput (σ_a), the range each cell's
+#: coefficient of variation of a step's time is drawn from, and the steps' lag-1 autocorrelation.
+SIGMA_A = 0.02
+STEP_CV = (0.05, 0.10)
+PHI = 0.5
+#: Simulated studies: enough that the rates below are known to about ±0.5 percentage points.
+STUDIES = 3000
+#: The true differences of the pairs compared: 10 % (must be told apart in 80 % of studies or
+#: more) and none (told apart in 5 % or fewer).
+TEN = math.log(1.1)
+
+
+def default_shape() -> tuple[int, int, np.ndarray]:
+    """(repeats, steady epochs, steps per epoch of each cell) of the default study (config.yaml)
+    as the planner builds it on CPU, without tf-ps, whose runs record no step times."""
+    cfg = validated(yaml.safe_load((ROOT / "config.yaml").read_text()))
+    runs, _ = build_runs(cfg, accelerator="cpu")
+    steps = {}
+    for r in runs:
+        if r.strategy == "tf-ps":
+            continue
+        train = imagesets.info_of(r.dataset).train_samples * r.scale
+        replicas = r.global_batch_size // r.per_worker_batch_size  # 1 for torch-pipeline
+        steps[r.path.rsplit("/repeat", 1)[0]] = train // replicas // r.per_worker_batch_size
+    return cfg["repeats"], cfg["epochs"] - 1, np.array(sorted(steps.values()))
+
+
+def simulate(rng: np.random.Generator, studies: int, steps: np.ndarray, true: np.ndarray,
+             repeats: int, epochs: int) -> tuple[np.ndarray, ...]:  # fmt: skip
+    """(y, w, k), each (studies, cells, repeats): the log throughput of every run, and its
+    within-run variance and batch count from its steady epochs' batch means, as
+    `metrics_tables.runs_frame` computes them from a record. A run's step times are
+    exp(−true − a) · exp(c·z − c²/2): a ~ N(0, SIGMA_A²) per run, z a stationary AR(1) of
+    unit variance and lag-1 correlation PHI per epoch, c the cell's CV in that study."""
+    cells = len(steps)
+    cv = rng.uniform(*STEP_CV, (studies, cells))
+    y, w, k = (np.empty((studies, cells, repeats)) for _ in range(3))
+    for n in np.unique(steps):
+        at = np.flatnonzero(steps == n)
+        shape = (studies, len(at), repeats, epochs)
+        z = np.empty((*shape, n))
+        z[..., 0] = rng.standard_normal(shape)
+        shocks = rng.standard_normal((*shape, n)) * math.sqrt(1 - PHI**2)
+        for i in range(1, n):
+            z[..., i] = PHI * z[..., i - 1] + shocks[..., i]
+        a = rng.standard_normal(shape[:3]) * SIGMA_A
+        c = cv[:, at, None, None, None]
+        times = np.exp(
+            -true[at][None, :, None, None, None] - a[..., None, None] + c * z - c * c / 2
+        )
+        bounds = np.asarray(steptimes.block_bounds(n))
+        means = np.add.reduceat(times, bounds[:-1], axis=-1) / np.diff(bounds)
+        means = means.reshape(*shape[:3], -1)
+        blocks = means.shape[-1]
+        w[:, at] = means.var(-1, ddof=1) / (blocks * means.mean(-1) ** 2)
+        k[:, at] = blocks
+        y[:, at] = -np.log(times.mean((-2, -1)))  # samples per step: 1
+    return y, w, k
+
+
+def pairs(f: interval.Fit, first: np.ndarray, second: np.ndarray) -> tuple[np.ndarray, ...]:
+    """(d, Var, ν) of cell first[j] against second[j] in every study, as the ranking and the
+    summary decide them (`settle.pair_variance`: both cells in the model)."""
+
+    def side(cells: np.ndarray) -> dict:
+        return {
+            "throughput_n": f.n[:, cells],
+            "throughput_log_var": f.var[:, cells],
+            "interval_df": f.vdf[:, cells],
+            "within_run_var": f.wbar[:, cells],
+            "within_run_df": f.wdf[:, cells],
+            "between_run_var": f.between[:, None],
+            "pooled_run_var": f.s2[:, None],
+            "pooled_df": f.df[:, None],
+        }
+
+    a, b = side(first), side(second)
+    var, df = settle.pair_variance(a, b, np.ones(a["throughput_n"].shape, dtype=bool))
+    return f.ybar[:, first] - f.ybar[:, second], var, df
+
+
+def test_coverage_and_power_over_simulated_default_studies():
+    """Over STUDIES simulated studies of the default shape (repeats 2, 2 steady epochs, 22 or 89
+    steps an epoch, 26 cells with step times), the 95% interval covers each cell's true
+    throughput in 93-97 % of them, a true 10 % difference is told apart in ≥ 80 % and a true
+    0 % one in ≤ 5 %. Half the cells are 10 % faster than the other half: every pair across
+    the halves is a 10 % difference, every pair within one a 0 % one."""
+    start = time.perf_counter()
+    repeats, epochs, steps = default_shape()
+    assert repeats == 2 and epochs == 2 and len(steps) == 26 and set(steps) == {22, 89}
+    rng = np.random.default_rng(50)
+    fast = rng.permutation(len(steps)) < len(steps) // 2  # the 89-step cells land anywhere
+    true = np.where(fast, TEN, 0.0)
+    y, w, k = simulate(rng, STUDIES, steps, true, repeats, epochs)
+    f = interval.fit(y, w, k)
+    coverage = float((np.abs(f.ybar - true) <= f.half_width()).mean())
+    i, j = np.triu_indices(len(steps), 1)
+    across = fast[i] != fast[j]
+    first, second = np.where(fast[i], i, j), np.where(fast[i], j, i)  # the faster one first
+    d, var, df = pairs(f, first, second)
+    apart = settle.told_apart(d, var, df)
+    power = float((apart & (d > 0))[:, across].mean())
+    false = float(apart[:, ~across].mean())
+    seconds = time.perf_counter() - start
+    print(f"coverage {coverage:.4f}, power at 10 % {power:.4f}, told apart at 0 % {false:.4f}, "
+          f"{seconds:.2f} s")  # fmt: skip
+    assert 0.93 <= coverage <= 0.97
+    assert power >= 0.80
+    assert false <= 0.05
+    assert (f.df == 26).all() and np.median(f.vdf) > 10  # pooled over the cells: not 1 df
+
+
+def test_the_simulation_computes_w_as_the_tables_do():
+    rng = np.random.default_rng(1)
+    times = rng.lognormal(0, 0.1, (2, 22))
+    epochs = [{"step_batch_means": None}]
+    epochs += [{"step_batch_means": steptimes.batch_means(list(e))} for e in times]
+    w, k = interval.within_variance(epochs)
+    bounds = np.asarray(steptimes.block_bounds(22))
+    means = (np.add.reduceat(times, bounds[:-1], axis=-1) / np.diff(bounds)).ravel()
+    assert k == 16 == len(means)
+    assert w == pytest.approx(means.var(ddof=1) / (16 * means.mean() ** 2))
+    assert interval.within_variance(epochs[:1] + [{"step_batch_means": None}] * 2) == (None, 0)
+    assert interval.within_variance([{}, {"steps": 3}]) == (None, 0)  # a record made before
+
+
+# --------------------------------------------------------------------------------------------
+# by hand, through the tables
+
+
+def test_t_quantiles_are_scipys():
+    from scipy.special import stdtrit
+
+    df = np.array([1, 2, 3, 7, 26, 31, 120], dtype=float)
+    assert interval.t_quantile(df) == pytest.approx(stdtrit(df, 0.975), rel=1e-12)
+    assert interval.t_quantile(df, 0.8) == pytest.approx(stdtrit(df, 0.8), rel=1e-12)
+    assert interval.t_quantile(26.9) == pytest.approx(stdtrit(26, 0.975))  # floored: wider
+    assert np.isnan(interval.t_quantile(0.5))
+
+
+#: Steady epoch seconds of each cell's two repeats, and the spread of its batch means.
+CELLS = {
+    "torch-ddp": ([1.00, 1.02], 0.04),
+    "torch-fsdp": ([1.02, 1.045], 0.02),  # 2-3 % slower than torch-ddp
+    "horovod-torch": ([1.005, 1.025], 0.03),  # 0.5 % slower: below the resolution
+    "deepspeed-zero0": ([1.50, 1.52], 0.03),  # a third slower
+    "lightning-ddp": ([1.2, 1.4], None),  # records made before batch means
+}
+
+
+def with_blocks(rec: dict, spread: float | None) -> dict:
+    """`rec` with 8 batch means an epoch around its mean step time, ±spread alternating."""
+    for e in rec["epochs"]:
+        step = e["seconds"] / 10
+        e["step_batch_means"] = (
+            None if spread is None else [step * (1 + spread * (-1) ** i) for i in range(8)]
+        )
+    return rec
+
+
+def study_of(tmp_path) -> Study:
+    paths = []
+    for strategy, (seconds, spread) in CELLS.items():
+        for r, t in enumerate(seconds):
+            spec = spec_for(strategy, 2, repeat=r)
+            paths.append(write(tmp_path, spec, with_blocks(ok_record(spec, [t, t]), spread)))
+    return Study.build(paths)
+
+
+def by_hand() -> dict:
+    """The model's figures computed here from CELLS, the formulas as aggregate states them."""
+    from scipy.special import stdtrit
+
+    model = {s: v for s, v in CELLS.items() if v[1] is not None}
+    y = {s: np.log(1000 / np.array(t)) for s, (t, _) in model.items()}
+    # w per run: 16 block means step·(1 ± spread): var = spread²·step²·16/15, mean = step
+    w = {s: spread**2 * 16 / 15 / 16 for s, (_, spread) in model.items()}
+    df = len(model)  # one degree of freedom a cell
+    s2 = sum(((v - v.mean()) ** 2).sum() for v in y.values()) / df
+    between = max(s2 - sum(w.values()) / df, 0.0)
+    out = {}
+    for s in model:
+        var = (between + w[s]) / 2
+        nu = var**2 / ((s2 / 2) ** 2 / df + (w[s] / 2) ** 2 / 30)
+        h = stdtrit(math.floor(nu), 0.975) * math.sqrt(var)
+        out[s] = {"ybar": y[s].mean(), "var": var, "nu": nu, "h": h, "between": between}
+    return out
+
+
+def test_the_interval_by_hand_and_old_records_keep_theirs(tmp_path):
+    study = study_of(tmp_path)
+    s = study.scaling.set_index("strategy")
+    hand = by_hand()
+    for strategy, h in hand.items():
+        row = s.loc[strategy]
+        assert row["interval_method"] == interval.STEPS
+        assert row["throughput_log_mean"] == pytest.approx(h["ybar"])
+        assert row["throughput_log_var"] == pytest.approx(h["var"])
+        assert row["interval_df"] == pytest.approx(h["nu"])
+        assert row["between_run_var"] == pytest.approx(h["between"])
+        assert row["pooled_df"] == 4 and row["interval_pool"] == 4
+        assert row["throughput_ci95"] == pytest.approx(row["throughput_mean"] * math.expm1(h["h"]))
+        student = interval.t975(2) * row["throughput_std"] / math.sqrt(2)
+        assert row["throughput_ci95_repeats"] == pytest.approx(student)  # kept beside it
+        per_worker = row["throughput_per_worker_mean"] * math.expm1(h["h"])
+        assert row["throughput_per_worker_ci95"] == pytest.approx(per_worker)
+    ddp = s.loc["torch-ddp"]  # t with the pooled df, not t(0.975, 1) = 12.7
+    assert ddp["throughput_ci95"] < ddp["throughput_ci95_repeats"] / 3
+    old = s.loc["lightning-ddp"]
+    assert old["interval_method"] == interval.REPEATS and old["interval_df"] == 1
+    assert old["throughput_ci95"] == pytest.approx(old["throughput_ci95_repeats"])
+    assert old["throughput_ci95"] == pytest.approx(
+        interval.t975(2) * old["throughput_std"] / 2**0.5
+    )
+    back = Study.read(_written(study, tmp_path / "tables")).scaling.set_index("strategy")
+    assert back.loc["lightning-ddp", "interval_method"] == interval.REPEATS
+    assert back.loc["torch-ddp", "throughput_ci95"] == pytest.approx(
+        s.loc["torch-ddp", "throughput_ci95"]
+    )
+
+
+def _written(study: Study, folder):
+    study.write(folder)
+    return folder
+
+
+def test_the_ranking_says_what_would_settle_a_tie(tmp_path):
+    study = study_of(tmp_path)
+    r = study.ranking.set_index("strategy")
+    assert r.loc["torch-ddp", "fastest"] and r.loc["torch-ddp", "distinguishable"] is None
+    assert r.loc["deepspeed-zero0", "distinguishable"] is True
+    assert r.loc["deepspeed-zero0", "settle"] == ""
+    assert r.loc["horovod-torch", "distinguishable"] is False
+    assert r.loc["horovod-torch", "settle"] == settle.BELOW
+    assert math.isnan(r.loc["horovod-torch", "repeats_needed"])
+    tie = r.loc["torch-fsdp"]  # 2-3 % apart, σ_a ≈ 0.8 %: repeats would settle it, steps not
+    assert tie["distinguishable"] is False and tie["repeats_needed"] == 7
+    assert (
+        tie["settle"] == "7 repeats would settle it; more steps cannot: run-to-run spread dominates"
+    )
+    mark = ranking_figure.marks(r.reset_index().set_index("strategy", drop=False).loc["torch-fsdp"])
+    assert mark == "−2.2 % · not distinguishable · 7 repeats would settle it"
+    old = r.loc["lightning-ddp"]  # repeats only: a Welch verdict, no steps factor
+    assert old["interval_method"] == interval.REPEATS and math.isnan(old["steps_factor_needed"])
+    assert old["distinguishable"] is False and old["settle"] == "3 repeats would settle it"
+    text = study.summary()
+    assert "not distinguishable from the fastest" in text
+    assert settle.BELOW in text
+    (row,) = [line for line in text.splitlines() if line.startswith("lightning-ddp ")]
+    assert row.endswith("CI: repeats only")  # the old records' interval is marked
+
+
+def test_repeats_needed_is_the_fewest_that_reach_80_percent_power():
+    a = {"throughput_n": 2, "between_run_var": 0.02**2, "pooled_run_var": 0.0008, "pooled_df": 26,
+         "interval_pool": 26, "within_run_var": 0.0004, "within_run_df": 30}  # fmt: skip
+    d = math.log(1.05)
+    n = settle.repeats_needed(d, a, a, True)
+
+    def reached(m: int) -> bool:
+        var, nu = interval.combined(2 / m, a["between_run_var"], a["pooled_run_var"], 26 * (m - 1),
+                                    [(0.0004 / m, 15 * m), (0.0004 / m, 15 * m)])  # fmt: skip
+        return settle._needs(float(nu)) * math.sqrt(var) <= d
+
+    assert reached(int(n)) and not reached(int(n) - 1)
+    assert settle.steps_factor(d, a, a) is None  # σ_a = 2 % at 2 repeats: steps cannot
+    quiet = {**a, "between_run_var": 0.01**2, "pooled_run_var": 0.0005}  # σ_a = 1 %
+    assert settle.steps_factor(d, quiet, quiet) == 3  # within-run error dominates: steps can
+    assert settle.settle_text(6.0, None, True).endswith("run-to-run spread dominates")
+    assert settle.short(settle.settle_text(6.0, 3.0, True)) == "6 repeats would settle it"
+
+
+# --------------------------------------------------------------------------------------------
+# trainscale compare: the same interval
+
+
+def folder_of(tmp_path, slow: float, spread: float | None) -> list:
+    """4 cells × 2 repeats 2 % apart; torch-ddp's runs `slow`× as long."""
+    paths = []
+    for i, strategy in enumerate(("torch-ddp", "torch-fsdp", "horovod-torch", "lightning-ddp")):
+        for r, jitter in enumerate((1.0, 1.02)):
+            spec = spec_for(strategy, 2, repeat=r)
+            t = (1 + 0.1 * i) * jitter * (slow if i == 0 else 1.0)
+            paths.append(write(tmp_path, spec, with_blocks(ok_record(spec, [t, t]), spread)))
+    return paths
+
+
+def card_of(tmp_path, slow: float, spread: float | None) -> dict:
+    from trainscale.compare import card
+
+    return card.from_files(folder_of(tmp_path, slow, spread), [], str(tmp_path), "s")
+
+
+def test_compare_uses_the_interval_from_steps_and_repeats(tmp_path):
+    from scipy.special import stdtrit
+
+    from trainscale.compare import verdicts
+
+    base, new = card_of(tmp_path / "base", 1.0, 0.01), card_of(tmp_path / "new", 1.08, 0.01)
+    rows = {r["cell"]["strategy"]: r for r in verdicts.compare(base, new)["cells"]}
+    ddp = rows["torch-ddp"]
+    assert ddp["ci"] == "steps" and verdicts.FALLBACK not in ddp["notes"]
+    assert ddp["ratio"] == pytest.approx(1 / 1.08) and ddp["verdict"] == "slower"
+    b, n = (verdicts.model_of(p) for c in (base, new)
+            for k, p in verdicts.cells_of(c).items() if k[0] == "torch-ddp")  # fmt: skip
+    assert b[2] > 3 and n[2] > 3  # pooled over the study's cells, not 1 df
+    var = b[1] + n[1]
+    nu = math.floor(var**2 / (b[1] ** 2 / b[2] + n[1] ** 2 / n[2]))
+    high = math.exp(n[0] - b[0] + stdtrit(nu, 0.975) * math.sqrt(var))
+    assert ddp["ci_high"] == pytest.approx(high)
+    assert rows["torch-fsdp"]["verdict"] == "same" and rows["torch-fsdp"]["ratio"] == pytest.approx(
+        1
+    )
+    assert verdicts.compare(base, new, method="welch")["cells"][0]["ci"] == "welch"
+
+
+def test_compare_of_old_records_falls_back_to_the_bootstrap_and_says_so(tmp_path):
+    from trainscale.compare import card, verdicts
+
+    base, new = card_of(tmp_path / "base", 1.0, None), card_of(tmp_path / "new", 1.08, None)
+    point = new["scaling"][0]["by_n"][0]["throughput"]
+    assert point["interval"] == interval.REPEATS and point["log_var"] is not None
+    rows = {r["cell"]["strategy"]: r for r in verdicts.compare(base, new)["cells"]}
+    assert (
+        rows["torch-ddp"]["ci"] == "bootstrap" and verdicts.FALLBACK in rows["torch-ddp"]["notes"]
+    )
+    assert rows["torch-ddp"]["verdict"] == "slower"  # every NEW repeat below every BASE one
+    old = {k: v for k, v in point.items() if k not in ("interval", "log_mean", "log_var", "df")}
+    new["scaling"][0]["by_n"][0]["throughput"] = old  # a card made before the fields
+    card.validate(new)
+    assert verdicts.model_of(new["scaling"][0]["by_n"][0]) is None

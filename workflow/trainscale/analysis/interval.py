@@ -1,0 +1,242 @@
+"""A cell's 95% confidence interval of throughput from steps and repeats.
+
+The definition (model and assumptions) is the bullet "confidence interval" of
+`trainscale.analysis.aggregate`'s docstring, the report's Methods; this module computes it, once,
+for scaling.csv (`trainscale.analysis.cells`), and through it for the ranking, the summary and
+`trainscale compare`; `trainscale.analysis.settle` decides between two cells with it. `fit`
+works on arrays with any leading axes, so the coverage test (tests/test_interval.py) runs
+thousands of simulated studies through the same code a report runs its one study through.
+
+Student's t quantiles are computed here without scipy (a third of a second of every report for
+a handful of quantiles).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+#: interval_method of a cell: its interval uses the steps' batch means and the study's repeats.
+STEPS = "steps and repeats"
+#: interval_method of a cell whose runs lack batch means: Student's t over its repeats alone.
+REPEATS = "repeats only (records without step times)"
+#: scaling.csv's columns of the model, per cell (`cell_intervals`).
+CELL_COLUMNS = ["throughput_log_mean", "throughput_log_var", "interval_df", "interval_method",
+                "within_run_var", "within_run_df", "between_run_var", "pooled_run_var",
+                "pooled_df", "interval_pool"]  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------------
+# Student's t
+
+
+@functools.cache
+def _t_df(df: int, central: float) -> float:
+    """The t at which P(|T| ≤ t) = `central`, T Student's t with integer df ≥ 1: bisection on
+    that probability's closed form (Abramowitz & Stegun 26.7.3-4)."""
+
+    def prob(t: float) -> float:  # P(|T| <= t)
+        theta = math.atan(t / math.sqrt(df))
+        c2 = math.cos(theta) ** 2
+        total, term = 1.0, 1.0
+        if df % 2:  # odd: (2/π)(θ + sinθ cosθ Σ_k a_k cos^2k θ), a_k = a_k-1 · 2k/(2k+1)
+            for k in range(1, (df - 1) // 2):
+                term *= c2 * (2 * k) / (2 * k + 1)
+                total += term
+            sums = math.sin(theta) * math.cos(theta) * total if df > 1 else 0.0
+            return 2 / math.pi * (theta + sums)
+        for k in range(1, df // 2):  # even: sinθ Σ_k b_k cos^2k θ, b_k = b_k-1 · (2k-1)/2k
+            term *= c2 * (2 * k - 1) / (2 * k)
+            total += term
+        return math.sin(theta) * total
+
+    lo, hi = 0.0, 20.0  # t(0.975, 1) = 12.7
+    while hi - lo > 1e-13 * hi:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if prob(mid) < central else (lo, mid)
+    return (lo + hi) / 2
+
+
+#: From this many degrees of freedom on, a quantile comes from its expansion in 1/df (whose
+#: error there is below 1e-13; the closed form's terms grow with df).
+EXPANSION_FROM = 500
+
+
+@functools.cache
+def _z(central: float) -> float:
+    """The standard normal z at which P(|Z| ≤ z) = `central`, by bisection on erf."""
+    lo, hi = 0.0, 10.0
+    while hi - lo > 1e-15 * hi:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if math.erf(mid / math.sqrt(2)) < central else (lo, mid)
+    return (lo + hi) / 2
+
+
+def _t_expansion(df: float, central: float) -> float:
+    """t by its expansion about z in powers of 1/df (Abramowitz & Stegun 26.7.5)."""
+    z = _z(central)
+    g = [
+        (z**3 + z) / 4,
+        (5 * z**5 + 16 * z**3 + 3 * z) / 96,
+        (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / 384,
+        (79 * z**9 + 776 * z**7 + 1482 * z**5 - 1920 * z**3 - 945 * z) / 92160,
+    ]
+    return z + sum(gi / df ** (i + 1) for i, gi in enumerate(g))
+
+
+def t_scalar(df: float, q: float = 0.975) -> float:
+    """Student's t(q, df) for q > 0.5 of one df, floored to an integer (NaN below 1)."""
+    df = math.floor(df) if math.isfinite(df) else math.nan
+    if not df >= 1:
+        return math.nan
+    central = 2 * q - 1
+    return _t_df(int(df), central) if df < EXPANSION_FROM else _t_expansion(df, central)
+
+
+def t_quantile(df: np.ndarray | float, q: float = 0.975) -> np.ndarray | float:
+    """Student's t(q, df) for q > 0.5, df floored to an integer (NaN where df < 1): the floor
+    errs wide, as a Satterthwaite df calls for."""
+    df = np.floor(np.asarray(df, dtype=float))
+    out = np.full(df.shape, np.nan)
+    ok = df >= 1
+    values = {v: t_scalar(v, q) for v in np.unique(df[ok])}
+    out[ok] = [values[v] for v in df[ok]]
+    return out if out.ndim else float(out)
+
+
+def t975(n: np.ndarray | pd.Series | int) -> np.ndarray | float:
+    """Student's t quantile t(0.975, n − 1) for samples of size n (NaN where n < 2)."""
+    return t_quantile(np.asarray(n, dtype=float) - 1)
+
+
+# --------------------------------------------------------------------------------------------
+# one run: its within-run variance
+
+
+def within_variance(epochs: Iterable[dict]) -> tuple[float | None, int]:
+    """(w, k) of a run: w the variance of the log of its mean step time from the batch means of
+    its steady epochs (2..E) pooled, var(b) / (k · mean(b)²) with k blocks (the delta method);
+    (None, 0) where a steady epoch has none (records made before them; tf-ps) or k < 2."""
+    blocks: list[float] = []
+    for e in list(epochs)[1:]:
+        means = e.get("step_batch_means")
+        if not means:
+            return None, 0
+        blocks += means
+    k = len(blocks)
+    mean = sum(blocks) / k if k else 0.0
+    if k < 2 or mean <= 0:
+        return None, 0
+    var = sum((b - mean) ** 2 for b in blocks) / (k - 1)
+    return var / (k * mean * mean), k
+
+
+# --------------------------------------------------------------------------------------------
+# the cells of a study
+
+
+@dataclass
+class Fit:
+    """The two-level model fitted to a study's cells (arrays over the leading axes of `fit`'s
+    arguments, cells last). Per cell: n runs, ȳ, w̄ and its degrees of freedom, `steps`
+    (whether its runs all have batch means: the cells pooled), Var(ȳ) and its Satterthwaite
+    degrees of freedom. Per study: the pooled s² and its df, σ_a², and the cells pooled."""
+
+    n: np.ndarray
+    ybar: np.ndarray
+    wbar: np.ndarray
+    wdf: np.ndarray
+    steps: np.ndarray
+    var: np.ndarray
+    vdf: np.ndarray
+    s2: np.ndarray
+    df: np.ndarray
+    between: np.ndarray
+    pooled: np.ndarray
+
+    def half_width(self) -> np.ndarray:
+        """t(0.975, ν) · √Var(ȳ) per cell: the 95% interval is exp(ȳ ± this)."""
+        return t_quantile(self.vdf) * np.sqrt(self.var)
+
+
+def fit(y: np.ndarray, w: np.ndarray, k: np.ndarray) -> Fit:
+    """The model of `aggregate`'s "confidence interval" on log throughputs `y`, within-run
+    variances `w` and batch counts `k`, each shaped (..., cells, runs) with NaN where a cell
+    has no such run (w NaN where the run has no batch means)."""
+    have = np.isfinite(y)
+    n = have.sum(-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ybar = np.where(have, y, 0).sum(-1) / n
+        steps = (n > 0) & (np.isfinite(w) | ~have).all(-1)
+        runs = have & steps[..., None]
+        wbar = np.where(runs, w, 0).sum(-1) / n
+        wdf = np.where(runs, k - 1, 0).sum(-1)
+        df = np.where(steps, n - 1, 0).clip(0).sum(-1)
+        s2 = (np.where(runs, y - ybar[..., None], 0) ** 2).sum((-2, -1)) / df
+        # E[SS] = df·σ_a² + Σ_c (n_c − 1) w̄_c: what the batch means account for comes off
+        mean_w = np.where(steps, (n - 1).clip(0) * wbar, 0).sum(-1) / df
+        between = np.maximum(s2 - mean_w, 0.0)
+        var, vdf = combined(1 / n, between[..., None], s2[..., None], df[..., None],
+                            [(wbar / n, wdf)])  # fmt: skip
+        usable = steps & (df[..., None] > 0)
+        var, vdf = np.where(usable, var, np.nan), np.where(usable, vdf, np.nan)
+    return Fit(n, ybar, wbar, wdf, steps, var, vdf, s2, df, between, steps.sum(-1))
+
+
+def combined(c, between, s2, df, within: list[tuple]) -> tuple[np.ndarray, np.ndarray]:
+    """(V, ν) of V = c · σ_a² + Σ w_i: σ_a² = s² − (the pooled w̄), its error that of s² (df
+    `df`; the pooled w̄ averages every run's blocks, so its own error is left out), each w_i
+    with its degrees of freedom; ν by Satterthwaite, (c·s²)²/df + Σ w_i²/df_i in the
+    denominator (kept where σ_a² came out 0: it is still an estimate). Where V's parts are all
+    exactly 0 (identical runs) ν is `df`."""
+    v = c * between + sum(x for x, _ in within)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        den = (c * s2) ** 2 / df + sum(np.where(x > 0, x**2 / d, 0.0) for x, d in within)
+        nu = np.where(den > 0, v**2 / den, df)
+    return v, nu
+
+
+def cell_intervals(runs: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """Per cell of `runs` (one row per run: the cell `keys`, `throughput`, NaN unless ok,
+    `within_run_var` and `within_run_blocks`), indexed by `keys`, the columns CELL_COLUMNS
+    (aggregate's docstring defines them) and ci95_rel, the relative half-width exp(t·√Var) − 1
+    of every figure that is a fixed multiple of throughput or of its inverse (NaN outside the
+    model). Cells whose runs lack batch means get Var(ȳ) = s_c² / n and n − 1 df from their
+    repeats alone (for the verdicts; their CI stays Student's t on throughput itself)."""
+    x = pd.to_numeric(runs["throughput"], errors="coerce")
+    ok = runs[(x > 0).to_numpy()]
+    cells = runs.groupby(keys, sort=True, dropna=False).size().index
+    out = pd.DataFrame(np.nan, index=cells, columns=[*CELL_COLUMNS, "ci95_rel"])
+    out["interval_method"] = ""
+    if not len(ok):
+        return out
+    index = pd.MultiIndex.from_frame(ok[keys]) if len(keys) > 1 else pd.Index(ok[keys[0]])
+    codes = pd.Index(cells).get_indexer(index)
+    slot = pd.Series(codes).groupby(codes).cumcount().to_numpy()
+    y, w, k = (np.full((len(cells), slot.max() + 1), np.nan) for _ in range(3))
+    y[codes, slot] = np.log(pd.to_numeric(ok["throughput"]).to_numpy(float))
+    w[codes, slot] = pd.to_numeric(ok["within_run_var"], errors="coerce").to_numpy(float)
+    k[codes, slot] = pd.to_numeric(ok["within_run_blocks"], errors="coerce").to_numpy(float)
+    f = fit(y, w, k)
+    with np.errstate(invalid="ignore", divide="ignore"):  # the cell's own s² / n, n ≥ 2
+        own = (np.where(np.isfinite(y), y - f.ybar[:, None], 0) ** 2).sum(-1) / (f.n - 1) / f.n
+    model = f.steps & np.isfinite(f.var)
+    alone = ~f.steps & (f.n > 1)
+    study = lambda v: np.where(model, v, np.nan)  # noqa: E731  (a study-wide figure per cell)
+    out["throughput_log_mean"] = np.where(f.n > 0, f.ybar, np.nan)
+    out["throughput_log_var"] = np.where(model, f.var, np.where(alone, own, np.nan))
+    out["interval_df"] = np.where(model, f.vdf, np.where(alone, f.n - 1, np.nan))
+    out["interval_method"] = np.select([model, alone], [STEPS, REPEATS], "")
+    out["within_run_var"] = np.where(f.steps, f.wbar, np.nan)
+    out["within_run_df"] = np.where(f.steps, f.wdf, np.nan)
+    out["between_run_var"] = study(f.between)
+    out["pooled_run_var"] = study(f.s2)
+    out["pooled_df"] = study(f.df)
+    out["interval_pool"] = study(f.pooled)
+    out["ci95_rel"] = np.where(model, np.expm1(f.half_width()), np.nan)
+    return out

@@ -147,3 +147,14 @@ def test_report_with_prices_has_the_cost_table_figure_and_ranking(torch_study, t
     assert "Time against cost per million" in page  # the cost-time figure, drawn
     assert (out / "figures" / "cost_time.png").stat().st_size > 10_000
     assert "no data in this study for time against cost" not in page
+
+
+def test_a_study_with_prices_costs_its_cells_through_snakemake(torch_study):
+    """.test/config.yaml prices a cpu-core: scaling.csv, summary.txt and report.html of the
+    Snakemake rules carry the cost."""
+    results = torch_study["results"]
+    scaling = pd.read_csv(results / "scaling.csv")
+    assert scaling["cost_per_million"].notna().all() and (scaling["currency"] == "EUR").all()
+    page = (results / "report.html").read_text()
+    assert 'id="cost"' in page and "Time against cost per million" in page
+    assert (results / "figures" / "cost_time.png").exists()

@@ -55,8 +55,11 @@ dryrun: $(STAMP) bytecode
 	$(NO_SLURM) $(BIN)/snakemake export_data --cores 1 --configfile .test/config.yaml --quiet rules
 	for c in .test/*.yaml; do $(NO_SLURM) $(BIN)/snakemake -n --quiet rules --configfile $$c || exit 1; done
 
+# Two pytest-xdist workers: the suite's runs leave one of 2 cores idle half the time (process
+# starts, imports, Snakemake's bookkeeping). A study's tests stay in one worker (loadgroup).
+PYTEST_WORKERS ?= 2
 pytest: $(STAMP) $(HOROVOD) bytecode
-	$(BIN)/python -m pytest -q -rs --durations=25 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -rs --durations=25 -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 bench: $(STAMP) $(HOROVOD)
 	$(BIN)/python benchmarks/harness_overhead.py

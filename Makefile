@@ -57,9 +57,14 @@ dryrun: $(STAMP) bytecode
 
 # Two pytest-xdist workers: the suite's runs leave one of 2 cores idle half the time (process
 # starts, imports, Snakemake's bookkeeping). A study's tests stay in one worker (loadgroup).
+# The SLURM tests run after them, alone: their jobs have 1-minute time limits, which a run
+# beside another test's training could exceed.
 PYTEST_WORKERS ?= 2
+ALONE := tests/test_slurm.py
 pytest: $(STAMP) $(HOROVOD) bytecode
-	$(BIN)/python -m pytest -q -rs --durations=25 -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -rs --durations=25 -n $(PYTEST_WORKERS) --dist loadgroup \
+	  $(addprefix --ignore=,$(ALONE)) $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -rs --durations=5 $(ALONE) $(PYTEST_ARGS)
 
 bench: $(STAMP) $(HOROVOD)
 	$(BIN)/python benchmarks/harness_overhead.py

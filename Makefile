@@ -55,8 +55,16 @@ dryrun: $(STAMP) bytecode
 	$(NO_SLURM) $(BIN)/snakemake export_data --cores 1 --configfile .test/config.yaml --quiet rules
 	for c in .test/*.yaml; do $(NO_SLURM) $(BIN)/snakemake -n --quiet rules --configfile $$c || exit 1; done
 
+# Two pytest-xdist workers: the suite's runs leave one of 2 cores idle half the time (process
+# starts, imports, Snakemake's bookkeeping). A study's tests stay in one worker (loadgroup).
+# The SLURM tests run after them, alone: their jobs have 1-minute time limits, which a run
+# beside another test's training could exceed.
+PYTEST_WORKERS ?= 2
+ALONE := tests/test_slurm.py
 pytest: $(STAMP) $(HOROVOD) bytecode
-	$(BIN)/python -m pytest -q -rs --durations=25 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -rs --durations=25 -n $(PYTEST_WORKERS) --dist loadgroup \
+	  $(addprefix --ignore=,$(ALONE)) $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -rs --durations=5 $(ALONE) $(PYTEST_ARGS)
 
 bench: $(STAMP) $(HOROVOD)
 	$(BIN)/python benchmarks/harness_overhead.py

@@ -73,6 +73,8 @@ def cuda_expected() -> bool:
 
 _TALLY = pytest.StashKey[Tally]()
 _PROBLEMS = pytest.StashKey[list]()
+_PATH_PROPERTY = "gpu_path"
+_CONFIG: list[pytest.Config] = []
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -86,6 +88,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gpu(path): exercises a GPU path; skipped without CUDA")
     config.stash[_TALLY] = Tally()
+    _CONFIG[:] = [config]  # pytest_runtest_logreport is given the report alone
 
 
 def pytest_itemcollected(item: pytest.Item) -> None:
@@ -104,22 +107,35 @@ def pytest_deselected(items: list[pytest.Item]) -> None:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call):
     report = yield
-    tally = item.config.stash[_TALLY]
-    if item.nodeid in tally.paths:
-        if report.skipped:
-            tally.outcome[item.nodeid] = "skipped"
-            longrepr = report.longrepr
-            reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
-            tally.reason[item.nodeid] = reason.removeprefix("Skipped: ")
-        elif report.when == "call" or report.failed:
-            tally.outcome[item.nodeid] = "ran"
+    mark = item.get_closest_marker("gpu")
+    if mark is not None:  # carried with the report to pytest-xdist's controller
+        report.user_properties.append((_PATH_PROPERTY, mark.kwargs.get("path")))
     return report
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Tallied from the reports, not the items: under pytest-xdist (`make test` runs 2 workers)
+    the workers run the tests and only their reports reach the session that judges."""
+    props = dict(report.user_properties)
+    if _PATH_PROPERTY not in props:
+        return
+    tally = _CONFIG[0].stash[_TALLY]
+    tally.paths[report.nodeid] = props[_PATH_PROPERTY]
+    if report.skipped:
+        tally.outcome[report.nodeid] = "skipped"
+        longrepr = report.longrepr
+        reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+        tally.reason[report.nodeid] = reason.removeprefix("Skipped: ")
+    elif report.when == "call" or report.failed:
+        tally.outcome[report.nodeid] = "ran"
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     from trainscale.gpu import check as gpu_check
 
     config = session.config
+    if hasattr(config, "workerinput"):  # a pytest-xdist worker: its controller judges
+        return
     tally = config.stash[_TALLY]
     found = []
     if config.getoption("require_gpu") or cuda_expected():

@@ -91,3 +91,23 @@ def test_no_gpu_test_collected(whole_suite):
     """The whole suite without the GPU tests fails; one file without them is fine."""
     found = problems(Tally(), ["x"], frozenset(), whole_suite)
     assert found == (["no gpu test for the GPU path 'x'"] if whole_suite else [])
+
+
+def test_the_guard_judges_the_reports_of_xdist_workers(tmp_path):
+    """`make test` runs the suite in pytest-xdist workers: the session that judges sees their
+    reports, not the items."""
+    skipped = session(
+        tmp_path,
+        guarded_tests("PATHS", "pytest.skip('no CUDA device')"),
+        "-n",
+        "2",
+        "--require-gpu",
+    )
+    assert skipped.returncode == 1, skipped.stdout
+    assert f"gpu tests: 0 ran, {len(PATHS)} skipped" in skipped.stdout
+    assert "test_path[cuda-oom] was skipped where GPU tests must run: no CUDA device" in (
+        skipped.stdout
+    )
+    ran = session(tmp_path, guarded_tests("PATHS", "pass"), "-n", "2", "--require-gpu")
+    assert ran.returncode == 0, ran.stdout
+    assert f"gpu tests: {len(PATHS)} ran, 0 skipped" in ran.stdout

@@ -134,16 +134,18 @@ def scaling_frame(runs: pd.DataFrame, prices: Prices | None = None) -> pd.DataFr
     )
     out["statuses"] = _status_counts(d)
     out["failed"] = out["runs"] - out["ok"]
+    stats = {}  # every metric's columns, joined at once (column by column fragments the frame)
     for name in METRICS:
         n = g[name].count()
         std = g[name].std(ddof=1)
-        out[f"{name}_n"] = n
-        out[f"{name}_mean"] = g[name].mean()
-        out[f"{name}_std"] = std
-        out[f"{name}_ci95"] = t975(n.to_numpy()) * std / np.sqrt(n.where(n > 0))
+        stats[f"{name}_n"] = n
+        stats[f"{name}_mean"] = g[name].mean()
+        stats[f"{name}_std"] = std
+        stats[f"{name}_ci95"] = t975(n.to_numpy()) * std / np.sqrt(n.where(n > 0))
     for name in cost.FIGURES:  # the cell's figure, by the name docs/metrics.md defines
-        out[name] = out[f"{name}_mean"]
-    out = _with_intervals(out, cell_intervals(d, CELL)).reset_index()
+        stats[name] = stats[f"{name}_mean"]
+    out = pd.concat([out, pd.DataFrame(stats)], axis=1)
+    out = _with_intervals(out, cell_intervals(d, CELL)).reset_index().copy()
     out["input_bound"] = out["data_wait_share_mean"] > INPUT_BOUND_SHARE  # NaN (unknown): False
     out = _with_baselines(out)
     return out

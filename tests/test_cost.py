@@ -68,7 +68,12 @@ def test_cis_over_repeats_and_energy_from_the_records(torch_study):
         dh = [per_million(r) for r in recs if r["spec"]["strategy"] == cell.strategy
               and r["spec"]["world_size"] == cell.world_size]  # fmt: skip
         half = 12.706204736 * np.std(dh, ddof=1) / np.sqrt(2)  # t(0.975, 1)
-        assert cell.device_hours_per_million_ci95 == pytest.approx(half, rel=1e-6)
+        assert cell.device_hours_per_million_ci95_repeats == pytest.approx(half, rel=1e-6)
+        # from steps and repeats: the throughput's relative half-width (Methods)
+        rel = cell.throughput_ci95 / cell.throughput_mean
+        assert cell.device_hours_per_million_ci95 == pytest.approx(
+            rel * cell.device_hours_per_million_mean, rel=1e-9
+        )
         assert cell.kwh_per_million_n == 2 and cell.kwh_per_million_ci95 > 0
 
 

@@ -323,7 +323,7 @@ def test_compare_uses_the_interval_from_steps_and_repeats(tmp_path):
     from trainscale.compare import verdicts
 
     base, new = card_of(tmp_path / "base", 1.0, 0.01), card_of(tmp_path / "new", 1.08, 0.01)
-    rows = {r["cell"]["strategy"]: r for r in verdicts.compare(base, new)["cells"]}
+    rows = {r["cell"]["strategy"]: r for r in verdicts.compare(base, new, method="steps")["cells"]}
     ddp = rows["torch-ddp"]
     assert ddp["ci"] == "steps" and verdicts.FALLBACK not in ddp["notes"]
     assert ddp["ratio"] == pytest.approx(1 / 1.08) and ddp["verdict"] == "slower"
@@ -346,7 +346,7 @@ def test_compare_of_old_records_falls_back_to_the_bootstrap_and_says_so(tmp_path
     base, new = card_of(tmp_path / "base", 1.0, None), card_of(tmp_path / "new", 1.08, None)
     point = new["scaling"][0]["by_n"][0]["throughput"]
     assert point["interval"] == interval.REPEATS and point["log_var"] is not None
-    rows = {r["cell"]["strategy"]: r for r in verdicts.compare(base, new)["cells"]}
+    rows = {r["cell"]["strategy"]: r for r in verdicts.compare(base, new, method="steps")["cells"]}
     assert (
         rows["torch-ddp"]["ci"] == "bootstrap" and verdicts.FALLBACK in rows["torch-ddp"]["notes"]
     )

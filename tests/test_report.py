@@ -54,6 +54,7 @@ FIGURES = (
     "memory",
     "memory_predicted",
     "memory_trade",
+    "cost_time",
     "busbw",
 )
 XSS = "<script>alert('x')</script> & <b>bold</b>"
@@ -119,9 +120,10 @@ def built(tmp_path_factory) -> tuple[Path, Study]:
     """The whole report made by the command line from a directory of metrics files."""
     root = tmp_path_factory.mktemp("rich")
     rich_study(root / "runs")
-    rc = report_cli.main(
-        ["--runs-dir", str(root / "runs"), "--out", str(root / "out"), "--jobs", "2"]
-    )
+    config = root / "config.yaml"  # prices, for the cost figure
+    config.write_text("cost: {device_hour: {cpu-core: 0.04}}\n")
+    args = ["--runs-dir", str(root / "runs"), "--out", str(root / "out"), "--jobs", "2"]
+    rc = report_cli.main([*args, "--config", str(config)])
     assert rc == 0  # invalid files are listed, not fatal
     out = root / "out"
     study = Study.read(out)
@@ -251,12 +253,14 @@ def test_absent_data_gives_a_note_image_not_an_empty_plot(tmp_path):
         "accuracy",
         "memory_predicted",
         "memory_trade",
+        "cost_time",  # no prices
         "busbw",
     }
     assert "nothing was predicted" in notes["memory_predicted"]
     assert "varies neither activation_checkpointing nor offload" in notes["memory_trade"]
     assert "no N=1 run of torch-ddp" in notes["speedup"]
     assert "no all-reduce benchmark ran" in notes["busbw"]
+    assert "no prices (config cost.device_hour)" in notes["cost_time"]
     assert notes["throughput_scale"].endswith("dataset scale was not varied: 1 only")
     assert notes["accuracy"].endswith("batch size was not varied: 64 only")
     assert "no panel has more than one workers N (1, 2 in different panels)" in notes["epoch_time"]
@@ -526,7 +530,7 @@ def test_snakemake_reports_copied_results_without_training(tmp_path):
     # other figure (busbw too: the workflow ran the all-reduce benchmark for N = 2) must be a
     # drawing, not the "no data" placeholder
     absent = {"throughput_scale", "throughput_batch", "accuracy", "efficiency_heatmap",
-              "memory_predicted", "memory_trade"}  # fmt: skip
+              "memory_predicted", "memory_trade", "cost_time"}  # fmt: skip
     for name in FIGURES:
         svg = (results / "figures" / f"{name}.svg").read_text()
         assert ("no data in this study" in svg) == (name in absent), name

@@ -12,14 +12,14 @@ trainscale.compare.references. Definitions:
   batch_mode, workers, nodes, precision); cells of BASE and NEW are matched by these values.
 - throughput ratio: NEW / BASE of the geometric means of the cells' ok repeats, i.e.
   exp(mean ln x_new − mean ln x_base), x the run throughput of trainscale.compare.card.
-- 95% CI from steps and repeats (the default, --ci steps): the interval each side's study gives
+- 95% CI from steps and repeats (--ci steps): the interval each side's study gives
   the cell (aggregate's "confidence interval": ȳ and Var(ȳ) on log throughput, the run-to-run
   variance pooled over that study's cells, each run's within-run variance from its batch
   means), the two studies independent: exp(d ± t(0.975, ν) · √(Var_base + Var_new)), d = ȳ_new
   − ȳ_base, ν Welch–Satterthwaite's of the two sides' degrees of freedom, floored; a regression
   check then has the power the ranking has. Where either side's cell lacks it (records or a card
   made before batch means; tf-ps) the bootstrap below is used and the row says so.
-- 95% CI by bootstrap (--ci bootstrap): the 2.5th and 97.5th percentiles of
+- 95% CI by bootstrap (the default, --ci bootstrap): the 2.5th and 97.5th percentiles of
   the log ratio over 10,000 resamplings (with replacement, fixed seed) of each side's repeats.
   With 2 repeats a side it spans every pairwise ratio, min(new)/max(base) to max(new)/min(base):
   slower then means every NEW repeat was slower than every BASE repeat.
@@ -338,7 +338,7 @@ def compare(
     base: dict,
     new: dict,
     threshold: float = 0.05,
-    method: str = "steps",
+    method: str = "bootstrap",
     prices: Prices | None = None,
 ) -> dict:
     """The comparison of two cards, JSON-ready (the module docstring defines every figure);

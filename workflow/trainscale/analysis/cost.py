@@ -52,12 +52,13 @@ def run_costs(runs: pd.DataFrame, prices: Prices | None) -> pd.DataFrame:
     kinds = _column(runs, "device.kind", None).astype(object)
     names = _column(runs, "device.name", None).astype(object)
     threads = num("spec.threads_per_worker").fillna(1)
-    matched = {}
-    for i, kind, name in zip(runs.index, kinds, names, strict=True):
-        kind = kind if isinstance(kind, str) else None
-        name = name if isinstance(name, str) else None
-        key, why = matched.setdefault((kind, name), prices.match(kind, name))
-        out.at[i, "price_key"], out.at[i, "price_note"] = key, why
+    named = [
+        (kind if isinstance(kind, str) else None, name if isinstance(name, str) else None)
+        for kind, name in zip(kinds, names, strict=True)
+    ]
+    matched = {device: prices.match(*device) for device in set(named)}  # once per device
+    out["price_key"] = [matched[d][0] for d in named]
+    out["price_note"] = [matched[d][1] for d in named]
     hourly = out["price_key"].map(lambda k: prices.device_hour.get(k, np.nan) if k else np.nan)
     per_device = hourly.astype(float) * threads.where(out["price_key"] == CPU_KEY, 1.0)
     out["cost_per_million"] = device_hours * per_device
@@ -122,6 +123,17 @@ def cheapest_and_fastest(scaling: pd.DataFrame) -> pd.DataFrame:
         rows.append([model, dataset, name(cheap), float(cheap[by]), by.removesuffix("_mean"),
                      name(fast), cheap.name != fast.name])  # fmt: skip
     return pd.DataFrame(rows, columns=cols)
+
+
+def currency(scaling: pd.DataFrame) -> str:
+    """The prices' currency (config cost.currency), "" where no cell was priced."""
+    c = scaling["currency"].dropna() if "currency" in scaling else []
+    return str(c.iloc[0]) if len(c) else ""
+
+
+def units(seq_len: float | None) -> str:
+    """What a cell's million counts: tokens on token data (seq_len > 0), else samples."""
+    return "tokens" if seq_len and not pd.isna(seq_len) and seq_len > 0 else "samples"
 
 
 def price_warnings(scaling: pd.DataFrame) -> list[str]:

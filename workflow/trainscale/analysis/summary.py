@@ -180,10 +180,7 @@ def cost_lines(scaling: pd.DataFrame) -> list[str]:
             continue
         if not lines:
             lines += ["", "cheapest per million tokens or samples, where not the fastest:"]
-        currency = _currency(scaling) if r.by == "cost_per_million" else ""
-        value = f"{human(r.cheapest_value)} {currency} per million".strip()
-        if r.by != "cost_per_million":
-            value = f"{human(r.cheapest_value)} device-hours per million"
+        value = cheapest_value(r, cost.currency(scaling))
         lines.append(
             f"  {r.model} on {r.dataset}: cheapest {r.cheapest} ({value}); fastest {r.fastest}"
         )
@@ -194,6 +191,9 @@ def cost_lines(scaling: pd.DataFrame) -> list[str]:
     return lines
 
 
-def _currency(scaling: pd.DataFrame) -> str:
-    c = scaling["currency"].dropna() if "currency" in scaling else []
-    return str(c.iloc[0]) if len(c) else ""
+def cheapest_value(r, currency: str) -> str:
+    """A cheapest cell's figure (a row of `cost.cheapest_and_fastest`): "0.00093 EUR per
+    million" where priced, else "0.0233 device-hours per million"."""
+    if r.by == "cost_per_million":
+        return f"{human(r.cheapest_value)} {currency} per million".replace("  ", " ")
+    return f"{human(r.cheapest_value)} device-hours per million"

@@ -89,7 +89,7 @@ def check(config: Mapping, accelerator: str, gpus: list[str]) -> str | None:
             f"threads_per_worker threads are priced as {CPU_KEY} hours: add "
             f"`{CPU_KEY}: <price of one core-hour>` to cost.device_hour, or remove cost"
         )
-    problems = [why for name in gpus for key, why in [prices.match("cuda", name)] if key is None]
+    problems = [why for key, why in (prices.match("cuda", name) for name in gpus) if key is None]
     if problems:
         return (
             "; ".join(problems)

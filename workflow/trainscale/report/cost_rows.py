@@ -5,26 +5,15 @@ to. The figures are defined once, in `trainscale.analysis.aggregate` (Methods)."
 
 from __future__ import annotations
 
-import pandas as pd
-
 from trainscale.analysis import cost
 from trainscale.analysis.aggregate import Study, human
+from trainscale.analysis.summary import cheapest_value
 from trainscale.report.rows import MAX_CELLS, _cell_label, na, with_ci
-
-
-def _unit(seq_len) -> str:
-    return "tokens" if not na(seq_len) and seq_len else "samples"
-
-
-def currency(scaling: pd.DataFrame) -> str:
-    """The prices' currency (config cost.currency), "" where no cell was priced."""
-    c = scaling["currency"].dropna() if "currency" in scaling else []
-    return str(c.iloc[0]) if len(c) else ""
 
 
 def cost_rows(study: Study) -> list[dict]:
     """The Cost table's rows (trainscale.analysis.cost.cost_table), formatted."""
-    money = currency(study.scaling)
+    money = cost.currency(study.scaling)
     rows = []
     for r in cost.cost_table(study.scaling).itertuples(index=False):
         rows.append(
@@ -34,7 +23,6 @@ def cost_rows(study: Study) -> list[dict]:
                 "n": int(r.world_size),
                 "strategy": r.strategy,
                 "config": _cell_label(r),
-                "unit": _unit(getattr(r, "seq_len", 0)),
                 "hours": human(r.hours_per_million),
                 "device_hours": with_ci(
                     r.device_hours_per_million_mean, r.device_hours_per_million_ci95
@@ -54,15 +42,12 @@ def cost_rows(study: Study) -> list[dict]:
 def cheapest_lines(study: Study) -> list[str]:
     """ "gpt-nano on shakespeare: the cheapest cell is torch-ddp at N=2 (…); the fastest is …",
     per model and dataset where the two differ."""
-    money = currency(study.scaling)
+    money = cost.currency(study.scaling)
     out = []
     for r in cost.cheapest_and_fastest(study.scaling).itertuples(index=False):
         if not r.differ:
             continue
-        if r.by == "cost_per_million":
-            value = f"{human(r.cheapest_value)} {money} per million".replace("  ", " ")
-        else:
-            value = f"{human(r.cheapest_value)} device-hours per million"
+        value = cheapest_value(r, money)
         out.append(
             f"{r.model} on {r.dataset}: the cheapest cell is {r.cheapest} ({value}); "
             f"the fastest is {r.fastest}"
@@ -76,7 +61,7 @@ def context(study: Study) -> dict:
     return {
         "rows": rows[:MAX_CELLS],
         "more": max(0, len(rows) - MAX_CELLS),
-        "currency": currency(study.scaling),
+        "currency": cost.currency(study.scaling),
         "priced": any(r["cost"] != "–" for r in rows),
         "energy": any(r["kwh"] != "–" for r in rows),
         "cheapest": cheapest_lines(study),

@@ -21,10 +21,12 @@ def _cost_time(study: Study) -> pd.DataFrame | str:
         return d
     if "cost_per_million_mean" not in d or not d["cost_per_million_mean"].notna().any():
         return "no prices (config cost.device_hour) apply to its cells"
+    d = cost.cost_table(d)  # with each cell's hours per million
     d = d[d["cost_per_million_mean"].notna() & ~d["logical"].astype(bool)].copy()
-    d["hours"] = d["device_hours_per_million_mean"] / d["world_size"]
-    d["unit"] = d["seq_len"].map(lambda q: "tokens" if q and q > 0 else "samples")
-    fronts = [cost.pareto(g, "hours", "cost_per_million_mean") for _, g in d.groupby("model")]
+    d["unit"] = d["seq_len"].map(cost.units)
+    fronts = [
+        cost.pareto(g, "hours_per_million", "cost_per_million_mean") for _, g in d.groupby("model")
+    ]
     return d.assign(front=pd.concat(fronts))
 
 
@@ -43,13 +45,15 @@ def draw_cost_time(d: pd.DataFrame, kind: Kind) -> Figure:
                      side=side_width([h.get_label() for h in handles]))  # fmt: skip
     for ax, model in zip(axes[0], models, strict=True):
         sub = d[d["model"] == model]
-        front = sub[sub["front"]].sort_values("hours")
-        ax.plot(front["hours"], front["cost_per_million_mean"], "--", color="0.2", lw=0.9)
+        front = sub[sub["front"]].sort_values("hours_per_million")
+        x, y = front["hours_per_million"], front["cost_per_million_mean"]
+        ax.plot(x, y, "--", color="0.2", lw=0.9)
         for r in sub.itertuples():
-            ax.plot(r.hours, r.cost_per_million_mean, "o", color=STRATEGY_COLOURS.get(r.strategy),
+            at = (r.hours_per_million, r.cost_per_million_mean)
+            ax.plot(*at, "o", color=STRATEGY_COLOURS.get(r.strategy),
                     markeredgecolor="0.1" if r.front else "none")  # fmt: skip
-            ax.annotate(f"N={r.world_size}", (r.hours, r.cost_per_million_mean), fontsize=7,
-                        xytext=(4, 3), textcoords="offset points", color="0.3")  # fmt: skip
+            ax.annotate(f"N={r.world_size}", at, fontsize=7, xytext=(4, 3),
+                        textcoords="offset points", color="0.3")  # fmt: skip
         unit = sub["unit"].iloc[0]
         ax.set_xlim(left=0)
         ax.set_ylim(bottom=0)

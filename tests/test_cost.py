@@ -150,6 +150,7 @@ def test_report_with_prices_has_the_cost_table_figure_and_ranking(torch_study, t
     assert table.index(f"<b>{first}</b>") < table.index(f"<td>{second}</td>")
     assert "cost per million" in table and "EUR" in table
     assert "Time against cost per million" in page  # the cost-time figure, drawn
+    assert "Strategies ranked by cost per million tokens or samples" in page  # report.rank_by
     assert (out / "figures" / "cost_time.png").stat().st_size > 10_000
     assert "no data in this study for time against cost" not in page
 

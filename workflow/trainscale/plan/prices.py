@@ -7,8 +7,10 @@ cpu-core: 0.04}, currency: USD}`.
 - On CPU the key is `cpu-core`: a worker stands for a device, and its `threads_per_worker`
   threads are priced as that many core-hours.
 - On a GPU the device is known from the records (`device.name`, e.g. "NVIDIA H100 80GB
-  HBM3"): a key applies when it is a case-insensitive substring of the name. A name that no
-  key or several keys match gets no price, and the report names it among its warnings.
+  HBM3"): a key applies when it is a case-insensitive substring of the name, and of the keys
+  that apply the longest wins, so `H100 NVL` prices "NVIDIA H100 NVL" and `H100` the rest of
+  the H100s. A name that no key matches, or two longest keys of equal length, gets no price,
+  and the report names it among its warnings.
 
 Before any job (`check`), a study whose prices cannot apply stops, naming `cost.device_hour`:
 a CPU study without `cpu-core`, or a GPU this machine has that no key (or several) matches.
@@ -40,18 +42,20 @@ class Prices:
         return cls(hourly, str(cost.get("currency") or "USD")) if hourly else None
 
     def match(self, kind: str | None, name: str | None) -> tuple[str | None, str]:
-        """(the key whose price applies to a device of `kind` ("cpu" or "cuda") named `name`,
-        "") or (None, why none applies)."""
+        """(the key whose price applies to a device of `kind` ("cpu" or "cuda") named `name`:
+        the longest that is a part of its name, "") or (None, why none applies)."""
         if kind == "cpu":
             if CPU_KEY in self.device_hour:
                 return CPU_KEY, ""
             return None, f"cost.device_hour has no {CPU_KEY!r} price for CPU workers"
         label = name or "an unnamed device"
         keys = [k for k in self.device_hour if k != CPU_KEY and k.lower() in (name or "").lower()]
-        if len(keys) == 1:
-            return keys[0], ""
         if not keys:
             return None, f"no key of cost.device_hour matches the device {label!r}"
+        longest = max(map(len, keys))
+        keys = [k for k in keys if len(k) == longest]  # "H100 NVL" before "H100"
+        if len(keys) == 1:
+            return keys[0], ""
         listed = ", ".join(repr(k) for k in sorted(keys))
         return None, f"several keys of cost.device_hour match the device {label!r}: {listed}"
 
@@ -93,7 +97,8 @@ def check(config: Mapping, accelerator: str, gpus: list[str]) -> str | None:
     if problems:
         return (
             "; ".join(problems)
-            + f" (keys: {given}): name each GPU of the study by exactly one key, a "
-            "case-insensitive part of its name (e.g. H100 for 'NVIDIA H100 80GB HBM3')"
+            + f" (keys: {given}): name each GPU of the study by a key that is a "
+            "case-insensitive part of its name (e.g. H100 for 'NVIDIA H100 80GB HBM3'); where "
+            "several keys are, the longest prices it"
         )
     return None

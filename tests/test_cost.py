@@ -112,7 +112,7 @@ def test_gpu_prices_match_one_key_by_name_and_the_rest_are_warned(torch_study):
 
 
 def test_the_longest_key_that_is_part_of_a_name_prices_it():
-    """"H100" is part of "NVIDIA H100 NVL" too: with both keys listed, the NVL is priced by
+    """The key H100 is part of "NVIDIA H100 NVL" too: with both keys listed, the NVL is priced by
     its own and the SXM by "H100"; two longest keys of equal length are no price."""
     prices = Prices({"H100": 2.49, "H100 NVL": 2.10, "A100": 1.29, "80GB": 9.0})
     assert prices.match("cuda", "NVIDIA H100 NVL") == ("H100 NVL", "")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 import yaml
 
 from trainscale.plan import hf_models
@@ -86,6 +87,23 @@ def test_a_vocabulary_below_the_datas_ids_stops_before_any_job(tmp_path):
     p = snakemake(tmp_path, "-n", "--configfile", str(tmp_path / "study.yaml"))
     assert p.returncode != 0
     assert "vocab_size 256, below the 50,304 ids" in p.stdout + p.stderr
+
+
+def test_a_config_in_bfloat16_builds_fp32_masters(tmp_path, monkeypatch):
+    """Most Hub configs say "torch_dtype": "bfloat16", which transformers builds as it says:
+    the run's fp32 cell gets fp32 parameters from the builder (what every runner and the
+    memory trace build), 4 bytes each in the trace."""
+    from trainscale.models import torch_models as models
+    from trainscale.runners.torch import memory_trace
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "bf16.json").write_text(json.dumps({**MINI, "torch_dtype": "bfloat16"}))
+    (run,), _ = build_runs(hf_config(["hf:bf16.json"]))
+    assert run.precision == "fp32"
+    net = models.build(run.model, (32,), 256, run.own_model, seed=0)
+    assert {p.dtype for p in net.parameters()} == {torch.float32}
+    traced = memory_trace.predict(run, "cpu")["parts"]["parameters"]
+    assert traced >= 4 * models.param_count(net)
 
 
 def test_an_unknown_config_is_named_with_the_shipped_ones():

@@ -1,9 +1,12 @@
 """Hugging Face causal LMs built from a config alone (`matrix.model: hf:NAME`,
 trainscale.plan.hf_models): the own-model builder and tensor-parallel plan trainscale gives them.
 
-`AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")` builds any architecture
-transformers knows (Llama, Qwen2, Mistral, ...) with random weights under the run's seed, and
-nothing is downloaded. The module trainscale trains wraps it so that it takes a batch of token
+`AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=torch.float32)`
+builds any architecture transformers knows (Llama, Qwen2, Mistral, ...) with random weights
+under the run's seed, and nothing is downloaded. Its parameters are fp32 masters in every cell,
+as the built-in models' are, whatever the config's `torch_dtype` says (most Hub configs say
+bfloat16, which transformers would otherwise build): bf16 is the run's autocast or FSDP's
+policy, never the masters' dtype. The module trainscale trains wraps it so that it takes a batch of token
 ids and returns the logits of every position, as every token model here does; its `layers` are
 the decoder layers (the modules its `_no_split_modules` names), which FSDP wraps one by one and
 tensor parallelism splits by the config's own `base_model_tp_plan`.
@@ -55,7 +58,9 @@ def build(vocab_size: int, seq_len: int, config: str, name: str, architecture: s
             f"{name}: the data's {vocab_size:,} token ids do not fit the config's vocab_size "
             f"{cfg.vocab_size:,}"
         )
-    hf = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa")  # also on meta
+    # fp32 masters whatever the config's torch_dtype says (a Hub config's "bfloat16" would
+    # build bf16 parameters and Adam states): a run's precision is autocast's or FSDP's policy
+    hf = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa", dtype=torch.float32)
     return CausalLM(hf, name)
 
 

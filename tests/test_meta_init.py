@@ -59,6 +59,54 @@ def test_a_tensor_the_initialisation_leaves_unset_is_named():
         initialise(net, weight_only, 0)
 
 
+class Masked(torch.nn.Module):
+    """A module with an integer buffer (positions) and a bool one (a causal mask)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.empty(3))
+        self.register_buffer("positions", torch.arange(3))
+        self.register_buffer("mask", torch.ones(3, 3, dtype=torch.bool).tril())
+
+
+def test_an_integer_buffer_the_initialisation_leaves_unset_is_named():
+    """Integer and bool buffers have no NaN to be caught by: the rule runs on a second copy
+    filled otherwise, and an element that differs was not set; set, they are kept."""
+
+    def weight_only(model, module, name):
+        torch.nn.init.ones_(module.weight)
+
+    def everything(model, module, name):
+        weight_only(model, module, name)
+        module.positions.copy_(torch.arange(3))
+        module.mask.copy_(torch.ones(3, 3, dtype=torch.bool).tril())
+
+    with pytest.raises(ValueError, match=r"the model\.positions: the model's initialisation"):
+        initialise(Masked(), weight_only, 0)
+    net = Masked()
+    net.positions.zero_()
+    net.mask.zero_()
+    initialise(net, everything, 0)
+    assert net.positions.tolist() == [0, 1, 2] and net.mask.sum() == 6
+
+
+def test_initialisation_seeds_the_cpu_generator_alone(monkeypatch):
+    """torch.manual_seed would seed every CUDA generator too, and fork_rng(devices=[]) puts
+    back only the CPU one: a GPU run's dropout stream would depend on when it built its model.
+    The CPU generator is put back after each module."""
+
+    def device_seeded(seed):
+        raise AssertionError("the initialisation seeded a device generator")
+
+    monkeypatch.setattr(torch.cuda, "manual_seed_all", device_seeded)
+    monkeypatch.setattr(torch.cuda, "manual_seed", device_seeded)
+    torch.default_generator.manual_seed(11)
+    expected = torch.rand(4)
+    torch.default_generator.manual_seed(11)
+    models.build("gpt-nano", (32,), 256, seed=3)
+    assert torch.equal(torch.rand(4), expected)
+
+
 @pytest.mark.slow
 def test_fsdp_and_zero3_start_from_the_whole_builds_weights(tmp_path):
     """gpt-nano's gathered full state dict at the start of training, under torch-fsdp (built on

@@ -12,8 +12,12 @@ whole model cannot be replayed shard by shard, so the initial weights are define
   the first module that holds it) is initialised by the model's own rule (`Init`: GPT-2's for
   the GPT family, transformers' `_init_weights` for `hf:` models, the `init` of an own model);
 - the rule runs on a host *twin* of the module, whose tensors are whole and fresh (NaN, so a
-  tensor the rule leaves unset is caught), with torch's generator seeded from the run's seed
-  and the module's name;
+  tensor the rule leaves unset is caught; an integer or bool buffer, a mask or `position_ids`,
+  has no NaN: the rule runs on a second twin filled with ones, and an element that differs
+  from the first twin's zeros was left unset), with torch's CPU generator seeded from the
+  run's seed and the module's name (the CPU one alone: the twin is on the host, and the
+  device generators stay the run's, seeded once at its start, so a run's dropout stream on a
+  GPU does not depend on when its model was built);
 - each rank keeps its share of the twin's values: the whole of a plain tensor, its local
   piece of a DTensor (as `distribute_tensor` lays it), or ZeRO-3's partition.
 
@@ -58,22 +62,34 @@ def initialise(net: nn.Module, init: Init, seed: int, gather: Gather | None = No
         own = [(k, t) for k, t in _tensors(module) if id(t) not in seen]
         if not own:
             continue
-        with gather([t for _, t in own]) if gather else nullcontext():
-            twin = _twin(module)
-            with torch.random.fork_rng(devices=[]), torch.no_grad():
-                torch.manual_seed(module_seed(seed, name))
-                init(net, twin, name)
-                values = dict(_tensors(twin))
-                for key, tensor in own:
-                    value = values[key]
-                    if value.is_floating_point() and bool(value.isnan().any()):
-                        raise ValueError(
-                            f"{name or 'the model'}.{key}: the model's initialisation "
-                            f"({getattr(init, '__qualname__', init)}) left it unset; it must set "
-                            "every parameter and buffer each module holds itself"
-                        )
-                    _fill(tensor, value)
+        with gather([t for _, t in own]) if gather else nullcontext(), torch.no_grad():
+            values = _initialised(net, module, name, init, seed, 0)
+            exact = [k for k, t in own if not (t.is_floating_point() or t.is_complex())]
+            other = _initialised(net, module, name, init, seed, 1) if exact else {}
+            for key, tensor in own:
+                value = values[key]
+                unset = bool(value.isnan().any()) if key not in exact else \
+                    not torch.equal(value, other[key])  # fmt: skip
+                if unset:
+                    raise ValueError(
+                        f"{name or 'the model'}.{key}: the model's initialisation "
+                        f"({getattr(init, '__qualname__', init)}) left it unset; it must set "
+                        "every parameter and buffer each module holds itself"
+                    )
+                _fill(tensor, value)
         seen.update(id(t) for _, t in own)
+
+
+def _initialised(
+    net: nn.Module, module: nn.Module, name: str, init: Init, seed: int, exact_fill: int
+) -> dict[str, torch.Tensor]:
+    """`init` run on a twin of `module` (floating tensors NaN, the others `exact_fill`), from
+    the module's seed on the CPU generator alone, put back after: its tensors by name."""
+    twin = _twin(module, exact_fill)
+    with torch.random.fork_rng(devices=[]):
+        torch.default_generator.manual_seed(module_seed(seed, name))
+        init(net, twin, name)
+    return dict(_tensors(twin))
 
 
 def to_empty(net: nn.Module, device: torch.device | str) -> None:
@@ -110,21 +126,24 @@ def _all_tensors(net: nn.Module) -> Iterable[torch.Tensor]:
     yield from net.buffers()
 
 
-def _twin(module: nn.Module) -> nn.Module:
+def _twin(module: nn.Module, exact_fill: int = 0) -> nn.Module:
     """A shallow copy of `module` whose own tensors are fresh, whole and on the host (NaN where
-    they are floating point): what `init` writes. Its children are the module's own (an
-    `Init` sets only the module's tensors). A module FSDP2 wrapped copies as its plain class."""
+    they are floating point, `exact_fill` where not): what `init` writes. Its children are the
+    module's own (an `Init` sets only the module's tensors). A module FSDP2 wrapped copies as
+    its plain class."""
     twin = copy.copy(module)
     twin._parameters = {
-        k: None if p is None else nn.Parameter(_fresh(p), requires_grad=p.requires_grad)
+        k: None if p is None else nn.Parameter(_fresh(p, exact_fill), requires_grad=p.requires_grad)
         for k, p in module._parameters.items()
     }
-    twin._buffers = {k: None if b is None else _fresh(b) for k, b in module._buffers.items()}
+    twin._buffers = {
+        k: None if b is None else _fresh(b, exact_fill) for k, b in module._buffers.items()
+    }
     return twin
 
 
-def _fresh(t: torch.Tensor) -> torch.Tensor:
-    fill = math.nan if t.is_floating_point() or t.is_complex() else 0
+def _fresh(t: torch.Tensor, exact_fill: int) -> torch.Tensor:
+    fill = math.nan if t.is_floating_point() or t.is_complex() else exact_fill
     return torch.full(tuple(t.shape), fill, dtype=t.dtype, device="cpu")
 
 

@@ -79,6 +79,73 @@ def test_the_memory_preflight_traces_checkpointing_as_the_runner_applies_it():
     assert act["full"] < 0.5 * act["none"], act
 
 
+def test_selective_checkpointing_keeps_sequence_parallelisms_reduce_scatters():
+    """One training step of gpt-nano under torch-tp's plan with sequence parallelism (tp 2, a
+    fake process group in this process): selective checkpointing runs as many reduce-scatters
+    as no checkpointing (their outputs are kept, as torchtitan's policy keeps them); full
+    checkpointing recomputes some in the backward pass."""
+    import torch
+    import torch.nn.functional as F
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.debug import CommDebugMode
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    from trainscale.models import gpt
+    from trainscale.runners.torch import checkpointing, tp_plans
+    from trainscale.runners.torch.memory_trace import fake_world
+
+    scatters = {}
+    with fake_world(2):
+        mesh = init_device_mesh("cpu", (2,))
+        for mode in ("none", "selective", "full"):
+            net = gpt.build("gpt-nano", 32, 256)
+            checkpointing.apply(net, None, mode)
+            assert tp_plans.parallelize(net, mesh, list(net), None, sequence_parallel=True)
+            ids = torch.randint(0, 256, (2, 33))
+            with CommDebugMode() as comm, loss_parallel():
+                logits = net(ids[:, :-1])
+                F.cross_entropy(logits.flatten(0, 1), ids[:, 1:].flatten()).backward()
+            counts = {str(k).split(".")[-1]: n for k, n in comm.get_comm_counts().items()}
+            scatters[mode] = counts["reduce_scatter_tensor"]
+    assert scatters["selective"] == scatters["none"] < scatters["full"], scatters
+
+
+def test_full_checkpointing_moves_batchnorm_statistics_once_per_step():
+    """A CNN of BatchNorm stages (as resnet50's), 3 SGD steps from the same weights on the
+    same batches: with full checkpointing each stage runs twice per step, and its running
+    statistics and batch counts end where they end without checkpointing, to the bit."""
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    from trainscale.runners.torch import checkpointing
+
+    def stage(c_in: int, c_out: int) -> nn.Module:
+        return nn.Sequential(nn.Conv2d(c_in, c_out, 3, padding=1), nn.BatchNorm2d(c_out),
+                             nn.ReLU(), nn.MaxPool2d(2))  # fmt: skip
+
+    ended = {}
+    for mode in ("none", "full"):
+        torch.manual_seed(0)
+        net = nn.Sequential(stage(3, 8), stage(8, 16), nn.Sequential(nn.Flatten(),
+                            nn.Linear(16 * 4 * 4, 10)))  # fmt: skip
+        checkpointing.apply(net, None, mode)
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        draw = torch.Generator().manual_seed(1)
+        for _ in range(3):
+            x = torch.randn(4, 3, 16, 16, generator=draw)
+            F.cross_entropy(net(x), torch.randint(10, (4,), generator=draw)).backward()
+            opt.step()
+            opt.zero_grad()
+        ended[mode] = {k: v.clone() for k, v in net.state_dict().items()}
+    none, full = ended["none"], ended["full"]
+    assert none["0.1.num_batches_tracked"] == 3 and none.keys() == full.keys()
+    assert not torch.equal(none["1.1.running_var"], torch.ones(16))  # they moved
+    for k in none:
+        assert torch.equal(full[k], none[k]) if "running" in k or "batches" in k else \
+            torch.allclose(full[k], none[k], rtol=RTOL, atol=ATOL), k  # fmt: skip
+
+
 def tapped(tmp_path, spec) -> tuple[dict, dict]:
     """One real run with the test plug-in: its record and final weights."""
     name = f"{spec.strategy}-{spec.activation_checkpointing}-{spec.offload}"

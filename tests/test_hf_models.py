@@ -106,6 +106,44 @@ def test_a_config_in_bfloat16_builds_fp32_masters(tmp_path, monkeypatch):
     assert traced >= 4 * models.param_count(net)
 
 
+BYTES_ONLY = """
+from torch import nn
+
+
+def build(*, vocab_size, seq_len):
+    if vocab_size > 256:
+        raise ValueError(f"a byte model: vocab_size {vocab_size} is above 256")
+    return nn.Sequential(nn.Embedding(vocab_size, 8), nn.Linear(8, vocab_size))
+"""
+
+
+def test_model_and_data_checks_look_at_the_cells_exclude_leaves(tmp_path, monkeypatch):
+    """Two vocabularies (an hf: config of 256 ids and one of 50,304, an own byte model) and
+    two token sets, each pair that does not fit excluded: the study plans the pairs that run;
+    without the exclusions it stops on the first that does not fit."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "big.json").write_text(json.dumps({**MINI, "vocab_size": 50304}))
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "bytesonly.py").write_text(BYTES_ONLY)
+    small = [{"model": m, "dataset": "synthetic-tokens"} for m in ("hf:tiny-llama", "bytes")]
+    study = {"study": "t", "steps_per_epoch": 2, "code": ["code"],
+             "models": {"bytes": {"torch": "bytesonly:build", "input": "tokens"}},
+             "matrix": {"strategy": ["torch"], "model": ["hf:tiny-llama", "hf:big.json", "bytes"],
+                        "dataset": ["shakespeare", "synthetic-tokens"], "seq_len": [32],
+                        "batch_size": [8], "exclude": small}}  # fmt: skip
+    runs, dropped = build_runs(validated(study))
+    ran = {(r.own_model.builder_kwargs.get("name", r.model), r.dataset) for r in runs}
+    assert ran == {("hf:tiny-llama", "shakespeare"), ("hf:big.json", "shakespeare"),
+                   ("hf:big.json", "synthetic-tokens"), ("bytes", "shakespeare")}  # fmt: skip
+    assert len(dropped) == 2
+    study["matrix"]["exclude"] = small[1:]
+    with pytest.raises(ConfigError, match="hf:tiny-llama has vocab_size 256, below the 50,304"):
+        build_runs(validated(study))
+    study["matrix"]["exclude"] = small[:1]
+    with pytest.raises(ConfigError, match="vocab_size 50304 is above 256"):
+        build_runs(validated(study))
+
+
 def test_an_unknown_config_is_named_with_the_shipped_ones():
     with pytest.raises(ConfigError, match=r"matrix.model\[0\]: 'hf:llama9' is neither a config "
                                           r"shipped with trainscale \(hf:llama3.1-8b"):  # fmt: skip

@@ -251,3 +251,21 @@ def test_batchnorm_models_need_two_samples_per_worker():
     assert [d.reason for d in dropped] == [
         "resnet50 has BatchNorm: needs at least 2 samples per worker"
     ]
+
+
+def test_a_pair_is_left_while_any_of_its_cells_escapes_exclude():
+    """trainscale.plan.exclusions.pairs_left: a rule that names other keys drops a (model,
+    data set) pair only where it covers every value of those keys."""
+    from trainscale.plan.exclusions import pairs_left
+
+    axes = {"model": ["a", "b"], "dataset": ["toks", "imgs"], "seq_len": [32, 64],
+            "batch_size": [8, 16], "workers": [1]}  # fmt: skip
+    tokens = {"toks": True, "imgs": False}
+    every = {(m, "toks", t) for m in "ab" for t in (32, 64)} | {("a", "imgs", 0), ("b", "imgs", 0)}
+    assert pairs_left(axes, [], tokens) == every
+    rules = [{"model": "a", "dataset": "toks", "seq_len": 64},
+             {"model": "b", "dataset": "toks", "batch_size": 8},  # 16 is left
+             {"model": "b", "dataset": "imgs", "workers": 1},  # every value: dropped
+             {"seq_len": 32, "model": "b"}]  # image sets have no seq_len: left  # fmt: skip
+    assert pairs_left(axes, rules, tokens) == every - {("a", "toks", 64), ("b", "imgs", 0),
+                                                       ("b", "toks", 32)}  # fmt: skip

@@ -7,6 +7,7 @@ The workflow (rules/common.smk) runs the same checks before its first job.
 
 from __future__ import annotations
 
+import copy
 import sys
 from pathlib import Path
 
@@ -67,8 +68,10 @@ def config_problems(config: dict, schema: dict) -> list[str]:
     if lines:
         return lines
     seq_lens = (config.get("matrix") or {}).get("seq_len") or [DEFAULT_SEQ_LEN]
+    filled = copy.deepcopy(config)
+    fill_defaults(filled, schema)  # the matrix build_runs meets: the same pre-flight request
     try:
-        answer = own_models.check(config, data_shapes(config, seq_lens))
+        answer = own_models.check(config, data_shapes(filled, seq_lens))
     except own_models.OwnModelError as e:
         return [str(e)]
     for name, facts in answer.items():

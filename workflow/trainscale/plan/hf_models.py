@@ -102,7 +102,7 @@ def expand(config: dict) -> dict:
         names[w] = safe_name(w, path)
         models[names[w]] = {
             "torch": BUILDER, "input": "tokens", "blocks": "layers", "tp_plan": TP_PLAN,
-            "init": INIT,
+            "init": INIT, "embedding": "embedding", "head": "head",
             "kwargs": {"config": str(path), "name": w,
                        "architecture": (facts.get("architectures") or ["?"])[0]},
         }  # fmt: skip
@@ -156,10 +156,14 @@ def shape_why_not(values: dict, kwargs: dict) -> str | None:
     return None
 
 
-def vocabulary_problems(config: dict, vocab_of: dict[str, int]) -> list[str]:
-    """A line per (hf: model, token data set) of the matrix whose ids do not fit the config's
-    vocab_size, naming both numbers (checked before any job)."""
+def vocabulary_problems(
+    config: dict, vocab_of: dict[str, int], left: set[tuple[str, str, int]]
+) -> list[str]:
+    """A line per (hf: model, token data set) with a cell of the matrix (`left`: the (model,
+    data set, seq_len) matrix.exclude leaves, trainscale.plan.exclusions) whose ids do not fit
+    the config's vocab_size, naming both numbers (checked before any job)."""
     matrix = config.get("matrix") or {}
+    paired = {(model, ds) for model, ds, _ in left}
     out = []
     for model in matrix.get("model") or []:
         entry = (config.get("models") or {}).get(model) or {}
@@ -167,7 +171,7 @@ def vocabulary_problems(config: dict, vocab_of: dict[str, int]) -> list[str]:
         if facts is None:
             continue
         for ds in matrix.get("dataset") or []:
-            v = vocab_of.get(ds)
+            v = vocab_of.get(ds) if (model, ds) in paired else None
             if v is not None and v > facts["vocab_size"]:
                 out.append(
                     f"matrix.model: {entry['kwargs']['name']} has vocab_size "

@@ -22,6 +22,7 @@ from trainscale.data import imagesets, tokens, tokensets
 from trainscale.plan import (
     catalog,
     datafit,
+    exclusions,
     faults,
     hf_models,
     knobs,
@@ -98,10 +99,6 @@ def why_not(
 pipeline_batch = catalog.pipeline_batch
 
 
-def _excluded(values: dict, exclude: list[dict]) -> bool:
-    return any(all(values.get(k) == v for k, v in rule.items()) for rule in exclude)
-
-
 def _split_batch(values: dict, world: int) -> tuple[int, int]:
     """(global, per-worker) batch of a cell: the pipeline's and tensor parallelism's own splits
     (catalog.pipeline_batch, catalog.tp_batch), else `batch_sizes`."""
@@ -171,9 +168,10 @@ def build_runs(
     axes = {**{k: [v] for k, v in OUT_OF_PATH.items()}, **m,
             "seq_len": m.get("seq_len") or [DEFAULT_SEQ_LEN]}  # fmt: skip
     token_sets = {n: tokensets.is_tokens(n, config) for n in m["dataset"]}
+    left = exclusions.pairs_left(axes, m.get("exclude", []), token_sets)  # checked: these
     vocab = {n: _info({"dataset": n, "seq_len": axes["seq_len"][0]}, config).num_classes
              for n, is_tokens in token_sets.items() if is_tokens}  # fmt: skip
-    too_small = hf_models.vocabulary_problems(config, vocab)
+    too_small = hf_models.vocabulary_problems(config, vocab, left)
     if too_small:
         raise ConfigError("; ".join(too_small))
     answer = own_models.check(config, data_shapes(config, axes["seq_len"]))
@@ -186,7 +184,7 @@ def build_runs(
             if values["seq_len"] != axes["seq_len"][0]:
                 continue
             values["seq_len"] = 0
-        if _excluded(values, m.get("exclude", [])):
+        if exclusions.excluded(values, m.get("exclude", [])):
             dropped.append(Dropped(values, "excluded by matrix.exclude"))
             continue
         pipe = values["strategy"] == "torch-pipeline"
@@ -294,16 +292,23 @@ def build_runs(
 
 
 def data_shapes(config: dict, seq_lens: list[int]) -> dict[str, list[tuple]]:
-    """(shape, classes) of every data set of the matrix by kind ("image", "tokens": one per
-    seq_len), for the own models' pre-flight; only where the study has own models."""
-    if not own_models.names(config):
+    """(shape, classes) each own model of the matrix is built at by its pre-flight: the data
+    sets of its kind (a token set at each seq_len) with which matrix.exclude leaves it a cell
+    (trainscale.plan.exclusions); {} where the study has no own models."""
+    own = own_models.names(config)
+    if not own:
         return {}
-    out: dict[str, list[tuple]] = {"image": [], "tokens": []}
-    for name in config["matrix"]["dataset"]:
-        kind = "tokens" if tokensets.is_tokens(name, config) else "image"
-        for t in seq_lens if kind == "tokens" else [0]:
-            info = _info({"dataset": name, "seq_len": t}, config)
-            out[kind].append((info.shape, info.num_classes))
+    m = config["matrix"]
+    tokens = {name: tokensets.is_tokens(name, config) for name in m["dataset"]}
+    axes = {**{k: [v] for k, v in OUT_OF_PATH.items()}, **m, "seq_len": seq_lens}
+    left = exclusions.pairs_left({**axes, "model": own}, m.get("exclude") or [], tokens)
+    infos = {(d, t): _info({"dataset": d, "seq_len": t}, config) for _, d, t in left}
+    out: dict[str, list[tuple]] = {}
+    for model, dataset, t in sorted(left):
+        kind = "tokens" if tokens[dataset] else "image"
+        if kind == (config["models"][model].get("input") or "image"):
+            info = infos[(dataset, t)]
+            out.setdefault(model, []).append((info.shape, info.num_classes))
     return out
 
 

@@ -2,7 +2,8 @@
 pre-flight check that stops a study before any job when one cannot run.
 
 A model is a name under `models:` with a PyTorch builder ("module:callable"), optionally a
-Keras twin, keyword arguments, what it eats (`input`) and the attribute holding its blocks.
+Keras twin, keyword arguments, what it eats (`input`), the attribute holding its blocks and,
+for tensor parallelism, the module paths of its token embedding and LM head.
 The check imports the builders, builds each model on the meta device for every data set it is
 paired with, and reads back the facts the matrix needs (blocks, BatchNorm, parameters). It
 runs in a child process (trainscale.models.preflight): only studies with their own models pay
@@ -50,6 +51,8 @@ class OwnModel:
     batchnorm: bool = False
     params: int = 0
     init: str | None = None  # "module:callable": built on meta, initialised module by module
+    embedding: str | None = None  # module path of the token embedding (split by vocabulary)
+    head: str | None = None  # module path of the LM head (its logits split by vocabulary)
 
     @property
     def builder_kwargs(self) -> dict:
@@ -81,10 +84,10 @@ def code_paths(config: dict) -> tuple[str, ...]:
     return tuple(os.path.abspath(p) for p in config.get("code") or [])
 
 
-def pairs(config: dict, name: str, shapes: dict[str, list[tuple]]) -> list[list]:
-    """[[shape, classes], ...] the model `name` will be built at: the data sets of its kind."""
-    kind = config["models"][name].get("input") or "image"
-    return [list(p) for p in sorted({(tuple(s), k) for s, k in shapes.get(kind, [])})]
+def pairs(name: str, shapes: dict[str, list[tuple]]) -> list[list]:
+    """[[shape, classes], ...] the model `name` will be built at (`shapes`: by model, the data
+    sets of its kind that a cell pairs it with: trainscale.plan.matrix.data_shapes)."""
+    return [list(p) for p in sorted({(tuple(s), k) for s, k in shapes.get(name, [])})]
 
 
 def _entry(config: dict, name: str) -> dict:
@@ -128,7 +131,7 @@ def check(config: dict, shapes: dict[str, list[tuple]]) -> dict:
         return {}
     request = {
         "code": list(code_paths(config)),
-        "models": {n: {**_entry(config, n), "pairs": pairs(config, n, shapes)} for n in own},
+        "models": {n: {**_entry(config, n), "pairs": pairs(n, shapes)} for n in own},
     }
     key = _key(request, _sources(config))
     path = CACHE / f"{key}.json"
@@ -164,6 +167,7 @@ def frozen(name: str, config: dict, answer: dict, shape: tuple, classes: int) ->
         kwargs=json.dumps(entry.get("kwargs") or {}, sort_keys=True),
         input=entry.get("input") or "image", blocks=entry.get("blocks"),
         tp_plan=entry.get("tp_plan"), init=entry.get("init"), code=code_paths(config),
+        embedding=entry.get("embedding"), head=entry.get("head"),
         block_count=facts["block_count"], batchnorm=facts["batchnorm"],
         params=facts["params"].get(pair_key(shape, classes), 0),
     )  # fmt: skip

@@ -129,33 +129,37 @@ def train(tmp_path, strategy, workers, tp, optimizer, **config):
 
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory):
-    """One process's run per optimizer (the reference of both strategies), made once."""
+    """One process's run per model and optimizer (the reference of both strategies), made
+    once."""
     made = {}
 
-    def get(name):
-        if name not in made:
-            made[name] = train(tmp_path_factory.mktemp(name), "torch", 1, 1, OPTIMIZERS[name])
-        return made[name]
+    def get(model, name):
+        if (model, name) not in made:
+            made[model, name] = train(tmp_path_factory.mktemp(name), "torch", 1, 1,
+                                      OPTIMIZERS[name], model=model)  # fmt: skip
+        return made[model, name]
 
     return get
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "strategy, workers, tp, optimizer",
-    [("torch-tp", 2, 2, "sgd"), ("torch-fsdp-tp", 4, 2, "adamw")],
+    "strategy, workers, tp, optimizer, model",
+    [("torch-tp", 2, 2, "sgd", "gpt-nano"), ("torch-fsdp-tp", 4, 2, "adamw", "gpt-nano"),
+     ("torch-fsdp-tp", 4, 2, "adamw", "hf:tiny-llama")],
     # one optimizer each: the split's gradients under SGD, the sharded AdamW state under FSDP x
-    # TP (4 ranks on 2 cores: 60 s)
-    ids=["tp2-sgd", "dp2xtp2-adamw"],
-)
+    # TP (4 ranks on 2 cores: 60 s); an hf: model's torch-tp is its study's (test_hf_models)
+    ids=["tp2-sgd", "dp2xtp2-adamw", "hf-dp2xtp2-adamw"],
+)  # fmt: skip
 def test_tensor_parallel_ends_with_one_process_weights(
-    tmp_path, one_process, strategy, workers, tp, optimizer
+    tmp_path, one_process, strategy, workers, tp, optimizer, model
 ):
     """From the same initial weights and the same windows, the split model takes one process's
     steps: a layer split the wrong way (row-parallel declared column-parallel), a vocabulary
-    shard looked up at the wrong offset or gradients summed over the tp group would not."""
-    ref_rec, ref_init, ref = one_process(optimizer)
-    rec, init, final = train(tmp_path, strategy, workers, tp, OPTIMIZERS[optimizer])
+    shard looked up at the wrong offset, a loss on the wrong share of the logits or gradients
+    summed over the tp group would not."""
+    ref_rec, ref_init, ref = one_process(model, optimizer)
+    rec, init, final = train(tmp_path, strategy, workers, tp, OPTIMIZERS[optimizer], model=model)
     assert init.keys() == ref_init.keys()
     for k in init:
         np.testing.assert_array_equal(init[k], ref_init[k], err_msg=k)
@@ -167,8 +171,9 @@ def test_tensor_parallel_ends_with_one_process_weights(
         np.testing.assert_allclose(final[k], ref[k], rtol=RTOL, atol=ATOL, err_msg=k)
     dp = workers // tp
     assert rec["env"]["mesh"] == {"dp": dp, "tp": tp}
-    assert rec["tp"] == {"degree": tp, "data_parallel": dp, "sequence_parallel": True,
-                         "plan": "gpt"}  # fmt: skip
+    hf = model.startswith("hf:")  # the config's plan, without sequence parallelism
+    assert rec["tp"] == {"degree": tp, "data_parallel": dp, "sequence_parallel": not hf,
+                         "plan": "trainscale.models.hf:tp_plan" if hf else "gpt"}  # fmt: skip
     assert 0 < rec["flops"]["mfu"] <= 1
     assert len(rec["memory"]["per_rank_host_rss_bytes"]) == workers
     assert (
@@ -176,6 +181,9 @@ def test_tensor_parallel_ends_with_one_process_weights(
         and "tensor parallelism" in (rec["communication"]["note"])
     )
     assert rec["test"]["perplexity"] == pytest.approx(ref_rec["test"]["perplexity"], rel=1e-3)
+    # scored on logits split by vocabulary: each rank's best id, the group's argmax
+    assert rec["test"]["accuracy"] == pytest.approx(ref_rec["test"]["accuracy"], abs=2e-3)
+    assert rec["test"]["accuracy"] > 0.05
     assert [e["samples"] for e in rec["epochs"]] == [e["samples"] for e in ref_rec["epochs"]]
 
 
@@ -183,14 +191,15 @@ def test_tensor_parallel_ends_with_one_process_weights(
 def test_an_own_model_with_a_tp_plan_ends_with_one_process_weights(tmp_path):
     """The example package's language model (examples/own-model: tinymodels.lm, biases and an
     untied head) with its one-block plan, tinymodels.transformer:tp_plan, laid on its two
-    blocks: the same AdamW steps as one process (lr 0.005: PyTorch's default initialisation
-    is larger than GPT-2's, and 8 steps at 0.001 move it by 0.014); the embedding and head stay
-    whole."""
+    blocks, and its embedding and head named (split by vocabulary, the head's bias too): the
+    same AdamW steps as one process (lr 0.005: PyTorch's default initialisation is larger
+    than GPT-2's, and 8 steps at 0.001 move it by 0.014)."""
     own = {
         "code": [str(ROOT / "examples" / "own-model" / "src")],
         "models": {"my-lm": {"torch": "tinymodels.lm:build", "kwargs": {"depth": 2, "width": 64},
                              "input": "tokens", "blocks": "blocks",
-                             "tp_plan": "tinymodels.transformer:tp_plan"}},
+                             "tp_plan": "tinymodels.transformer:tp_plan",
+                             "embedding": "blocks.0.tokens", "head": "blocks.-1.linear"}},
     }  # fmt: skip
     adamw = {**OPTIMIZERS["adamw"], "lr": 0.005}
     _, ref_init, ref = train(tmp_path, "torch", 1, 1, adamw, model="my-lm", **own)
@@ -207,6 +216,7 @@ COUNT_COLLECTIVES = """
 import json, sys, torch, torch.distributed as dist, torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.debug import CommDebugMode
+from torch.distributed.tensor.parallel import loss_parallel
 from trainscale.models import gpt
 from trainscale.runners.torch import tp_plans
 
@@ -219,9 +229,9 @@ for sp in (False, True):
     mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
     tp_plans.parallelize(net, mesh, list(net), None, sp)
     ids = torch.randint(0, 256, (4, 33))
-    with CommDebugMode() as comm:
+    with CommDebugMode() as comm, loss_parallel():
         logits = net(ids[:, :-1])
-        F.cross_entropy(logits.reshape(-1, 256), ids[:, 1:].reshape(-1)).backward()
+        F.cross_entropy(logits.flatten(0, 1), ids[:, 1:].reshape(-1)).backward()
     out[str(sp)] = {str(k).split(".")[-1]: v for k, v in comm.get_comm_counts().items()}
 if dist.get_rank() == 0:
     json.dump(out, open(sys.argv[1], "w"))
@@ -243,6 +253,55 @@ def test_the_traffic_model_counts_the_collectives_the_plan_runs(tmp_path):
     seen = json.loads(counts.read_text())
     for sp in (False, True):
         assert seen[str(sp)] == tp_traffic.collectives_per_step(4, sp), sp
+
+
+def test_a_ranks_traced_logits_are_its_share_of_the_vocabulary():
+    """gpt-nano on synthetic-tokens (50,304 ids, seq_len 128, batch 8) under torch-tp at tp 2,
+    traced as the memory pre-flight traces it: the activations the head leaves (its logits)
+    are half what they were with the logits gathered on every rank, and the step's
+    activations and peak fall with them."""
+    import torch
+    from torch.distributed._tools.mem_tracker import MemTracker, _ModState
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from trainscale.runners.torch import memory_trace as trace
+    from trainscale.runners.torch import tp_plans
+    from trainscale.runners.torch.torch_parts import make_optimizer
+
+    (spec,), _ = runs_of("torch-tp", tp=(2,), dataset="synthetic-tokens", seq_len=128,
+                         batch_size=8)  # fmt: skip
+    assert spec.per_worker_batch_size == 8  # the tp group's one batch
+    cpu = torch.device("cpu")
+
+    def traced() -> tuple[int, dict]:
+        """(the activations the head's forward adds, the step's parts), as memory_trace's
+        tensor_parallel traces them."""
+        with trace.fake_world(2):
+            mesh = init_device_mesh("cpu", (2,))  # before fake tensors, as the trace makes it
+            with trace.tensors():
+                net = trace.fake_model(spec, cpu)
+                tp_plans.parallelize(net, mesh, list(net), None, sequence_parallel=True)
+                opt = make_optimizer(spec, net.parameters())
+                batch = trace.fake_batch(spec, 8, cpu)
+                tracker = MemTracker()
+                tracker.track_external(net, opt, *batch)
+                parts = trace.tracked(tracker, net, opt, [batch], cpu, None)
+        head = tracker.memory_tracking[net[-1]].snapshots
+        before, after = (head[s][0][cpu]["Activation"] for s in (_ModState.PRE_FW,
+                                                                    _ModState.POST_FW))  # fmt: skip
+        return after - before, parts
+
+    logits = 8 * 128 * 50304 * 4  # fp32 bytes of the whole vocabulary's logits
+    split, parts = traced()
+    whole_head = tp_plans.ColwiseParallel(input_layouts=tp_plans.Shard(1),
+                                          output_layouts=tp_plans.Replicate())  # fmt: skip
+    with pytest.MonkeyPatch.context() as mp:  # the head as it was: logits gathered
+        mp.setattr(tp_plans, "head_style", lambda sp=False: whole_head)
+        gathered, before = traced()
+    assert logits <= gathered < 1.01 * logits
+    assert logits / 2 <= split < 0.51 * gathered
+    assert parts["activations"] < before["activations"] - 0.45 * logits
+    assert parts["total"] < before["total"] - 0.45 * logits
 
 
 def test_the_reports_communication_table_gives_tp_traffic_in_the_note():

@@ -139,8 +139,9 @@ once (in `trainscale.analysis.cells` and, for communication.csv, `trainscale.ana
 - tensor parallelism in the communication model (torch-tp, torch-fsdp-tp, GPT models):
   t_comm = 2(tp − 1)/tp · V_tp / B + [dp > 1] 1.5 · 2(dp − 1)/dp · S_dp / B, with V_tp the
   activation traffic of one step over the tp group in all-reduce-equivalent bytes
-  ((4L + 2.5)·A with sequence parallelism, (6L + 2)·A without, plus ½·b·T·V for the logits'
-  all-gather; A = b·T·C activation bytes, trainscale.analysis.tp_traffic) and S_dp the FSDP
+  ((4L + 2.5)·A with sequence parallelism, (6L + 2)·A without, plus 3·b·T fp32 values for
+  the loss on logits split by vocabulary; A = b·T·C activation bytes,
+  trainscale.analysis.tp_traffic) and S_dp the FSDP
   gradient of params / tp × 4 bytes. B is read from the cell's benchmark at A bytes (and at
   S_dp); the tp group is smaller than the benchmark's world in torch-fsdp-tp (said in the
   row's note). TP's collectives cannot be switched off, so no exposed time is measured.

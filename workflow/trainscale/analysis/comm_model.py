@@ -134,8 +134,7 @@ def communication_frame(
             size = gradient_bytes("torch-fsdp", c.precision, params / tp)
             sp = bool(r.get("tp.sequence_parallel", True))
             batch = int(r["spec.per_worker_batch_size"])
-            vocab = r.get("data.vocab_size")
-            traffic = tp_traffic.tp_bytes(c.model, int(c.seq_len), vocab, batch, c.precision, sp)
+            traffic = tp_traffic.tp_bytes(c.model, int(c.seq_len), batch, c.precision, sp)
             tp_note = (
                 "tensor parallelism: activations by tp_traffic, busbw of the tp group read at "
                 "the cell's workers × nodes"

@@ -6,10 +6,13 @@ builds any architecture transformers knows (Llama, Qwen2, Mistral, ...) with ran
 under the run's seed, and nothing is downloaded. Its parameters are fp32 masters in every cell,
 as the built-in models' are, whatever the config's `torch_dtype` says (most Hub configs say
 bfloat16, which transformers would otherwise build): bf16 is the run's autocast or FSDP's
-policy, never the masters' dtype. The module trainscale trains wraps it so that it takes a batch of token
-ids and returns the logits of every position, as every token model here does; its `layers` are
-the decoder layers (the modules its `_no_split_modules` names), which FSDP wraps one by one and
-tensor parallelism splits by the config's own `base_model_tp_plan`.
+policy, never the masters' dtype.
+
+The module trainscale trains wraps it so that it takes a batch of token ids and returns the
+logits of every position, as every token model here does; its `layers` are the decoder layers
+(the modules its `_no_split_modules` names), which FSDP wraps one by one and tensor parallelism
+splits by the config's own `base_model_tp_plan`; its `embedding` and `head` are the token
+embedding and the LM head, which tensor parallelism splits by vocabulary.
 """
 
 from __future__ import annotations
@@ -33,6 +36,17 @@ class CausalLM(nn.Module):
         self.hf = hf
         self.name = name
         self.layers = hf.get_decoder().layers  # the same modules, reachable twice
+
+    @property
+    def embedding(self) -> nn.Module:
+        """The token embedding (the own-model entry's `embedding`), by transformers' own
+        accessor: any architecture's, not registered a second time."""
+        return self.hf.get_input_embeddings()
+
+    @property
+    def head(self) -> nn.Module:
+        """The LM head (the entry's `head`), tied to the embedding's matrix or not."""
+        return self.hf.get_output_embeddings()
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         return self.hf(input_ids=idx, use_cache=False).logits

@@ -57,3 +57,24 @@ def model_blocks(net, attr: str) -> Sequence:
             "modules (nn.Sequential or nn.ModuleList)"
         )
     return blocks
+
+
+def submodule(net, path: str):
+    """The module at `path` (config `models.NAME.embedding` / `head`): attribute names and
+    indices into sequences, dotted ("blocks.0.tokens"; "blocks.-1.linear" counts from the
+    end). An attribute may be a property returning a module (an `hf:` model's `embedding`).
+    AttributeError naming the part of `path` that is missing."""
+    from torch import nn
+
+    module = net
+    for i, atom in enumerate(path.split(".")):
+        at = ".".join(path.split(".")[: i + 1])
+        if atom.lstrip("-").isdigit() and isinstance(module, (nn.Sequential, nn.ModuleList)):
+            if not -len(module) <= int(atom) < len(module):
+                raise AttributeError(f"{at}: {len(module)} modules, no index {atom}")
+            module = module[int(atom)]
+        elif isinstance(getattr(module, atom, None), nn.Module):
+            module = getattr(module, atom)
+        else:
+            raise AttributeError(f"{at}: {type(module).__name__} has no module {atom!r}")
+    return module

@@ -8,7 +8,8 @@ stdout and stderr are only a log.
 For each model it imports the builder, builds the model on the meta device (no memory, no
 time) at every pair, runs a forward pass of a batch of 2 there (under fake tensors) and checks
 the logits' shape, counts the parameters, reads `blocks` (and whether running them in order
-gives the logits, which torch-pipeline needs), and builds the Keras twin to compare its count.
+gives the logits, which torch-pipeline needs), the modules `embedding` and `head` name (an
+nn.Embedding and an nn.Linear), and builds the Keras twin to compare its count.
 Every problem is one line naming the config key, the model and the fix; none ends in a bare
 traceback.
 """
@@ -23,7 +24,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from trainscale.models.own import builder_call, model_blocks
+from trainscale.models.own import builder_call, model_blocks, submodule
 from trainscale.models.torch_models import fake_forward
 from trainscale.plan.own_models import pair_key
 
@@ -106,6 +107,30 @@ def check_torch(name: str, entry: dict, code: list[str]) -> dict:
             if why:
                 out["problems"].append(why)
                 return out
+        out["problems"] += _vocabulary_modules(net, entry, name)
+        if out["problems"]:
+            return out
+    return out
+
+
+def _vocabulary_modules(net: nn.Module, entry: dict, name: str) -> list[str]:
+    """A problem line for `embedding` or `head` where it names no module of the model, or a
+    module tensor parallelism cannot split by vocabulary (an nn.Embedding, an nn.Linear)."""
+    out = []
+    for key, kind in (("embedding", nn.Embedding), ("head", nn.Linear)):
+        if not entry.get(key):
+            continue
+        try:
+            module = submodule(net, entry[key])
+        except AttributeError as e:
+            out.append(f"models.{name}.{key}: {entry[key]!r} names no module of the model ({e})")
+            continue
+        if not isinstance(module, kind):
+            out.append(
+                f"models.{name}.{key}: {entry[key]!r} is a {type(module).__name__}, not an "
+                f"{kind.__module__.split('.')[0]}.nn.{kind.__name__}: name the {kind.__name__} "
+                f"itself (tensor parallelism splits its matrix by vocabulary)"
+            )
     return out
 
 

@@ -36,7 +36,7 @@ from trainscale.plan.runspec import MATRIX_KEYS, ConfigError, Dropped, RunSpec
 CACHE = Path(".cache") / "trainscale" / "memory"
 WORKFLOW = Path(__file__).resolve().parents[2]
 #: bumped when the method changes, so older cached answers are not read
-VERSION = 1
+VERSION = 2
 #: the estimator and what it builds and wraps: an edit to any predicts again
 SOURCES = (
     "trainscale/runners/torch/memory_trace.py",

@@ -63,7 +63,9 @@ def tp_plan() -> dict:
     submodule name: Megatron-LM's split, q, k and v column-parallel (whole heads per rank) and
     the attention's output row-parallel, the MLP's first linear column- and its second
     row-parallel. trainscale applies it to every block of ``blocks`` that has these
-    submodules; the embedding and the head stay whole on every rank."""
+    submodules; the embedding and the head are split by vocabulary where the config names
+    them (``models.<name>.embedding``, ``models.<name>.head``), else stay whole on every
+    rank."""
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
     return {

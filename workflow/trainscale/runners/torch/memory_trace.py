@@ -164,14 +164,23 @@ def loss_of(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 def step(model, opt, batches: list, device: torch.device, dtype) -> None:
-    """One optimizer step over `batches` (micro-batches accumulate), as the loop takes it."""
+    """One optimizer step over `batches` (micro-batches accumulate), as the loop takes it
+    (logits split by vocabulary: their loss and backward under loss_parallel, as
+    tensor_parallel's step)."""
     opt.zero_grad(set_to_none=True)
     for x, y in batches:
         with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
             logits = model(x)
-        loss_of(logits, y).backward()
+        with _loss_parallel() if hasattr(logits, "placements") else contextlib.nullcontext():
+            loss_of(logits, y).backward()
         del logits
     opt.step()
+
+
+def _loss_parallel():
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    return loss_parallel()
 
 
 def tracked(tracker, model, opt, batches: list, device: torch.device, dtype) -> dict[str, int]:

@@ -193,11 +193,19 @@ def totals_size(classes: int, tokens: bool) -> int:
 def tally(totals: torch.Tensor, out: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> None:
     """Add one batch's weighted loss sum and confusion counts (row = true class, column =
     argmax) into `totals` = [loss sum, confusion k×k flattened], on the device: no sync. For
-    a GPT's logits (B, T, V): [loss sum, correct next ids, tokens] instead."""
+    a GPT's logits (B, T, V): [loss sum, correct next ids, tokens] instead (logits split by
+    vocabulary, tensor parallelism's DTensor, scored where they lie: tp_plans.token_scores)."""
     if out.dim() == 3:
-        per_window = F.cross_entropy(out.transpose(1, 2), y, reduction="none").double().sum(1)
+        if hasattr(out, "placements"):
+            from trainscale.runners.torch.tp_plans import token_scores
+
+            losses, hits = token_scores(out, y)
+        else:
+            losses = F.cross_entropy(out.transpose(1, 2), y, reduction="none")
+            hits = out.argmax(-1) == y
+        per_window = losses.double().sum(1)
         totals[0] += (per_window * w).sum()
-        totals[1] += ((out.argmax(-1) == y).double().sum(1) * w).sum()
+        totals[1] += (hits.double().sum(1) * w).sum()
         totals[2] += y.shape[1] * w.sum()
         return
     k = out.shape[1]

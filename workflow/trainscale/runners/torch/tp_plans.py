@@ -1,12 +1,22 @@
 """Tensor parallelism on DTensor: the plan that splits a GPT (and the user's blocks) over a
-mesh dimension, and how it is laid on a model.
+mesh dimension, how it is laid on a model, and the loss and scores of logits split by
+vocabulary.
 
 Megatron-LM's split, written as torchtitan writes it for `parallelize_module`: in each block
 the attention's q, k and v projections are column-parallel (each rank holds whole heads) and
 its output projection row-parallel; the MLP's first linear column-, its second row-parallel.
 So a block's forward needs one all-reduce after the attention and one after the MLP (and
-backward one each before them). The token embedding is split by vocabulary rows and the LM
-head by vocabulary columns; their matrix is one (tied), sharded alike (`Shard(0)`) by both.
+backward one each before them).
+
+The vocabulary is split too, as torchtitan splits it: the token embedding by rows
+(`RowwiseParallel`: each rank looks up the ids of its share and the lookups are all-reduced)
+and the LM head by columns (`ColwiseParallel` with its output left split, `Shard(-1)`), so each
+rank computes the logits of its share of the vocabulary only, and the cross-entropy runs on
+them under `loss_parallel` (a max and a sum over the tp group per token, not the logits
+gathered). For Llama 3's 128,256 ids the logits are the model's largest activation: each rank
+holds 1/tp of them. In the GPT the two share one matrix (tied), sharded alike (`Shard(0)`) by
+both; an own model (and an `hf:` model) names its embedding and head by module path
+(`models.NAME.embedding`, `models.NAME.head`), tied or not.
 
 With sequence parallelism the residual stream between blocks is split along the sequence:
 the norms run on each rank's share of the tokens (`SequenceParallel`), each all-reduce becomes
@@ -21,9 +31,12 @@ from __future__ import annotations
 import inspect
 from collections.abc import Sequence
 
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     ParallelStyle,
@@ -31,10 +44,11 @@ from torch.distributed.tensor.parallel import (
     PrepareModuleOutput,
     RowwiseParallel,
     SequenceParallel,
+    loss_parallel,
     parallelize_module,
 )
 
-from trainscale.models.own import resolved
+from trainscale.models.own import resolved, submodule
 from trainscale.plan.own_models import OwnModel
 
 
@@ -61,24 +75,36 @@ def gpt_block_plan(sequence_parallel: bool) -> dict[str, ParallelStyle]:
     return plan
 
 
+def embedding_style() -> ParallelStyle:
+    """A token embedding split by vocabulary rows: the ids whole on every rank, each rank's
+    lookups (zero for ids outside its share) all-reduced into the whole embedding."""
+    return RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
+
+
+def head_style(sequence_parallel: bool = False) -> ParallelStyle:
+    """An LM head split by vocabulary columns: its input whole (or split along the sequence,
+    gathered first), its logits left split by vocabulary, a DTensor for `loss_parallel`."""
+    return ColwiseParallel(
+        input_layouts=Shard(1) if sequence_parallel else Replicate(),
+        output_layouts=Shard(-1),
+        use_local_output=False,
+    )
+
+
 def gpt_plan(layers: int, sequence_parallel: bool) -> dict[str, ParallelStyle]:
     """The plan of a whole GPT (nn.Sequential: embedding, `layers` blocks, head), by module
     path: the embedding by vocabulary rows (its output all-reduced), every block's
-    `gpt_block_plan`, the head by vocabulary columns (its logits all-gathered, so the loss is
-    the loop's own cross-entropy on full logits)."""
+    `gpt_block_plan`, the head by vocabulary columns (its logits split by vocabulary, the loss
+    computed on them under `loss_parallel`)."""
     head = layers + 1
-    plan: dict[str, ParallelStyle] = {
-        "0.tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
-    }
+    plan: dict[str, ParallelStyle] = {"0.tokens": embedding_style()}
     if sequence_parallel:
         plan["0"] = PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=Shard(1))
     for i in range(1, head):
         plan.update({f"{i}.{k}": v for k, v in gpt_block_plan(sequence_parallel).items()})
     if sequence_parallel:
         plan[f"{head}.ln_f"] = SequenceParallel()
-    plan[f"{head}.out"] = ColwiseParallel(
-        input_layouts=Shard(1) if sequence_parallel else Replicate(), output_layouts=Replicate()
-    )
+    plan[f"{head}.out"] = head_style(sequence_parallel)
     return plan
 
 
@@ -106,10 +132,11 @@ def parallelize(
     sequence_parallel: bool,
 ) -> bool:
     """Lay tensor parallelism over `mesh` on `net` in place: a GPT's whole-model plan, or the
-    user's plan on each of its `blocks` that has the plan's submodules (the rest stays
-    replicated: every rank of the group computes it on the same data). Ties the GPT's head to
-    its embedding again (parallelize_module gives each a DTensor of its own). Returns whether
-    sequence parallelism is on."""
+    user's plan on each of its `blocks` that has the plan's submodules and its embedding and
+    head split by vocabulary where it names them (the rest stays replicated: every rank of the
+    group computes it on the same data). Ties a head to its embedding again
+    (parallelize_module gives each a DTensor of its own). Returns whether sequence parallelism
+    is on."""
     if own is None:
         layers = len(blocks) - 2
         parallelize_module(net, mesh, gpt_plan(layers, sequence_parallel))
@@ -124,7 +151,39 @@ def parallelize(
         )
     for block in split:
         parallelize_module(block, mesh, plan)
+    split_vocabulary(net, mesh, own)
     return any(isinstance(s, SequenceParallel) for s in plan.values())
+
+
+def split_vocabulary(net: nn.Module, mesh: DeviceMesh, own: OwnModel) -> None:
+    """The own model's `embedding` and `head` (module paths, where it names them) split by
+    vocabulary: the head's logits a DTensor split by vocabulary, the blocks' input and output
+    whole as they were; a head whose matrix was the embedding's stays tied to it."""
+    embedding = submodule(net, own.embedding) if own.embedding else None
+    head = submodule(net, own.head) if own.head else None
+    tied = embedding is not None and head is not None and head.weight is embedding.weight
+    if embedding is not None:
+        parallelize_module(embedding, mesh, embedding_style())
+    if head is not None:
+        parallelize_module(head, mesh, head_style())
+    if tied:
+        head.weight = embedding.weight
+
+
+def token_scores(logits: DTensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(each token's cross-entropy, whether its argmax is the next id), both (B, T), of logits
+    (B, T, V) split by vocabulary over a 1-D mesh, without gathering them: the loss under
+    `loss_parallel`, the argmax from each rank's largest logit and its id, gathered over the
+    group (the first largest wins, as argmax's does)."""
+    mesh = logits.device_mesh
+    with loss_parallel():
+        losses = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none")
+    best, index = logits.to_local().max(-1)
+    share = -(-logits.shape[-1] // mesh.size())  # DTensor's shards: torch.chunk's
+    index = index + share * mesh.get_local_rank()
+    bests, indices = _gathered(best, mesh), _gathered(index, mesh)
+    argmax = indices.gather(0, bests.argmax(0, keepdim=True)).squeeze(0)
+    return losses.to_local().view(y.shape), argmax == y
 
 
 def _has(module: nn.Module, name: str) -> bool:
@@ -133,3 +192,10 @@ def _has(module: nn.Module, name: str) -> bool:
     except AttributeError:
         return False
     return True
+
+
+def _gathered(t: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
+    """Every rank's `t` of the 1-D `mesh`, stacked in rank order."""
+    out = t.new_empty((mesh.size() * t.shape[0], *t.shape[1:]))
+    dist.all_gather_into_tensor(out, t.contiguous(), group=mesh.get_group())
+    return out.view(mesh.size(), *t.shape)

@@ -149,6 +149,25 @@ def test_what_cannot_run_is_stopped_before_any_job_with_the_key(package, entry, 
     assert any(expected in p for p in problems), problems
 
 
+def test_an_embedding_or_head_that_cannot_be_split_by_vocabulary_is_named():
+    """models.NAME.embedding and head name an nn.Embedding and an nn.Linear of the model, by
+    module path (an index may count from the end): checked in the pre-flight build."""
+    from torch import nn
+
+    from trainscale.models.preflight import _vocabulary_modules
+
+    net = nn.Module()
+    net.blocks = nn.Sequential(nn.Embedding(16, 4), nn.Linear(4, 4), nn.Linear(4, 16))
+    ok = {"embedding": "blocks.0", "head": "blocks.-1"}
+    assert _vocabulary_modules(net, ok, "lm") == []
+    bad = _vocabulary_modules(net, {"embedding": "blocks.1", "head": "blocks.3"}, "lm")
+    assert bad == [
+        "models.lm.embedding: 'blocks.1' is a Linear, not a torch.nn.Embedding: name the "
+        "Embedding itself (tensor parallelism splits its matrix by vocabulary)",
+        "models.lm.head: 'blocks.3' names no module of the model (blocks.3: 3 modules, no index 3)",
+    ]
+
+
 def test_what_a_model_prints_logs_or_warns_never_reaches_the_preflight_answer(package, tmp_path):
     """The pre-flight child's answer is a file of its own: a model that prints JSON-looking
     text, logs to stdout and warns, in its constructor and its forward, is checked like any

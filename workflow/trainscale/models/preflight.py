@@ -127,9 +127,9 @@ def _vocabulary_modules(net: nn.Module, entry: dict, name: str) -> list[str]:
             continue
         if not isinstance(module, kind):
             out.append(
-                f"models.{name}.{key}: {entry[key]!r} is a {type(module).__name__}, not an "
-                f"{kind.__module__.split('.')[0]}.nn.{kind.__name__}: name the {kind.__name__} "
-                f"itself (tensor parallelism splits its matrix by vocabulary)"
+                f"models.{name}.{key}: {entry[key]!r} is a {type(module).__name__}, not a "
+                f"torch.nn.{kind.__name__}: name the {kind.__name__} itself (tensor "
+                "parallelism splits its matrix by vocabulary)"
             )
     return out
 

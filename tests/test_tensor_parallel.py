@@ -12,6 +12,7 @@ from trainscale.analysis import tp_traffic
 from trainscale.measure import metrics
 from trainscale.plan import catalog
 from trainscale.plan.matrix import build_runs
+from trainscale.plan.own_models import OwnModel
 
 import tap
 from conftest import PYTHON, ROOT, launch, run_env, validated
@@ -187,6 +188,15 @@ def test_tensor_parallel_ends_with_one_process_weights(
     assert [e["samples"] for e in rec["epochs"]] == [e["samples"] for e in ref_rec["epochs"]]
 
 
+#: the example package's language model with its one-block plan, embedding and head named
+OWN_LM = OwnModel(
+    name="my-lm", torch="tinymodels.lm:build", keras=None, kwargs='{"depth": 2, "width": 64}',
+    input="tokens", blocks="blocks", tp_plan="tinymodels.transformer:tp_plan",
+    code=(str(ROOT / "examples" / "own-model" / "src"),), embedding="blocks.0.tokens",
+    head="blocks.-1.linear",
+)  # fmt: skip
+
+
 @pytest.mark.slow
 def test_an_own_model_with_a_tp_plan_ends_with_one_process_weights(tmp_path):
     """The example package's language model (examples/own-model: tinymodels.lm, biases and an
@@ -194,13 +204,10 @@ def test_an_own_model_with_a_tp_plan_ends_with_one_process_weights(tmp_path):
     blocks, and its embedding and head named (split by vocabulary, the head's bias too): the
     same AdamW steps as one process (lr 0.005: PyTorch's default initialisation is larger
     than GPT-2's, and 8 steps at 0.001 move it by 0.014)."""
-    own = {
-        "code": [str(ROOT / "examples" / "own-model" / "src")],
-        "models": {"my-lm": {"torch": "tinymodels.lm:build", "kwargs": {"depth": 2, "width": 64},
-                             "input": "tokens", "blocks": "blocks",
-                             "tp_plan": "tinymodels.transformer:tp_plan",
-                             "embedding": "blocks.0.tokens", "head": "blocks.-1.linear"}},
-    }  # fmt: skip
+    entry = {k: getattr(OWN_LM, k) for k in ("torch", "input", "blocks", "tp_plan", "embedding",
+                                              "head")}  # fmt: skip
+    own = {"code": list(OWN_LM.code),
+           "models": {"my-lm": {**entry, "kwargs": OWN_LM.builder_kwargs}}}  # fmt: skip
     adamw = {**OPTIMIZERS["adamw"], "lr": 0.005}
     _, ref_init, ref = train(tmp_path, "torch", 1, 1, adamw, model="my-lm", **own)
     rec, init, final = train(tmp_path, "torch-tp", 2, 2, adamw, model="my-lm", **own)
@@ -302,6 +309,23 @@ def test_a_ranks_traced_logits_are_its_share_of_the_vocabulary():
     assert logits / 2 <= split < 0.51 * gathered
     assert parts["activations"] < before["activations"] - 0.45 * logits
     assert parts["total"] < before["total"] - 0.45 * logits
+
+
+def test_the_hardware_flops_count_what_the_plan_leaves_whole_once_per_rank():
+    """Under tp 2 the GPT splits every matrix multiply (the head's by vocabulary): its
+    hardware FLOPs are its model FLOPs. The example language model with its embedding and head
+    unnamed runs its head whole on both ranks: one head more (6·T·C·V for T tokens of width C
+    and vocabulary V); named, none."""
+    import dataclasses
+
+    from trainscale.runners.torch import flop_count
+
+    gpt = flop_count.per_sample("gpt-nano", (32,), 256)
+    assert flop_count.per_sample("gpt-nano", (32,), 256, tp=2) == gpt
+    own = dataclasses.replace(OWN_LM, embedding=None, head=None)
+    lm = flop_count.per_sample("my-lm", (32,), 256, own)
+    assert flop_count.per_sample("my-lm", (32,), 256, own, tp=2) == lm + 6 * 32 * 64 * 256
+    assert flop_count.per_sample("my-lm", (32,), 256, OWN_LM, tp=2) == lm
 
 
 def test_the_reports_communication_table_gives_tp_traffic_in_the_note():

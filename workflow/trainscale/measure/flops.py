@@ -24,7 +24,9 @@ Definitions (the `flops` block of metrics.json):
 - mfu = achieved_per_second / peak_per_second.
 - hardware_per_sample: per_sample as the hardware runs it: with activation checkpointing
   (matrix activation_checkpointing), the forward operations recomputed in the backward pass
-  counted again (the same counter, on the checkpointed model); per_sample without it.
+  counted again (the same counter, on the checkpointed model); under tensor parallelism, what
+  the plan leaves whole on every rank of a tp group (an own model's unsplit blocks, an
+  embedding and head it does not name) counted once per rank; per_sample without either.
 - hfu = hardware_per_sample × throughput / peak_per_second: the hardware FLOPs utilisation.
   MFU stays model FLOPs, without the recomputation, so that a run that recomputes is not
   credited for the work it repeats.

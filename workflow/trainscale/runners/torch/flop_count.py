@@ -19,12 +19,20 @@ from trainscale.runners.torch.torch_parts import DTYPES
 
 
 def per_sample(
-    model: str, shape: tuple[int, ...], classes: int, own=None, checkpointed: str = "none"
+    model: str,
+    shape: tuple[int, ...],
+    classes: int,
+    own=None,
+    checkpointed: str = "none",
+    tp: int = 1,
 ) -> float:
     """FLOPs of forward and backward of `model` on one sample of `shape` (a (C, H, W)
     image, or (context,) token ids whose classes are the vocabulary), on the meta device (under
-    fake tensors). With `checkpointed` (activation checkpointing full or selective), what the
-    hardware runs: the forward operations recomputed in the backward pass counted again."""
+    fake tensors). What the hardware runs, where asked: with `checkpointed` (activation
+    checkpointing full or selective), the forward operations recomputed in the backward pass
+    counted again; with `tp` (a tensor-parallel degree), what the plan leaves whole counted
+    once per rank of the group (tp_plans.split_modules: the blocks it splits, the embedding and
+    head split by vocabulary, each counted split whole)."""
     tokens = (own.input if own is not None else catalog.MODELS[model].input) == "tokens"
     with torch.device("meta"):
         net = models.build(model, shape, classes, own)
@@ -35,7 +43,22 @@ def per_sample(
         # backward from the logits' sum: the loss adds no matrix multiply, and the backward
         # pass of every layer costs the same whatever gradient reaches the logits
         net(x).float().sum().backward()
-    return float(counter.get_total_flops())
+    total = counter.get_total_flops()
+    if tp > 1:
+        total += (tp - 1) * (total - _split_flops(counter, net, own))
+    return float(total)
+
+
+def _split_flops(counter: FlopCounterMode, net: torch.nn.Module, own) -> int:
+    """The counted FLOPs inside the modules tensor parallelism splits (by the names the
+    counter's module tracker gave them; a module inside another counted once)."""
+    from trainscale.runners.torch.tp_plans import split_modules
+
+    split = split_modules(net, models.blocks(net, own), own)
+    inner = {id(m) for outer in split for m in outer.modules() if m is not outer}
+    names = counter.mod_tracker._known_modules  # module -> the name its counts are under
+    by_name = counter.get_flop_counts()
+    return sum(sum(by_name.get(names.get(m), {}).values()) for m in split if id(m) not in inner)
 
 
 def gemm(precision: str, device: torch.device) -> float:
@@ -85,12 +108,14 @@ def device_peak(spec: RunSpec, device: torch.device, out: str | Path) -> tuple[f
 
 def count(spec: RunSpec, shape: tuple[int, ...], classes: int) -> dict:
     """`per_sample` and `method` of the run's model, `hardware_per_sample` with its activation
-    checkpointing, and for a GPT PaLM's analytic count (`analytic_per_sample`); the Keras runs
-    take their twin's from here too."""
+    checkpointing and what its tensor-parallel plan leaves whole, and for a GPT PaLM's
+    analytic count (`analytic_per_sample`); the Keras runs take their twin's from here too."""
     own, recomputed = spec.own_model, spec.activation_checkpointing
+    tp = spec.tp if spec.strategy in catalog.TENSOR_PARALLEL else 1
     block = {"per_sample": per_sample(spec.model, shape, classes, own), "method": "flop_counter"}
-    if recomputed != "none":  # what the hardware ran; hfu (measure.flops.block) from it
-        block["hardware_per_sample"] = per_sample(spec.model, shape, classes, own, recomputed)
+    if recomputed != "none" or tp > 1:  # what the hardware ran; hfu (measure.flops.block)
+        block["hardware_per_sample"] = per_sample(spec.model, shape, classes, own, recomputed,
+                                                  tp)  # fmt: skip
     if own is None and catalog.MODELS[spec.model].gpt:
         block["analytic_per_sample"] = (
             gpt.analytic_flops_per_token(spec.model, shape[0], classes) * shape[0]

@@ -143,16 +143,32 @@ def parallelize(
         net[-1].out.weight = net[0].tokens.weight
         return sequence_parallel
     plan = own_block_plan(own)
+    for block in split_blocks(blocks, own, plan):
+        parallelize_module(block, mesh, plan)
+    split_vocabulary(net, mesh, own)
+    return any(isinstance(s, SequenceParallel) for s in plan.values())
+
+
+def split_blocks(blocks: Sequence[nn.Module], own: OwnModel, plan: dict) -> list[nn.Module]:
+    """The own model's `blocks` that have every submodule its one-block `plan` names (the
+    plan is laid on those); ValueError naming the keys where none has."""
     split = [b for b in blocks if all(_has(b, name) for name in plan)]
     if not split:
         raise ValueError(
             f"models.{own.name}.tp_plan ({own.tp_plan}) names {sorted(plan)}, which no module "
             f"of models.{own.name}.blocks ({own.blocks}) has all of: name submodules of one block"
         )
-    for block in split:
-        parallelize_module(block, mesh, plan)
-    split_vocabulary(net, mesh, own)
-    return any(isinstance(s, SequenceParallel) for s in plan.values())
+    return split
+
+
+def split_modules(net: nn.Module, blocks: Sequence[nn.Module], own: OwnModel | None):
+    """The modules whose work `parallelize` splits over the group, each whole (a block the
+    plan is laid on, the embedding, the head): what runs outside them runs whole on every
+    rank (the FLOP count's hardware figure counts it once per rank, flop_count.py)."""
+    if own is None:  # the GPT: every block, the token embedding and the head's matrix
+        return [net[0].tokens, *blocks[1:-1], net[-1].out]
+    named = [submodule(net, path) for path in (own.embedding, own.head) if path]
+    return [*split_blocks(blocks, own, own_block_plan(own)), *named]
 
 
 def split_vocabulary(net: nn.Module, mesh: DeviceMesh, own: OwnModel) -> None:

@@ -80,33 +80,14 @@ def test_the_memory_preflight_traces_checkpointing_as_the_runner_applies_it():
 
 
 def test_selective_checkpointing_keeps_sequence_parallelisms_reduce_scatters():
-    """One training step of gpt-nano under torch-tp's plan with sequence parallelism (tp 2, a
-    fake process group in this process): selective checkpointing runs as many reduce-scatters
-    as no checkpointing (their outputs are kept, as torchtitan's policy keeps them); full
-    checkpointing recomputes some in the backward pass."""
-    import torch
-    import torch.nn.functional as F
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor.debug import CommDebugMode
-    from torch.distributed.tensor.parallel import loss_parallel
+    """One training step of gpt-nano under torch-tp's plan with sequence parallelism (tp 2):
+    selective checkpointing runs as many reduce-scatters as no checkpointing (their outputs
+    are kept, as torchtitan's policy keeps them); full checkpointing recomputes some in the
+    backward pass."""
+    from test_tensor_parallel import step_collectives
 
-    from trainscale.models import gpt
-    from trainscale.runners.torch import checkpointing, tp_plans
-    from trainscale.runners.torch.memory_trace import fake_world
-
-    scatters = {}
-    with fake_world(2):
-        mesh = init_device_mesh("cpu", (2,))
-        for mode in ("none", "selective", "full"):
-            net = gpt.build("gpt-nano", 32, 256)
-            checkpointing.apply(net, None, mode)
-            assert tp_plans.parallelize(net, mesh, list(net), None, sequence_parallel=True)
-            ids = torch.randint(0, 256, (2, 33))
-            with CommDebugMode() as comm, loss_parallel():
-                logits = net(ids[:, :-1])
-                F.cross_entropy(logits.flatten(0, 1), ids[:, 1:].flatten()).backward()
-            counts = {str(k).split(".")[-1]: n for k, n in comm.get_comm_counts().items()}
-            scatters[mode] = counts["reduce_scatter_tensor"]
+    scatters = {mode: step_collectives(True, mode)["reduce_scatter_tensor"]
+                for mode in ("none", "selective", "full")}  # fmt: skip
     assert scatters["selective"] == scatters["none"] < scatters["full"], scatters
 
 

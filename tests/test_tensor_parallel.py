@@ -2,9 +2,6 @@
 2- and 4-rank runs over gloo that must end with one process's weights from the same initial
 weights and data (the plan in trainscale/runners/torch/tp_plans.py)."""
 
-import json
-import subprocess
-
 import numpy as np
 import pytest
 
@@ -15,7 +12,7 @@ from trainscale.plan.matrix import build_runs
 from trainscale.plan.own_models import OwnModel
 
 import tap
-from conftest import PYTHON, ROOT, launch, run_env, validated
+from conftest import ROOT, launch, validated
 
 
 def runs_of(strategy, workers=2, tp=(1,), model="gpt-nano", dataset="shakespeare", **kw):
@@ -219,47 +216,39 @@ def test_an_own_model_with_a_tp_plan_ends_with_one_process_weights(tmp_path):
                          "plan": "tinymodels.transformer:tp_plan"}  # fmt: skip
 
 
-COUNT_COLLECTIVES = """
-import json, sys, torch, torch.distributed as dist, torch.nn.functional as F
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor.debug import CommDebugMode
-from torch.distributed.tensor.parallel import loss_parallel
-from trainscale.models import gpt
-from trainscale.runners.torch import tp_plans
+def step_collectives(sequence_parallel: bool, checkpointing: str = "none") -> dict[str, int]:
+    """The collectives one training step of gpt-nano (4 layers) at tp 2 runs, by
+    CommDebugMode's names: the runner's plan and loss (under loss_parallel), its blocks
+    checkpointed as `checkpointing` says, on a fake process group of 2 ranks in this process
+    (CommDebugMode counts what is issued, whatever the backend)."""
+    import torch
+    import torch.nn.functional as F
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.debug import CommDebugMode
+    from torch.distributed.tensor.parallel import loss_parallel
 
-torch.set_num_threads(1)
-dist.init_process_group("gloo")
-out = {}
-for sp in (False, True):
-    torch.manual_seed(0)
-    net = gpt.build("gpt-nano", 32, 256)
-    mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
-    tp_plans.parallelize(net, mesh, list(net), None, sp)
-    ids = torch.randint(0, 256, (4, 33))
-    with CommDebugMode() as comm, loss_parallel():
-        logits = net(ids[:, :-1])
-        F.cross_entropy(logits.flatten(0, 1), ids[:, 1:].reshape(-1)).backward()
-    out[str(sp)] = {str(k).split(".")[-1]: v for k, v in comm.get_comm_counts().items()}
-if dist.get_rank() == 0:
-    json.dump(out, open(sys.argv[1], "w"))
-dist.destroy_process_group()
-"""
+    from trainscale.models import gpt
+    from trainscale.runners.torch import checkpointing as ckpt
+    from trainscale.runners.torch import tp_plans
+    from trainscale.runners.torch.memory_trace import fake_world
+
+    with fake_world(2):
+        mesh = init_device_mesh("cpu", (2,))
+        net = gpt.build("gpt-nano", 32, 256)
+        ckpt.apply(net, None, checkpointing)
+        tp_plans.parallelize(net, mesh, list(net), None, sequence_parallel)
+        ids = torch.randint(0, 256, (2, 33))
+        with CommDebugMode() as comm, loss_parallel():
+            F.cross_entropy(net(ids[:, :-1]).flatten(0, 1), ids[:, 1:].flatten()).backward()
+    return {str(k).split(".")[-1]: n for k, n in comm.get_comm_counts().items()}
 
 
-@pytest.mark.slow
-def test_the_traffic_model_counts_the_collectives_the_plan_runs(tmp_path):
+def test_the_traffic_model_counts_the_collectives_the_plan_runs():
     """comm_model's TP traffic (analysis/tp_traffic.py) is counted from the plan: DTensor's
-    CommDebugMode sees exactly those collectives in one training step of gpt-nano (4 layers)."""
-    script, counts = tmp_path / "count.py", tmp_path / "counts.json"
-    script.write_text(COUNT_COLLECTIVES)
-    p = subprocess.run(
-        [PYTHON, "-m", "torch.distributed.run", "--nproc-per-node=2", str(script), str(counts)],
-        env=run_env(), capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert p.returncode == 0, p.stderr[-3000:]
-    seen = json.loads(counts.read_text())
+    CommDebugMode sees exactly those collectives in one training step of gpt-nano (4 layers),
+    the logits never gathered."""
     for sp in (False, True):
-        assert seen[str(sp)] == tp_traffic.collectives_per_step(4, sp), sp
+        assert step_collectives(sp) == tp_traffic.collectives_per_step(4, sp), sp
 
 
 def test_a_ranks_traced_logits_are_its_share_of_the_vocabulary():

@@ -85,10 +85,10 @@ def test_tensor_parallel_cells_are_recorded_scaled_and_modelled(gpt_study):
     comm = comm_model.communication_frame(scaling, runs, coll)
     row = comm[comm["strategy"] == "torch-tp"].iloc[0]
     # 4 layers with sequence parallelism: (4·4 + 2.5) activations of 8·64·128 fp32 values,
-    # plus half the logits (8·64·256)
+    # plus the loss's 3 fp32 values per token (8·64), the logits split by vocabulary
     activation = 8 * 64 * 128 * 4
     assert row["tp_message_bytes"] == activation
-    assert row["tp_bytes"] == 18.5 * activation + 8 * 64 * 256 * 4 / 2
+    assert row["tp_bytes"] == 18.5 * activation + 3 * 8 * 64 * 4
     # 2(n − 1)/n · V / B, and no FSDP part at dp 1
     assert row["predicted_comm_seconds"] == pytest.approx(row["tp_bytes"] / 1e9)
     assert "tensor parallelism: activations" in row["note"]

@@ -145,7 +145,7 @@ def runs_types(columns: Iterable[str]) -> dict[str, str]:
     for c in columns:
         if c in known:
             out[c] = known[c]
-        elif c.startswith("env.frameworks."):
+        elif c.startswith(("env.frameworks.", "env.variables.")):
             out[c] = "str"
     return out
 

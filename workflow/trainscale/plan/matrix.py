@@ -21,6 +21,7 @@ from trainscale import data
 from trainscale.data import imagesets, tokens, tokensets
 from trainscale.plan import (
     catalog,
+    cluster,
     datafit,
     faults,
     hf_models,
@@ -199,6 +200,7 @@ def build_runs(
             own = own_models.frozen(values["model"], config, answer, info.shape, info.num_classes)
         reason = (
             why_not(values, accelerator, mb, schedule, info, own, gpus_per_node)
+            or cluster.why_not(values, config, accelerator)
             or speed_options.why_not(values["strategy"], values["model"],
                                      values["memory_format"], values["compile"], own,
                                      values["grad_accum"])

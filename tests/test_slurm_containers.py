@@ -24,6 +24,7 @@ from trainscale.measure import metrics
 
 from conftest import ROOT, SNAKEMAKE
 
+pytestmark = pytest.mark.xdist_group(name="slurm")  # one cluster: its tests in one worker
 STANDINS = ROOT / "tests" / "standins"
 PLUGSTACK = Path("/etc/slurm/plugstack.conf.d/trainscale-pyxis-stub.conf")
 FEATURE = "trainscale-test"

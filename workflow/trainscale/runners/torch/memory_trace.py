@@ -96,7 +96,9 @@ def real_tensors():
 
 
 def tensors() -> contextlib.AbstractContextManager:
-    return contextlib.nullcontext() if _REAL[-1] else FakeTensorMode()
+    """Fake tensors; a meta tensor a builder makes in its own way (torchvision's BatchNorm
+    buffers) is let in as it is: it holds no memory either."""
+    return contextlib.nullcontext() if _REAL[-1] else FakeTensorMode(allow_non_fake_inputs=True)
 
 
 def trace_device(target: str) -> torch.device:

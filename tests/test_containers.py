@@ -47,8 +47,9 @@ def test_apptainer_wraps_the_one_node_launcher_and_sets_the_variables_inside():
     assert argv[: len(entry)] == entry
     rest = argv[len(entry) :]
     i = rest.index("python")  # the image's interpreter, not the submitting venv's
-    assert rest[:i] == ["env", "MKL_NUM_THREADS=1", "NCCL_IB_HCA=mlx5", "NCCL_SOCKET_IFNAME=ib0",
-                        "OMP_NUM_THREADS=1", "OPENBLAS_NUM_THREADS=1"]  # fmt: skip
+    assert rest[:i] == ["env", "PYTHONPATH=/repo/workflow", "MKL_NUM_THREADS=1",
+                        "NCCL_IB_HCA=mlx5", "NCCL_SOCKET_IFNAME=ib0", "OMP_NUM_THREADS=1",
+                        "OPENBLAS_NUM_THREADS=1"]  # fmt: skip
     assert rest[i + 1 : i + 3] == ["-m", "torch.distributed.run"]
     assert "/venv/bin/python" not in argv
 
@@ -92,6 +93,23 @@ def test_without_a_container_the_line_is_as_before_with_the_variables_in_front()
         s, Environment(mode="local", python="/venv/bin/python", variables=VARS), "m.json"
     )
     assert given == [plain[0], plain[1], *(f"{k}={v}" for k, v in VARS), *plain[2:]]
+
+
+def test_deepspeeds_op_build_enters_the_image_once(monkeypatch):
+    """The deepspeed_ops job compiles against the image's torch: it starts itself again
+    inside the image, marked so that it does not enter twice; without a container it stays."""
+    started = []
+    monkeypatch.setattr(os, "execvp", lambda f, argv: started.append(argv))
+    environ = container.to_environ({"image": "/img/ts.sif"}, {})
+    container.reenter("trainscale.runners.torch.deepspeed_zero", ["--build-ops"], environ)
+    (argv,) = started
+    assert argv[:3] == ["apptainer", "exec", "--nv"] and "/img/ts.sif" in argv
+    i = argv.index("/img/ts.sif")
+    assert argv[i + 1 : i + 3] == ["env", "TRAINSCALE_IN_IMAGE=1"]
+    assert argv[-4:] == ["python", "-m", "trainscale.runners.torch.deepspeed_zero", "--build-ops"]
+    container.reenter("m", [], {**environ, "TRAINSCALE_IN_IMAGE": "1"})
+    container.reenter("m", [], {})
+    assert len(started) == 1
 
 
 def test_the_job_environment_carries_both_settings_to_the_launcher():

@@ -208,6 +208,9 @@ def in_image(
     if env.container is None:
         return [*prefix, *form(env)]
     argv = form(dataclasses.replace(env, python=images.PYTHON))
+    # the checkout's trainscale, whatever PYTHONPATH the image sets (pyxis keeps an image's
+    # own values of the variables it passes on)
+    prefix = ["env", f"PYTHONPATH={env.container.package}", *prefix[1:]]
     one_node = ["srun", "--overlap", "--nodes=1", "--ntasks=1", f"--cpus-per-task={cpus}"]
     return images.wrap(argv, prefix, env.container, [*one_node, "--kill-on-bad-exit=1"])
 

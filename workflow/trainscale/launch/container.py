@@ -29,6 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 RUNTIMES = ("apptainer", "pyxis")
+#: the directory trainscale is imported from (the runs' PYTHONPATH): bound into the image
+PACKAGE_DIR = str(Path(__file__).resolve().parents[2])
+#: set inside the image by `reenter`, so that a job enters it once
+INSIDE_ENV = "TRAINSCALE_IN_IMAGE"
 #: where the Snakefile hands config `container` and `env` to its jobs (JSON)
 CONTAINER_ENV, VARIABLES_ENV = "TRAINSCALE_CONTAINER", "TRAINSCALE_ENV"
 #: the interpreter a contained run starts: the image's
@@ -86,6 +90,21 @@ def wrap(argv: list[str], prefix: list[str], c: Container, one_node_srun: list[s
     if c.runtime == "pyxis":
         return [*(head or one_node_srun), *srun_options(c), *prefix, *body]
     return [*head, *entry(c), *prefix, *body]
+
+
+def reenter(module: str, args: list[str], environ: Mapping[str, str] | None = None) -> None:
+    """For a job that is not a run but must see the runs' software (DeepSpeed's op build,
+    which compiles against the image's torch): exec `python -m module args` inside the study's
+    image, once (INSIDE_ENV marks the second start); no container: return at once."""
+    environ = os.environ if environ is None else environ
+    c, _ = from_environ(environ, os.getcwd(), PACKAGE_DIR)
+    if c is None or environ.get(INSIDE_ENV):
+        return
+    prefix = ["env", f"{INSIDE_ENV}=1", f"PYTHONPATH={c.package}"]
+    cpus = environ.get("SLURM_CPUS_PER_TASK") or "1"
+    srun = ["srun", "--overlap", "--nodes=1", "--ntasks=1", f"--cpus-per-task={cpus}"]
+    argv = wrap([PYTHON, "-m", module, *args], prefix, c, srun)
+    os.execvp(argv[0], argv)
 
 
 def to_environ(container: Mapping | None, variables: Mapping) -> dict[str, str]:

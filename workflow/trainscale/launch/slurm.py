@@ -38,8 +38,7 @@ def expand_nodelist(nodelist: str) -> tuple[str, ...]:
     return tuple(h for h in hosts if h)
 
 
-#: the directory trainscale is imported from (the runs' PYTHONPATH): bound into a container
-PACKAGE_DIR = str(Path(__file__).resolve().parents[2])
+PACKAGE_DIR = container.PACKAGE_DIR
 
 
 def detect(environ: dict[str, str] | None = None) -> Environment:

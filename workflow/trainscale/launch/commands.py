@@ -196,6 +196,11 @@ def command(spec: RunSpec, env: Environment, out: str) -> list[str]:
     prefix = ["env", *(f"{k}={v}" for k, v in sorted(extra.items()))]
     cpus = spec.workers * (spec.threads_per_worker + spec.loader_workers)
     cpus += (spec.processes - spec.world_size) * spec.threads_per_worker  # tf-ps: servers, chief
+    if env.container is not None and spec.own_model is not None:  # its code, bound in too
+        c = env.container
+        env = dataclasses.replace(
+            env, container=dataclasses.replace(c, mounts=(*c.mounts, *spec.own_model.code))
+        )
     return in_image(env, prefix, cpus, lambda e: launcher(spec, e, worker))
 
 

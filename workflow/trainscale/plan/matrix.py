@@ -191,6 +191,8 @@ def build_runs(
             continue
         pipe = values["strategy"] == "torch-pipeline"
         mb, schedule = config.get("microbatches", 4), config.get("pipeline_schedule", "gpipe")
+        if pipe:  # its schedule accumulates: grad_accum × microbatches micro-batches a step
+            mb *= values["grad_accum"]
         key = (values["dataset"], values["seq_len"])
         if key not in infos:
             infos[key] = _info(values, config)

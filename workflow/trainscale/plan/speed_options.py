@@ -46,9 +46,6 @@ NO_COMPILE: dict[str, str] = {
 #: the speed options' matrix axes -> their defaults (the top-level keys override them)
 DEFAULTS: dict[str, object] = {"memory_format": "contiguous", "compile": False, "grad_accum": 1}
 
-_PIPELINE_ACCUM = "its schedule already accumulates the gradients of `microbatches` micro-batches "
-_PIPELINE_ACCUM += "into each optimizer step: raise microbatches instead"
-
 
 def axes(config: dict) -> dict[str, list]:
     """The speed options' matrix axes where `matrix` names none: the study-wide top-level key's
@@ -86,12 +83,9 @@ def why_not(
             )
         if strategy in NO_COMPILE:
             return f"{strategy}: compile: {NO_COMPILE[strategy]}"
-    if grad_accum > 1:
-        if s.runtime != "torch":
-            return (
-                f"{strategy}: grad_accum {grad_accum}: the Keras strategies step the optimizer "
-                "once per batch (no gradient accumulation is wired in)"
-            )
-        if strategy == "torch-pipeline":
-            return f"torch-pipeline: grad_accum {grad_accum}: {_PIPELINE_ACCUM}"
+    if grad_accum > 1 and s.runtime != "torch":
+        return (
+            f"{strategy}: grad_accum {grad_accum}: the Keras strategies step the optimizer "
+            "once per batch (no gradient accumulation is wired in)"
+        )
     return None

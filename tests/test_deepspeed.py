@@ -60,7 +60,9 @@ def test_fragment_is_merged_on_top_and_may_not_touch_the_study(tmp_path):
 def test_grad_accum_must_divide_the_per_worker_batch():
     with pytest.raises(ConfigError, match="grad_accum 3 does not divide the per-worker batch 32"):
         make("deepspeed-zero1", grad_accum=3)
-    assert make("torch-ddp", grad_accum=3).grad_accum == 1  # DeepSpeed strategies only
+    with pytest.raises(ConfigError, match="grad_accum 3 does not divide the per-worker batch 32"):
+        make("torch-ddp", grad_accum=3)  # every PyTorch-family strategy accumulates
+    assert make("torch-ddp", grad_accum=2).grad_accum == 2
 
 
 def test_missing_deepspeed_config_is_an_error_before_any_job(tmp_path):

@@ -209,3 +209,96 @@ def test_each_metric_is_defined_once():
     text = (ROOT / "docs" / "metrics.md").read_text()
     for formula in ("X(N) / X(1)", "t1 / (N · tN)", "X(N) / (N · X(1))", "algbw · 2(n − 1)/n"):
         assert text.count(formula) == 1, formula
+
+
+# --- the docs' claims that code can check (issue 60) -------------------------------------------
+
+
+def test_every_list_of_the_commands_is_the_commands_there_are():
+    from trainscale.__main__ import COMMANDS
+
+    lists = {
+        "README.md": r"lists every command \(([^)]*)\)",
+        "docs/development.md": r"the one command for users: ([^;]*);",
+    }
+    for page, pattern in lists.items():
+        found = re.search(pattern, (ROOT / page).read_text().replace("\n", " "))
+        assert found, page
+        assert re.findall(r"`([\w-]+)`", found.group(1)) == list(COMMANDS), page
+
+
+def test_the_cell_keys_the_docs_count_and_list_are_the_matrix_axes():
+    from trainscale.plan.runspec import MATRIX_KEYS
+
+    claims = {
+        "docs/compare.md": r"matched by their (\d+) matrix values \(([^;)]*)",
+        "docs/metrics.md": r"every matrix value but the repeat: (\d+) of them \(([^;)]*)",
+        "docs/config.md": r"their cartesian product \((\d+) axes()",
+    }
+    for page, pattern in claims.items():
+        found = re.search(pattern, (ROOT / page).read_text().replace("\n", " "))
+        assert found, page
+        assert int(found.group(1)) == len(MATRIX_KEYS), page
+        if found.group(2):
+            assert [k.strip() for k in found.group(2).split(",")] == list(MATRIX_KEYS), page
+
+
+def test_the_scaling_cards_prediction_is_documented_as_the_card_fills_it():
+    schema = yaml.safe_load(
+        (ROOT / "workflow" / "schemas" / "scaling-card.schema.yaml").read_text()
+    )
+    fields = schema["properties"]["scaling"]["items"]["properties"]["prediction"]["required"]
+    text = (ROOT / "docs" / "compare.md").read_text()
+    bullet = re.search(r"^- `prediction`:(.*?)^- ", text, re.M | re.S).group(1)
+    assert "not implemented" not in bullet and "null` today" not in bullet
+    assert all(f in bullet for f in fields if f != "notes"), bullet
+
+
+def test_one_repeat_reads_alike_in_compare_and_metrics():
+    """metrics.md gives a cell of one run the pooled interval; compare.md must say that cell is
+    compared under --ci steps and not under the bootstrap or Welch (compare/verdicts.py)."""
+    metrics = (ROOT / "docs" / "metrics.md").read_text().replace("\n", " ")
+    compare = (ROOT / "docs" / "compare.md").read_text().replace("\n", " ")
+    assert "A cell of one run gets one from the pooled" in metrics
+    assert "one repeat under `--ci bootstrap` or `--ci welch`" in compare
+    assert "a cell of one run has the study's pooled interval" in compare
+
+
+@pytest.mark.parametrize("page", PAGES, ids=ids(PAGES))
+def test_no_page_has_a_section_twice(page):
+    """No section heading repeats another's words from their start (slurm.md had "A slow or
+    unreachable controller" and, further down, the same section with a longer title)."""
+    heads = [
+        re.findall(r"[a-z0-9]+", h.lower())
+        for h in re.findall(r"^##+ (.+)$", page.read_text(), re.M)
+    ]
+    for i, a in enumerate(heads):
+        for b in heads[:i]:
+            n = min(len(a), len(b))
+            assert a[:n] != b[:n], (page.name, " ".join(b), " ".join(a))
+
+
+def test_the_readme_claims_only_what_ran_and_what_is_written():
+    text = (ROOT / "README.md").read_text()
+    assert "they pass" not in text and "(docs/gpu-validation.md)" in text
+    figures = next(ln for ln in text.splitlines() if "results/<study>/figures/" in ln)
+    assert "svg" not in figures.lower() or "report.svg: true" in figures
+    first_screen = "\n".join(text.splitlines()[:25])
+    assert "(docs/gpu-cluster.md)" in first_screen
+
+
+def test_the_gpu_cluster_page_names_what_the_config_and_records_hold():
+    text = (ROOT / "docs" / "gpu-cluster.md").read_text()
+    schema = yaml.safe_load((ROOT / "workflow" / "schemas" / "config.schema.yaml").read_text())
+    for key in ("container", "env", "slurm"):
+        assert f"config `{key}`" in text or f"`{key}`" in text, key
+    for key in schema["properties"]["slurm"]["properties"]:
+        assert f"{key}:" in text, key
+    for name in (
+        "examples/h100-llama8b.yaml",
+        "examples/h100-resnet50.yaml",
+        "envs/trainscale.def",
+    ):
+        assert f"`{name}`" in text and (ROOT / name).is_file(), name
+    for field in ("env.variables", "env.nccl", "env.container"):
+        assert f"`{field}`" in text, field

@@ -47,3 +47,18 @@ def test_horovod_env_builds_horovod_with_the_project_script():
     assert "scripts/build-horovod.sh" in hook
     assert "HOROVOD_VERSION=0.28.1" in (ROOT / "scripts" / "build-horovod.sh").read_text()
     assert {"cloudpickle", "packaging", "psutil", "pyyaml"} <= set(VENV)  # Horovod's runtime deps
+
+
+def test_the_apptainer_definition_installs_the_pinned_requirements():
+    """envs/trainscale.def (docs/gpu-cluster.md): Python 3.11, requirements.txt as pinned (the
+    same file, copied in), DeepSpeed without prebuilt ops, Horovod by the project's script, and
+    `python` on PATH for the launch line; its %files exist in the checkout."""
+    text = (ROOT / "envs" / "trainscale.def").read_text()
+    assert re.search(r"^Bootstrap: docker$", text, re.M) and "python3.11 -m venv" in text
+    assert "DS_BUILD_OPS=0 pip install --no-cache-dir -r /opt/trainscale/requirements.txt" in text
+    assert "build-horovod.sh /opt/trainscale/venv/bin/python" in text
+    assert "ln -sf /opt/trainscale/venv/bin/python /usr/local/bin/python" in text
+    files = re.search(r"^%files\n(.*?)\n\n", text, re.M | re.S).group(1).split("\n")
+    for line in files:
+        src, _ = line.split()
+        assert (ROOT / src).is_file(), src

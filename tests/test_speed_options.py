@@ -1,7 +1,8 @@
-"""The speed options `memory_format` and `compile` (issue 16 part 4): config checks that name the
-key, the spec that carries them, the cells dropped with the reason, and real runs whose record
-says, from the tensors and from TorchDynamo, that the model really was laid out channels_last
-and compiled."""
+"""The speed options `memory_format`, `compile` and `grad_accum` (issue 16 part 4, issue 60):
+config checks that name the key, matrix axes whose defaults stay out of a run's path, the
+cells dropped with the reason, real runs whose record says, from the tensors and from
+TorchDynamo, that the model really was laid out channels_last and compiled, and gradient
+accumulation that trains every PyTorch-family strategy as one whole batch would."""
 
 from __future__ import annotations
 
@@ -88,12 +89,80 @@ def test_the_spec_carries_both_into_the_record():
     )  # a spec written before the keys existed reads as the defaults
 
 
-def test_the_keys_are_not_matrix_axes():
-    """One value per study: the run paths do not change, studies are compared instead."""
+def test_the_options_are_matrix_axes_whose_defaults_stay_out_of_the_path():
+    """One study compares DDP with channels_last beside FSDP without: the FSDP cell that
+    cannot take it is dropped, the default keeps the path a run had before the axes existed,
+    and the top-level key gives the axis its one value where the matrix names none."""
     (plain,), _ = build_runs(config())
-    (fast,), _ = build_runs(config(memory_format="channels_last", compile=True))
-    assert plain.path == fast.path
-    assert "memory_format" not in matrix.MATRIX_KEYS and "compile" not in matrix.MATRIX_KEYS
+    assert "memory_format" not in plain.path and "compile" not in plain.path
+    assert "grad_accum" not in plain.path
+    for key in ("memory_format", "compile", "grad_accum"):
+        assert key in matrix.MATRIX_KEYS
+    cfg = config(["torch-ddp", "torch-fsdp"], workers=2)
+    cfg["matrix"].update(memory_format=["contiguous", "channels_last"], compile=[False, True])
+    cfg["matrix"]["grad_accum"] = [1, 2]
+    runs, dropped = build_runs(cfg)
+    cells = {(r.strategy, r.memory_format, r.compile, r.grad_accum) for r in runs}
+    assert len(runs) == len(cells) == 12  # torch-fsdp: contiguous only
+    assert {c for c in cells if c[0] == "torch-fsdp" and c[1] == "channels_last"} == set()
+    assert [d.values["strategy"] for d in dropped] == ["torch-fsdp"] * 4
+    last = next(r for r in runs if r.memory_format == "channels_last" and r.compile)
+    assert "/memory_format~channels_last/compile~True/" in last.path
+    assert "grad_accum~2" in next(r for r in runs if r.grad_accum == 2).path
+    (top,), _ = build_runs(config(memory_format="channels_last", grad_accum=2))
+    assert (top.memory_format, top.grad_accum) == ("channels_last", 2)
+    assert top.path.endswith("memory_format~channels_last/grad_accum~2/repeat~0")
+    cfg = config(["torch-ddp"], workers=2, memory_format="channels_last")
+    cfg["matrix"]["memory_format"] = ["contiguous"]  # the matrix's axis wins
+    (axis,), _ = build_runs(cfg)
+    assert axis.memory_format == "contiguous" and axis.path == plain.path.replace(
+        "strategy~torch/", "strategy~torch-ddp/"
+    ).replace("workers~1", "workers~2")
+    cfg["matrix"].update(memory_format=["contiguous", "channels_last"])
+    cfg["matrix"]["exclude"] = [{"memory_format": "channels_last"}]
+    assert len(build_runs(cfg)[0]) == 1
+
+
+def test_grad_accum_runs_every_pytorch_strategy_and_drops_keras_with_the_reason():
+    every = sorted(matrix.IMPLEMENTED)
+    cfg = config(every, workers=2, grad_accum=2)
+    cfg["matrix"]["model"] = ["seed-small"]
+    runs, dropped = build_runs(cfg, "cuda")
+    ran = {r.strategy for r in runs}
+    reasons = {d.values["strategy"]: d.reason for d in dropped}
+    pipe = [r for r in runs if r.strategy == "torch-pipeline"]  # its schedule accumulates
+    assert pipe and all(r.microbatches == 8 and r.grad_accum == 2 for r in pipe)
+    assert "Keras strategies step the optimizer once per batch" in reasons["tf-multiworker"]
+    for s in KERAS:
+        why = speed_options.why_not(s, "seed-small", "contiguous", False, grad_accum=2)
+        assert s not in ran and "Keras strategies step the optimizer once per batch" in why
+    for s in ("torch-ddp", "torch-fsdp", "lightning-ddp", "horovod-torch", "deepspeed-zero1"):
+        assert s in ran and all(r.grad_accum == 2 for r in runs if r.strategy == s)
+
+
+def test_a_step_of_micro_batches_is_the_whole_batch_step():
+    """Plugin.step with grad_accum 4 (uneven micro-batches too) leaves the weights and the
+    mean loss of one step on the whole batch."""
+    from types import SimpleNamespace
+
+    from trainscale.runners.torch.plugin import Plugin
+
+    (run,), _ = build_runs(config())
+    x, y = torch.randn(10, 6), torch.randint(0, 3, (10,))
+    after = {}
+    for k in (1, 4):
+        spec = dataclasses.replace(run, grad_accum=k)
+        loop = SimpleNamespace(spec=spec, device=torch.device("cpu"))
+        p = Plugin(loop)
+        torch.manual_seed(0)
+        p.model = torch.nn.Linear(6, 3)
+        p.opt = torch.optim.SGD(p.model.parameters(), lr=0.5)
+        p.scaler = torch.amp.GradScaler("cpu", enabled=False)
+        loss = p.step(x, y) / k  # the epoch's mean divides by losses_per_step (ranks × k)
+        after[k] = (loss.item(), [t.detach().clone() for t in p.model.parameters()])
+    assert after[4][0] == pytest.approx(after[1][0], rel=1e-6)
+    for a, b in zip(after[1][1], after[4][1], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
 
 
 # --- dropped cells ---------------------------------------------------------------------------
@@ -233,3 +302,25 @@ def test_two_workers_compile(tmp_path, strategy, options, layout):
     assert record["model"]["compiled_graphs"] >= 1
     assert record["model"]["memory_format"] == layout
     assert record["device"]["count"] == 2
+
+
+@pytest.mark.slow
+def test_accumulated_steps_train_as_whole_batches_under_every_family(tmp_path):
+    """2 workers, 2 micro-batches a step: DDP (no_sync), FSDP2 (gradient sync off) and
+    Lightning (accumulate_grad_batches) train seed-small (no BatchNorm) to the epoch losses of
+    DDP's whole-batch steps on the same samples, Horovod (backward_passes_per_step) to those
+    of its own whole-batch steps."""
+    base = {"epochs": 2, "steps_per_epoch": 2}
+    want = {}
+    for strategy in ("torch-ddp", "horovod-torch"):
+        (whole,), _ = build_runs(config([strategy], workers=2, **base))
+        rec = _record(whole, tmp_path / "whole")
+        want[strategy] = [e["train_loss"] for e in rec["epochs"]]
+    for strategy in ("torch-ddp", "torch-fsdp", "lightning-ddp", "horovod-torch"):
+        (run,), _ = build_runs(config([strategy], workers=2, grad_accum=2, **base))
+        rec = _record(run, tmp_path)
+        assert rec["spec"]["grad_accum"] == 2 and "grad_accum~2" in run.path
+        got = [e["train_loss"] for e in rec["epochs"]]
+        same = want.get(strategy, want["torch-ddp"])
+        assert got == pytest.approx(same, rel=1e-5), strategy
+        assert [e["steps"] for e in rec["epochs"]] == [2, 2], strategy

@@ -12,7 +12,13 @@ sys.path.insert(0, str(Path(workflow.basedir) / "workflow"))
 # (from trainscale.launch.slurm and launch_commands, not trainscale.launch: that one imports the
 # launcher's attempts and metrics modules, a tenth of a second of every Snakemake start)
 from trainscale.launch.commands import job_environment
-from trainscale.launch.slurm import SLURM_RESOURCE_KEYS, slurm_request, slurm_resources
+from trainscale.launch.container import CONTAINER_ENV, to_environ
+from trainscale.launch.slurm import (
+    SLURM_RESOURCE_KEYS,
+    slurm_request,
+    slurm_resources,
+    with_options,
+)
 
 os.environ.update(job_environment(Path(workflow.basedir) / "workflow", sys.executable))
 
@@ -23,6 +29,7 @@ from trainscale import data as ts_data
 from trainscale.report import endnote as ts_endnote
 from trainscale.data import imagesets as ts_imagesets
 from trainscale.plan import check as ts_check
+from trainscale.plan import cluster as ts_cluster
 from trainscale.plan import matrix as ts_matrix
 from trainscale.plan import memory as ts_memory
 from trainscale.plan import overlay as ts_overlay
@@ -64,6 +71,12 @@ if _problems:
     )
 if not workflow.modifier.skip_validation:
     ts_check.fill_defaults(config, _schema)
+
+# config `env` and `container` reach every job through its environment, outside the run spec
+# (changing them re-runs nothing): the variables themselves, and both as JSON for the
+# launcher (trainscale.launch.container)
+os.environ.pop(CONTAINER_ENV, None)
+os.environ.update(to_environ(config.get("container"), config.get("env") or {}))
 
 STUDY = config["study"]
 RESULTS = f"results/{STUDY}"
@@ -125,7 +138,7 @@ def check_local_capacity():
         return
     problems = ts_matrix.capacity_problems(
         RUNS, ACCELERATOR, os.cpu_count() or 1, ts_matrix.visible_gpus()
-    )
+    ) + ts_cluster.local_problems(config)
     if problems:
         raise ValueError(
             "config: this machine cannot run the study as configured:\n  - "
@@ -197,9 +210,12 @@ def job_resources(request, every_request=None):
     return resources
 
 
+#: config `slurm`: --exclusive, the GPUs asked of a node, a constraint (with_options)
+SLURM_OPTIONS = config.get("slurm") or {}
 #: Every run's SLURM request (trainscale.launch.slurm.slurm_resources), made once per run.
 RUN_REQUESTS = {
-    path: slurm_resources(r, ACCELERATOR) for path, r in RUN_BY_PATH.items()
+    path: slurm_resources(r, ACCELERATOR, SLURM_OPTIONS)
+    for path, r in RUN_BY_PATH.items()
 }
 
 
@@ -212,18 +228,22 @@ def run_request(wildcards):
 def collectives_request(wildcards):
     """The all-reduce benchmark of (workers, nodes) asks for what a training run of that
     shape asks for (one task per node, the node's workers × threads, GPUs on CUDA)."""
-    return slurm_request(
+    request = slurm_request(
         int(wildcards.workers),
         int(wildcards.nodes),
         config["threads_per_worker"],
         ACCELERATOR,
         config["collectives"]["timeout_minutes"],
     )
+    return with_options(request, SLURM_OPTIONS, ACCELERATOR)
 
 
 def build_request(wildcards):
-    """A one-process build job (DeepSpeed's ops): one worker's share of a node."""
-    return slurm_request(1, 1, config["threads_per_worker"], ACCELERATOR, 30)
+    """A one-process build job (DeepSpeed's ops): one worker's share of a node of the
+    study's kind (its constraint)."""
+    request = slurm_request(1, 1, config["threads_per_worker"], ACCELERATOR, 30)
+    constraint = {"constraint": SLURM_OPTIONS.get("constraint")}
+    return with_options(request, constraint, ACCELERATOR)
 
 
 def check_targets():

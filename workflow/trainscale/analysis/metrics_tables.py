@@ -70,9 +70,10 @@ EPOCH_FIELDS = [
 
 
 _CELL_TEXT = ("strategy", "model", "dataset", "batch_mode", "precision", "activation_checkpointing",
-              "offload")  # fmt: skip
+              "offload", "memory_format")  # fmt: skip
 #: dtypes of the cell columns, in every table that has them.
-CELL_TYPES = {k: ("str" if k in _CELL_TEXT else "int64") for k in CELL}
+CELL_TYPES = {k: ("str" if k in _CELL_TEXT else "bool" if k == "compile" else "int64")
+              for k in CELL}  # fmt: skip
 #: dtypes of epochs.csv's columns.
 EPOCH_TYPES = {
     "run": "str",
@@ -144,7 +145,7 @@ def runs_types(columns: Iterable[str]) -> dict[str, str]:
     for c in columns:
         if c in known:
             out[c] = known[c]
-        elif c.startswith("env.frameworks."):
+        elif c.startswith(("env.frameworks.", "env.variables.")):
             out[c] = "str"
     return out
 

@@ -200,10 +200,12 @@ class Study:
     def __post_init__(self) -> None:
         self.runs = typed("runs", self.runs)
         self.epochs = typed("epochs", self.epochs)
+        # consolidated: astype gives each cast column a block of its own, and the figures
+        # that add columns to a frame of 100+ blocks make pandas warn of fragmentation
         self.scaling = typed(
             "scaling",
             scaling_frame(self.runs, self.prices) if self.scaling is None else self.scaling,
-        )
+        ).copy()
         self.collectives = typed("collectives", self.collectives)
         self.communication = typed("communication", self.communication)
 

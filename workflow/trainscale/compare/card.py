@@ -53,6 +53,9 @@ GROUP = [
     "batch_mode",
     "activation_checkpointing",
     "offload",
+    "memory_format",
+    "compile",
+    "grad_accum",
 ]
 #: Spec keys that are not study-wide settings: they name the cell or the repeat, follow from
 #: the cell (world size, batch per worker, the scaled learning rate), or are a local path.

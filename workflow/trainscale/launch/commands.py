@@ -1,19 +1,23 @@
 """Command lines: a run spec and the machine it lands on -> the exact command that runs it.
 
 `command(spec, env)` is a pure function from a run spec and the machine it lands on (local or
-a SLURM allocation) to the exact command line, built by the strategy's launcher form (its
-catalog row's `launcher`): one process, torchrun, tfrun or horovodrun. It is unit-tested for
-every strategy and every form, including GPU and multi-node ones this machine cannot run.
+a SLURM allocation, with or without a container) to the exact command line, built by the
+strategy's launcher form (its catalog row's `launcher`): one process, torchrun, tfrun or
+horovodrun, entering the image where config `container` names one (launch.container). It is
+unit-tested for every strategy and every form, including GPU and multi-node ones this machine
+cannot run.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainscale.launch import container as images
 from trainscale.plan import catalog
 from trainscale.plan.runspec import RunSpec
 
@@ -32,6 +36,8 @@ class Environment:
     time_limit: float | None = None  # the SLURM job's time limit, seconds
     time_left: float | None = None  # seconds until it, when the run starts
     restarts: int | None = None  # times SLURM requeued the job before this start
+    container: images.Container | None = None  # config `container`: the image runs enter
+    variables: tuple[tuple[str, str], ...] = ()  # config `env`: set for every rank
 
     @property
     def head(self) -> str:
@@ -184,11 +190,34 @@ def command(spec: RunSpec, env: Environment, out: str) -> list[str]:
     except KeyError:
         raise ValueError(f"strategy {spec.strategy!r} has no launcher in this version") from None
     worker = ["-m", "trainscale.runners", "--spec", spec.to_json(), "--out", out]
-    extra = worker_env(spec, env)
+    extra = {**dict(env.variables), **worker_env(spec, env)}
     if spec.horovod_timeline:  # Horovod's timeline, kept beside the run's metrics
         extra["HOROVOD_TIMELINE"] = str(Path(out).parent / "horovod-timeline.json")
     prefix = ["env", *(f"{k}={v}" for k, v in sorted(extra.items()))]
-    return [*prefix, *launcher(spec, env, worker)]
+    cpus = spec.workers * (spec.threads_per_worker + spec.loader_workers)
+    cpus += (spec.processes - spec.world_size) * spec.threads_per_worker  # tf-ps: servers, chief
+    if env.container is not None and spec.own_model is not None:  # its code, bound in too
+        c = env.container
+        env = dataclasses.replace(
+            env, container=dataclasses.replace(c, mounts=(*c.mounts, *spec.own_model.code))
+        )
+    return in_image(env, prefix, cpus, lambda e: launcher(spec, e, worker))
+
+
+def in_image(
+    env: Environment, prefix: list[str], cpus: int, form: Callable[[Environment], list[str]]
+) -> list[str]:
+    """`form(env)`'s command line, the variables of `prefix` (`env NAME=value ...`) set for it;
+    inside env.container where there is one (its image's python; a one-node run under pyxis
+    gets an srun of the node's `cpus` to enter the image)."""
+    if env.container is None:
+        return [*prefix, *form(env)]
+    argv = form(dataclasses.replace(env, python=images.PYTHON))
+    # the checkout's trainscale, whatever PYTHONPATH the image sets (pyxis keeps an image's
+    # own values of the variables it passes on)
+    prefix = ["env", f"PYTHONPATH={env.container.package}", *prefix[1:]]
+    one_node = ["srun", "--overlap", "--nodes=1", "--ntasks=1", f"--cpus-per-task={cpus}"]
+    return images.wrap(argv, prefix, env.container, [*one_node, "--kill-on-bad-exit=1"])
 
 
 def tasks_per_node(spec: RunSpec) -> int:
@@ -201,9 +230,14 @@ def tasks_per_node(spec: RunSpec) -> int:
 
 
 def probe_command(spec: RunSpec, env: Environment) -> list[str]:
-    """The device probe (trainscale.launch.devices) in every task the run would have."""
-    argv = [env.python, "-m", "trainscale.launch.devices"]
-    return [*srun(spec, tasks_per_node(spec)), *argv] if spec.nodes > 1 else argv
+    """The device probe (trainscale.launch.devices) in every task the run would have, inside
+    the run's container where it has one."""
+
+    def form(e: Environment) -> list[str]:
+        argv = [e.python, "-m", "trainscale.launch.devices"]
+        return [*srun(spec, tasks_per_node(spec)), *argv] if spec.nodes > 1 else argv
+
+    return in_image(env, [], spec.workers * spec.threads_per_worker, form)
 
 
 def job_environment(package_dir: str | os.PathLike, python: str) -> dict[str, str]:

@@ -14,8 +14,10 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
+from trainscale.launch import container
 from trainscale.launch.commands import Environment, tasks_per_node
 from trainscale.plan.runspec import RunSpec
 
@@ -36,17 +38,21 @@ def expand_nodelist(nodelist: str) -> tuple[str, ...]:
     return tuple(h for h in hosts if h)
 
 
+PACKAGE_DIR = container.PACKAGE_DIR
+
+
 def detect(environ: dict[str, str] | None = None) -> Environment:
-    """Local host, or the SLURM allocation this process runs in (SLURM_JOB_ID is set)."""
+    """Local host, or the SLURM allocation this process runs in (SLURM_JOB_ID is set); the
+    container and variables the Snakefile handed to the job (launch.container)."""
     environ = dict(os.environ if environ is None else environ)
     job = environ.get("SLURM_JOB_ID")
     cache = str(Path.cwd() / ".cache")  # the workflow's working directory
+    image, variables = container.from_environ(environ, str(Path.cwd()), PACKAGE_DIR)
+    given = {"python": sys.executable, "cache_dir": cache, "container": image}
     if not job:
-        return Environment(mode="local", python=sys.executable, cache_dir=cache)
+        return Environment(mode="local", variables=variables, **given)
     nodes = expand_nodelist(environ.get("SLURM_JOB_NODELIST", ""))
-    return Environment(
-        mode="slurm", python=sys.executable, nodes=nodes, job_id=job, cache_dir=cache
-    )
+    return Environment(mode="slurm", nodes=nodes, job_id=job, variables=variables, **given)
 
 
 def scontrol_fields(text: str) -> dict[str, str]:
@@ -160,7 +166,26 @@ def slurm_request(
     return res
 
 
-#: Every resource key `slurm_request` may set (rules declare each, None where a job needs none).
+def with_options(
+    res: dict[str, int | str], options: Mapping | None, accelerator: str
+) -> dict[str, int | str]:
+    """A job's request with config `slurm`: `exclusive` (sbatch --exclusive: no other job on
+    its nodes), `constraint` (sbatch -C: the node features it needs) and `gpus_per_node` (the
+    GPUs asked of each node, where they differ from its workers: a node of 8 GPUs for a cell
+    of 4; the planner drops cells of more workers than that)."""
+    options = options or {}
+    res = dict(res)
+    if options.get("exclusive"):
+        res["slurm_extra"] = " ".join(filter(None, [res.get("slurm_extra"), "--exclusive"]))
+    if options.get("constraint"):
+        res["constraint"] = options["constraint"]
+    if options.get("gpus_per_node") and accelerator == "cuda":
+        res["gres"] = f"gpu:{options['gpus_per_node']}"
+    return res
+
+
+#: Every resource key `slurm_request` and `with_options` may set (rules declare each, None
+#: where a job needs none).
 SLURM_RESOURCE_KEYS = (
     "nodes",
     "tasks",
@@ -170,12 +195,16 @@ SLURM_RESOURCE_KEYS = (
     "gres",
     "tasks_per_gpu",
     "slurm_extra",
+    "constraint",
 )
 
 
-def slurm_resources(spec: RunSpec, accelerator: str) -> dict[str, int | str]:
-    """The SLURM resources of a training run (see `slurm_request`)."""
-    return slurm_request(
+def slurm_resources(
+    spec: RunSpec, accelerator: str, options: Mapping | None = None
+) -> dict[str, int | str]:
+    """The SLURM resources of a training run (see `slurm_request`), with config `slurm`'s
+    `options` (`with_options`)."""
+    res = slurm_request(
         spec.workers,
         spec.nodes,
         spec.threads_per_worker + spec.loader_workers,
@@ -184,3 +213,4 @@ def slurm_resources(spec: RunSpec, accelerator: str) -> dict[str, int | str]:
         tasks_per_node(spec),
         spec.processes - spec.world_size,
     )
+    return with_options(res, options, accelerator)

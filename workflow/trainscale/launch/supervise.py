@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from trainscale.launch import attempts
+from trainscale.launch import attempts, container
 from trainscale.launch.commands import (
     LAUNCHER_FORMS,
     LAUNCHERS,
@@ -35,6 +35,7 @@ from trainscale.launch.commands import (
     Environment,
     command,
     horovodrun,
+    in_image,
     job_environment,
     probe_command,
     single_process,
@@ -57,7 +58,7 @@ from trainscale.launch.slurm import (
     slurm_resources,
     slurm_seconds,
 )
-from trainscale.measure import metrics
+from trainscale.measure import metrics, variables
 from trainscale.plan import memory
 from trainscale.plan.runspec import RunSpec
 
@@ -78,6 +79,7 @@ __all__ = [
     "free_port",
     "horovodrun",
     "in_allocation",
+    "in_image",
     "job_environment",
     "main",
     "oom_kills",
@@ -218,6 +220,9 @@ def supervise(
         env = dataclasses.replace(env, port=free_port())
     limit, timeout_reason = deadline(spec, env)
     argv = command(spec, env, str(out))
+    image = container.describe(env.container, env.cache_dir)  # hashed before the run starts
+    # what the ranks were given, for a record the run could not write itself
+    given = variables.seen({**os.environ, **dict(env.variables), **worker_env(spec, env)})
     cmdline = shlex.join(argv)
     print(f"trainscale: {spec.path}\ntrainscale: launching: {cmdline}", flush=True)
     start_utc, t0 = metrics.utc_now(), time.perf_counter()
@@ -252,7 +257,7 @@ def supervise(
         rec = metrics.failure_record(
             spec.to_dict(), "failed", error, start_utc, time.perf_counter() - t0, launch
         )
-        metrics.write(out, stamp(rec, spec, attempt, env))
+        metrics.write(out, stamp(rec, spec, attempt, env, image, given))
 
     _end_with_us(proc, cancelled)
     pump = threading.Thread(target=_pump, args=(proc.stdout, sys.stdout, tail), daemon=True)
@@ -271,7 +276,7 @@ def supervise(
                     f"(status {rec['status']} kept)",
                     flush=True,
                 )
-            metrics.write(out, stamp(rec, spec, attempt, env))
+            metrics.write(out, stamp(rec, spec, attempt, env, image))
             return rec["status"]
         except metrics.MetricsError as e:
             tail.append(f"metrics written by the run are invalid: {e}\n")
@@ -294,14 +299,26 @@ def supervise(
     rec = metrics.failure_record(
         spec.to_dict(), status, error, start_utc, time.perf_counter() - t0, launch
     )
-    metrics.write(out, stamp(rec, spec, attempt, env))
+    metrics.write(out, stamp(rec, spec, attempt, env, image, given))
     print(f"trainscale: recorded status {status!r} in {out}", flush=True)
     return status
 
 
-def stamp(rec: dict, spec: RunSpec, attempt: int, env: Environment) -> dict:
+def stamp(
+    rec: dict,
+    spec: RunSpec,
+    attempt: int,
+    env: Environment,
+    image: dict | None = None,
+    given: dict[str, str] | None = None,
+) -> dict:
     """What only the supervisor knows, added to `spec`'s record: the attempt it was, how often
-    SLURM requeued its job (null outside SLURM), and the memory the planner predicted."""
+    SLURM requeued its job (null outside SLURM), the memory the planner predicted, the
+    container the run entered (`image`: launch.container.describe), and for a record written
+    in the run's place the variables its ranks were `given`."""
+    rec["env"]["container"] = image
+    if given is not None:
+        rec["env"]["variables"] = given
     rec["env"]["attempts"] = attempt
     rec["env"]["slurm_restarts"] = (env.restarts or 0) if env.mode == "slurm" else None
     predicted = memory.recorded(spec)
@@ -427,6 +444,7 @@ def recorded_from_slurm(
         )
         return None
     rec = attempts.lost_record(spec.to_dict(), end, lost, env.job_id)
+    rec["env"]["container"] = container.describe(env.container, env.cache_dir)
     metrics.write(out, rec)
     attempts.note(out, ended=True, status=rec["status"], ended_utc=metrics.utc_now())
     print(f"trainscale: recorded status {rec['status']!r} from sacct: {rec['error']}", flush=True)

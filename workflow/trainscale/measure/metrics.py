@@ -77,7 +77,7 @@ import yaml
 
 import trainscale
 from trainscale.data import imagesets
-from trainscale.measure import classes, datawait, divergence, flops
+from trainscale.measure import classes, datawait, divergence, flops, variables
 from trainscale.measure.device_usage import (  # noqa: F401  (runners call metrics.GpuMonitor)
     GpuMonitor,
 )
@@ -242,6 +242,9 @@ def environment(start_utc: str, frameworks: dict[str, str], hostnames: list[str]
         "start_utc": start_utc,
         "end_utc": utc_now(),
         "trainscale": trainscale.__version__,
+        "variables": variables.seen(),
+        "nccl": variables.nccl_version(),
+        "container": None,  # the launcher's to say (trainscale.launch.container)
     }
 
 

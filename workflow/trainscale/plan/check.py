@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from trainscale.data import imagecheck, names
-from trainscale.plan import catalog, hf_models, memory, own_models, prices
+from trainscale.plan import catalog, cluster, hf_models, memory, own_models, prices
 from trainscale.plan.matrix import (
     CONFIG_SCHEMA,
     DEFAULT_SEQ_LEN,
@@ -65,6 +65,7 @@ def config_problems(config: dict, schema: dict) -> list[str]:
             lines.append(f"{key}: {e.message}")
     lines += imagecheck.problems(config)
     lines += _model_names(config)
+    lines += cluster.problems(config)
     if lines:
         return lines
     seq_lens = (config.get("matrix") or {}).get("seq_len") or [DEFAULT_SEQ_LEN]

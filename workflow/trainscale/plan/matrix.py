@@ -21,6 +21,7 @@ from trainscale import data
 from trainscale.data import imagesets, tokens, tokensets
 from trainscale.plan import (
     catalog,
+    cluster,
     datafit,
     exclusions,
     faults,
@@ -162,10 +163,9 @@ def build_runs(
             "config fragment (JSON or YAML), relative to the directory Snakemake runs in, or "
             "remove the key"
         )
-    layout, compile_ = config.get("memory_format", "contiguous"), config.get("compile", False)
     runs: list[RunSpec] = []
     dropped: list[Dropped] = []
-    axes = {**{k: [v] for k, v in OUT_OF_PATH.items()}, **m,
+    axes = {**{k: [v] for k, v in OUT_OF_PATH.items()}, **speed_options.axes(config), **m,
             "seq_len": m.get("seq_len") or [DEFAULT_SEQ_LEN]}  # fmt: skip
     token_sets = {n: tokensets.is_tokens(n, config) for n in m["dataset"]}
     left = exclusions.pairs_left(axes, m.get("exclude", []), token_sets)  # checked: these
@@ -189,6 +189,8 @@ def build_runs(
             continue
         pipe = values["strategy"] == "torch-pipeline"
         mb, schedule = config.get("microbatches", 4), config.get("pipeline_schedule", "gpipe")
+        if pipe:  # its schedule accumulates: grad_accum × microbatches micro-batches a step
+            mb *= values["grad_accum"]
         key = (values["dataset"], values["seq_len"])
         if key not in infos:
             infos[key] = _info(values, config)
@@ -198,7 +200,10 @@ def build_runs(
             own = own_models.frozen(values["model"], config, answer, info.shape, info.num_classes)
         reason = (
             why_not(values, accelerator, mb, schedule, info, own, gpus_per_node)
-            or speed_options.why_not(values["strategy"], values["model"], layout, compile_, own)
+            or cluster.why_not(values, config, accelerator)
+            or speed_options.why_not(values["strategy"], values["model"],
+                                     values["memory_format"], values["compile"], own,
+                                     values["grad_accum"])
             or knobs.why_not(values["strategy"], values["model"],
                              values["activation_checkpointing"], values["offload"],
                              opt["name"], own)
@@ -227,7 +232,7 @@ def build_runs(
         lr = effective_lr(opt["lr"], config["lr_scaling"], gbs, config["base_batch_size"])
         framework = catalog.STRATEGIES[values["strategy"]].framework
         is_ds = framework == "deepspeed"
-        grad_accum = config.get("grad_accum", 1) if is_ds else 1
+        grad_accum = values["grad_accum"]
         if pwbs % grad_accum:
             raise ConfigError(
                 f"grad_accum {grad_accum} does not divide the per-worker batch {pwbs} of "
@@ -255,7 +260,6 @@ def build_runs(
             timeout_minutes=config["timeout_minutes"],
             target_accuracy=config.get("target_accuracy"),
             data_dir=config["data_dir"],
-            grad_accum=grad_accum,
             deepspeed_config=ds_fragment if is_ds else None,
             horovod_timeline=config.get("horovod_timeline", False) and framework == "horovod",
             pipeline_schedule=schedule if pipe else None,
@@ -264,8 +268,6 @@ def build_runs(
             eval_tokens=config.get("eval_tokens", tokens.EVAL_TOKENS),
             samples=samples,
             ps_tasks=config.get("ps_tasks", 1) if values["strategy"] == "tf-ps" else 0,
-            memory_format=layout,
-            compile=compile_,
             own_model=own,
             **imagesets.run_fields(values["dataset"], config),
         )

@@ -32,15 +32,22 @@ MATRIX_KEYS: tuple[str, ...] = (
     "precision",
     "activation_checkpointing",
     "offload",
+    "memory_format",
+    "compile",
+    "grad_accum",
 )
 
 #: later axes -> the value that leaves them out of a run's path: seq_len 0 (image data), tp 1
-#: (no tensor parallelism), no activation checkpointing, no offload
+#: (no tensor parallelism), no activation checkpointing, no offload, and the speed options'
+#: defaults (contiguous layout, eager, one micro-batch per step: plan.speed_options)
 OUT_OF_PATH: dict[str, object] = {
     "seq_len": 0,
     "tp": 1,
     "activation_checkpointing": "none",
     "offload": "none",
+    "memory_format": "contiguous",
+    "compile": False,
+    "grad_accum": 1,
 }
 
 #: A spec's JSON: sorted keys, no spaces. One encoder, made once: json.dumps with options

@@ -1,7 +1,10 @@
 """The PyTorch speed options of a study and where they apply: `memory_format` (channels_last:
-image batches and convolution weights laid out NHWC) and `compile` (`torch.compile` of the
-model). Both are top-level config keys, the same for every run of a study, so a study with
-them is compared with one without (trainscale.compare) to see what each buys.
+image batches and convolution weights laid out NHWC), `compile` (`torch.compile` of the model)
+and `grad_accum` (each optimizer step accumulates the gradients of that many micro-batches of
+the per-worker batch). Each is a matrix axis (`matrix.memory_format`, `matrix.compile`,
+`matrix.grad_accum`) whose default (contiguous, false, 1) stays out of a run's path, so one
+study compares DDP with channels_last beside FSDP without; the top-level keys of the same name
+give the axis its one value where the matrix names none.
 
 A cell whose strategy or model cannot take an option is dropped by the matrix with the reason
 given here, as the catalog's constraints drop theirs. Imports no framework.
@@ -40,8 +43,23 @@ NO_COMPILE: dict[str, str] = {
 }
 
 
+#: the speed options' matrix axes -> their defaults (the top-level keys override them)
+DEFAULTS: dict[str, object] = {"memory_format": "contiguous", "compile": False, "grad_accum": 1}
+
+
+def axes(config: dict) -> dict[str, list]:
+    """The speed options' matrix axes where `matrix` names none: the study-wide top-level key's
+    one value (memory_format, compile, grad_accum), else the default."""
+    return {k: [config.get(k, v)] for k, v in DEFAULTS.items()}
+
+
 def why_not(
-    strategy: str, model: str, memory_format: str, compile: bool, own: object | None = None
+    strategy: str,
+    model: str,
+    memory_format: str,
+    compile: bool,
+    own: object | None = None,
+    grad_accum: int = 1,
 ) -> str | None:
     """The reason `strategy` on `model` (`own`: the user's model, plan.own_models.OwnModel)
     cannot run with these options, or None if it can."""
@@ -65,4 +83,9 @@ def why_not(
             )
         if strategy in NO_COMPILE:
             return f"{strategy}: compile: {NO_COMPILE[strategy]}"
+    if grad_accum > 1 and s.runtime != "torch":
+        return (
+            f"{strategy}: grad_accum {grad_accum}: the Keras strategies step the optimizer "
+            "once per batch (no gradient accumulation is wired in)"
+        )
     return None

@@ -385,12 +385,31 @@ def environment(study: Study) -> list[tuple[str, str]]:
             out.append((label, _values(v)))
     for col in sorted(c for c in r.columns if c.startswith("env.frameworks.")):
         out.append((col.removeprefix("env.frameworks."), _values(r[col])))
+    out += _software(r)
     if "env.slurm_job_id" in r and r["env.slurm_job_id"].notna().any():
         out.append(("SLURM jobs", str(r["env.slurm_job_id"].nunique())))
     if "launch.mode" in r:
         out.append(("launch mode", _values(r["launch.mode"])))
     if "env.start_utc" in r:
         out.append(("runs between", f"{r['env.start_utc'].min()} and {r['env.end_utc'].max()}"))
+    return out
+
+
+def _software(r: pd.DataFrame) -> list[tuple[str, str]]:
+    """The container, NCCL and each variable the ranks saw (env.variables: NCCL_*, CUDA_*,
+    ..., config `env`), where the records have them; a run without a container counts as
+    `none` beside those with one."""
+    out = []
+    if "env.container.image" in r and r["env.container.image"].notna().any():
+        parts = [r.get(f"env.container.{k}", pd.Series(index=r.index, dtype=object))
+                 for k in ("runtime", "image", "digest")]  # fmt: skip
+        image = parts[0].fillna("?") + " · " + parts[1].fillna("?") + " · "
+        image = (image + parts[2].fillna("no digest")).where(parts[1].notna(), "none")
+        out.append(("container", _values(image)))
+    if "env.nccl" in r and r["env.nccl"].notna().any():
+        out.append(("NCCL", _values(r["env.nccl"])))
+    for col in sorted(c for c in r.columns if c.startswith("env.variables.")):
+        out.append((col.removeprefix("env.variables."), _values(r[col])))
     return out
 
 

@@ -86,8 +86,11 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     if env.mode == "slurm" and args.nodes > 1 and not env.port:
         env = dataclasses.replace(env, port=launch.free_port())
     threads = str(args.threads)
-    prefix = ["env", *(f"{k}={threads}" for k in ("MKL_NUM_THREADS", "OMP_NUM_THREADS"))]
-    cmd = [*prefix, *launch.torchrun(sweep, env, ["-m", "trainscale.runners.collectives", *argv])]
+    variables = {**dict(env.variables), "MKL_NUM_THREADS": threads, "OMP_NUM_THREADS": threads}
+    prefix = ["env", *(f"{k}={v}" for k, v in sorted(variables.items()))]
+    rank = ["-m", "trainscale.runners.collectives", *argv]
+    cpus = args.workers * args.threads
+    cmd = launch.in_image(env, prefix, cpus, lambda e: launch.torchrun(sweep, e, rank))
     print("trainscale.runners.collectives: launching:", " ".join(cmd), flush=True)
     out = Path(args.out)
     out.unlink(missing_ok=True)

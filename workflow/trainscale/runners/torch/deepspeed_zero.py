@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 import yaml
 
+from trainscale.launch import container
 from trainscale.models import torch_models as models
 from trainscale.plan.matrix import RunSpec
 from trainscale.runners.torch import checkpointing
@@ -329,4 +330,6 @@ if __name__ == "__main__":
         raise SystemExit(
             "usage: python -m trainscale.runners.torch.deepspeed_zero --build-ops [cpu-adam]"
         )
+    # in a container study the ops are built by the image's toolchain for its torch
+    container.reenter("trainscale.runners.torch.deepspeed_zero", sys.argv[1:])
     build_ops(cpu_adam=sys.argv[2:] == ["cpu-adam"])

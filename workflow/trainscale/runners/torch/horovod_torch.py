@@ -36,7 +36,7 @@ from trainscale.runners.common import Rank
 from trainscale.runners.torch.exposed import measure_exposed_communication
 from trainscale.runners.torch.plugin import Plugin, Shard
 from trainscale.runners.torch.torch_loop import run
-from trainscale.runners.torch.torch_parts import loss_of, make_optimizer
+from trainscale.runners.torch.torch_parts import make_optimizer
 from trainscale.runners.torch.torch_speed import compiled
 
 
@@ -81,10 +81,12 @@ class Horovod(Plugin):
         lp = self.loop
         self.eval_model = self.net = net.to(lp.device)
         self.step_net = compiled(net, self.spec)
+        self.model = self.step_net  # what Plugin.backward runs
         self.opt = hvd.DistributedOptimizer(
             lp.make_optimizer(net.parameters()),
             named_parameters=net.named_parameters(),
             op=hvd.Average,
+            backward_passes_per_step=self.spec.grad_accum,  # all-reduced after the last
         )
         self.scaler = torch.amp.GradScaler(lp.device.type, enabled=self.spec.precision == "fp16")
 
@@ -103,23 +105,21 @@ class Horovod(Plugin):
         return Shard(shard.order, b, steps, b * rk.world_size)
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        if self.dtype is None:  # fp32: no autocast context to enter (it costs per step)
-            loss = loss_of(self.step_net(x), y)
-        else:
-            with torch.autocast(self.loop.device.type, dtype=self.dtype):
-                loss = loss_of(self.step_net(x), y)
+        """Plugin.step's accumulation with Horovod's optimizer: its hooks count the backward
+        passes (backward_passes_per_step) and all-reduce after the step's last."""
+        k = self.spec.grad_accum
         self.opt.zero_grad()  # Horovod's takes no set_to_none; None is torch's default
+        micro = zip(x.tensor_split(k), y.tensor_split(k), strict=True) if k > 1 else [(x, y)]
+        loss = sum(self.backward(xm, ym, len(ym) / len(y) * k) for xm, ym in micro)
         if self.scaler.is_enabled():  # fp16: Horovod's AMP recipe
-            self.scaler.scale(loss).backward()
             self.opt.synchronize()  # all-reduce first, then unscale and step
             with self.skips.counting(self.scaler):
                 with self.opt.skip_synchronize():
                     self.scaler.step(self.opt)
                 self.scaler.update()
         else:
-            loss.backward()
             self.opt.step()
-        return loss.detach()
+        return loss
 
     def train(self) -> None:
         if self.elastic:
@@ -132,11 +132,12 @@ class Horovod(Plugin):
     def exposed(self, shard: Shard) -> dict:
         lp = self.loop
         replica = lp.build_model().to(lp.device)
+        k = self.spec.grad_accum
         return measure_exposed_communication(
             "replica", lp.rec.epochs, compiled(replica, self.spec),
             make_optimizer(self.spec, replica.parameters()),  # not the run's: unrecorded
-            lp.sample_batches(shard.batch), lp.device,
-            self.dtype, self.scaler,
+            lp.sample_batches(shard.batch // k), lp.device,
+            self.dtype, self.scaler, grad_accum=k,
         )  # fmt: skip
 
     def finish(self) -> None:

@@ -8,7 +8,9 @@ order and the difference between their rows is Lightning's loop alone.
   batches each epoch (`WindowEpochs`): the same windows, in the same order, per rank.
 
 Lightning calls `set_epoch(e)` (0-based) on a loader's `sampler` before each epoch; the torch
-loop numbers its epochs from 1, so Lightning's epoch e is the loop's epoch e + 1 in both.
+loop numbers its epochs from 1, so Lightning's epoch e is the loop's epoch e + 1 in both. With
+`grad_accum` k each batch reaches Lightning as k micro-batches (`MicroBatches`), and its
+Trainer accumulates them (`accumulate_grad_batches`), as the torch loop's step does.
 """
 
 from __future__ import annotations
@@ -97,6 +99,25 @@ class WindowEpochs:
         dev = self.device
         for x, y in itertools.islice(self.loader.epoch(self.epoch), self.steps):
             yield x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
+
+
+class MicroBatches:
+    """Each batch of `batches` as `k` micro-batches in order (torch.tensor_split, as the torch
+    loop's step splits it); its length and sampler are the batches'."""
+
+    def __init__(self, batches, k: int) -> None:
+        self.batches, self.k = batches, k
+
+    @property
+    def sampler(self):
+        return self.batches.sampler
+
+    def __len__(self) -> int:
+        return len(self.batches) * self.k
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for x, y in self.batches:
+            yield from zip(x.tensor_split(self.k), y.tensor_split(self.k), strict=True)
 
 
 class SizedWait(DataWait):

@@ -55,7 +55,13 @@ from trainscale.runners.common import (
 from trainscale.runners.guarded import Parts
 from trainscale.runners.torch import checkpointing, flop_count
 from trainscale.runners.torch.exposed import block
-from trainscale.runners.torch.lightning_data import InMemory, ShardBatches, SizedWait, WindowEpochs
+from trainscale.runners.torch.lightning_data import (
+    InMemory,
+    MicroBatches,
+    ShardBatches,
+    SizedWait,
+    WindowEpochs,
+)
 from trainscale.runners.torch.step_timer import StepTimer
 from trainscale.runners.torch.torch_parts import (
     evaluate,
@@ -132,14 +138,20 @@ class EpochClock(pl.Callback):
         self.run.barrier()
         self.t_epoch = time.perf_counter()
 
+    # a step is grad_accum batches of Lightning's (micro-batches): timed from its first to its
+    # last; Lightning's loss of each is divided by grad_accum already, so a step's is their sum
     def on_train_batch_start(self, trainer, module, batch, batch_idx: int) -> None:
-        if batch_idx == self.run.steps // 2:
+        step, micro = divmod(batch_idx, self.run.spec.grad_accum)
+        if micro:
+            return
+        if step == self.run.steps // 2:
             maybe_fault(self.run.spec, self.run.rk.rank, trainer.current_epoch + 1)
         self.timer.step_starts()
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx: int) -> None:
-        self.timer.step_ends()
         self.losses.append(outputs["loss"].detach().float())
+        if (batch_idx + 1) % self.run.spec.grad_accum == 0:
+            self.timer.step_ends()
 
     def on_train_epoch_end(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
         self.run.barrier()  # the device's work done: the steps' events have their times
@@ -164,6 +176,8 @@ class LightningRun:
             torch.cuda.set_device(self.device)
         self.tokens = spec.seq_len > 0  # windows of token ids, next-token targets
         self.feed = self.token_data() if self.tokens else self.image_data()
+        if spec.grad_accum > 1:  # the Trainer accumulates them (accumulate_grad_batches)
+            self.feed = MicroBatches(self.feed, spec.grad_accum)
         torch.manual_seed(spec.seed)  # the same fresh initial weights as torch-ddp's
         self.net = models.build(spec.model, self.info.shape, self.info.num_classes, spec.own_model,
                                 seed=spec.seed)  # fmt: skip
@@ -233,6 +247,7 @@ class LightningRun:
         which then goes unrecorded and ends the run."""
         spec, rk = self.spec, self.rk
         per_step = torch.stack(losses) if losses else torch.zeros(0, device=self.device)
+        per_step = per_step.view(-1, spec.grad_accum).sum(1)  # micro-batches into steps
         dist.all_reduce(per_step)  # each step's loss summed over ranks, the same on every rank
         per_step /= rk.world_size
         train_loss = (per_step.sum() / self.steps).item()
@@ -283,6 +298,7 @@ class LightningRun:
             num_nodes=spec.nodes,
             precision=PRECISION[spec.precision],
             max_epochs=spec.epochs,
+            accumulate_grad_batches=spec.grad_accum,
             use_distributed_sampler=False,  # the data order is torch-ddp's (ShardBatches)
             callbacks=[EpochClock(self)],
             logger=False,

@@ -96,7 +96,9 @@ def real_tensors():
 
 
 def tensors() -> contextlib.AbstractContextManager:
-    return contextlib.nullcontext() if _REAL[-1] else FakeTensorMode()
+    """Fake tensors; a meta tensor a builder makes in its own way (torchvision's BatchNorm
+    buffers) is let in as it is: it holds no memory either."""
+    return contextlib.nullcontext() if _REAL[-1] else FakeTensorMode(allow_non_fake_inputs=True)
 
 
 def trace_device(target: str) -> torch.device:
@@ -226,9 +228,9 @@ def grad_bytes(net: nn.Module) -> int:
 
 def data_parallel(spec: RunSpec, device: torch.device) -> dict:
     """torch, torch-dp, torch-ddp, lightning-ddp, horovod-torch(-elastic)."""
-    per_device = spec.per_worker_batch_size
+    per_device = spec.per_worker_batch_size // spec.grad_accum  # one micro-batch's activations
     if spec.strategy == "torch-dp":
-        per_device = max(1, spec.global_batch_size // spec.workers)
+        per_device = max(1, spec.global_batch_size // spec.grad_accum // spec.workers)
     parts, net = plain(spec, device, per_device)
     extra = 0
     if spec.strategy in ("torch-ddp", "lightning-ddp"):
@@ -256,7 +258,7 @@ def fsdp(spec: RunSpec, device: torch.device) -> dict:
             net = shard(fake_model(spec, device), DTYPES[spec.precision], False,
                         spec.own_model, mesh=mesh)  # fmt: skip
             opt = make_optimizer(spec, net.parameters())
-            batches = [fake_batch(spec, spec.per_worker_batch_size, device)]
+            batches = [fake_batch(spec, spec.per_worker_batch_size // spec.grad_accum, device)]
             tracker = FSDPMemTracker(net, opt)
             tracker.track_inputs(batches[0])
             return tracked(tracker, net, opt, batches, device, None)
@@ -292,7 +294,7 @@ def tensor_parallel(spec: RunSpec, device: torch.device) -> dict:
                 shard(net, dtype, False, spec.own_model, mesh=mesh["dp"])
                 dtype = None  # FSDP casts
             opt = make_optimizer(spec, net.parameters())
-            batches = [fake_batch(spec, spec.global_batch_size // dp, device)]
+            batches = [fake_batch(spec, spec.global_batch_size // dp // spec.grad_accum, device)]
             if spec.strategy == "torch-fsdp-tp":
                 tracker = FSDPMemTracker(net, opt)
                 tracker.track_inputs(batches[0])

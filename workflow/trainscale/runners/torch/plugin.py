@@ -5,6 +5,8 @@ tear down; everything timed and recorded stays the loop's."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, NamedTuple
 
 import torch
@@ -132,31 +134,59 @@ class Plugin:
         order = torch.tensor(list(sampler), device=lp.device) % lp.n
         return Shard(order, lp.batch, lp.steps, self.spec.global_batch_size)
 
-    #: losses one step adds to the summed loss over all ranks (the epoch's mean divides by it)
+    #: losses one step adds to the summed loss over all ranks (the epoch's mean divides by it):
+    #: one per rank and micro-batch (grad_accum)
     def losses_per_step(self) -> int:
-        return self.world_size
+        return self.world_size * self.spec.grad_accum
 
     def epoch_starts(self, epoch: int) -> None:
         """Called before each epoch's order is drawn (DeepSpeed starts its breakdown here)."""
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """One optimizer step on this batch (on the device); returns the detached loss (a 0-d
-        tensor, not read here: reading it would wait for the device every step)."""
+        """One optimizer step on this batch (on the device): the gradients of `grad_accum`
+        micro-batches of it accumulated, synchronised once, at the last (`no_sync`). Returns
+        the detached sum of the micro-batches' losses (a 0-d tensor, not read here: reading it
+        would wait for the device every step)."""
+        k = self.spec.grad_accum
+        self.opt.zero_grad(set_to_none=True)
+        if k == 1:
+            loss = self.backward(x, y)
+        else:
+            micro = list(zip(x.tensor_split(k), y.tensor_split(k), strict=True))
+            with self.no_sync():
+                loss = sum(self.backward(xm, ym, len(ym) / len(y) * k) for xm, ym in micro[:-1])
+            loss = loss + self.backward(*micro[-1], len(micro[-1][1]) / len(y) * k)
+        if self.scaler.is_enabled():
+            with self.skips.counting(self.scaler):
+                self.scaler.step(self.opt)
+                self.scaler.update()
+        else:
+            self.opt.step()
+        return loss
+
+    def backward(self, x: torch.Tensor, y: torch.Tensor, share: float = 1.0) -> torch.Tensor:
+        """Forward and backward of one (micro-)batch; its gradients count `share` / grad_accum
+        of the step's. Returns its detached loss times `share`."""
         if self.dtype is None:  # no autocast context to enter (it costs per step); FSDP's
             loss = loss_of(self.model(x).float(), y)  # policy may still cast
         else:
             with torch.autocast(self.loop.device.type, dtype=self.dtype):
                 loss = loss_of(self.model(x).float(), y)
-        self.opt.zero_grad(set_to_none=True)
-        if self.scaler.is_enabled():
-            self.scaler.scale(loss).backward()
-            with self.skips.counting(self.scaler):
-                self.scaler.step(self.opt)
-                self.scaler.update()
-        else:
-            loss.backward()
-            self.opt.step()
+        if share != 1.0:
+            loss = loss * share
+        weighted = loss / self.spec.grad_accum if self.spec.grad_accum > 1 else loss
+        (self.scaler.scale(weighted) if self.scaler.is_enabled() else weighted).backward()
         return loss.detach()
+
+    def no_sync(self) -> contextlib.AbstractContextManager:
+        """Gradient synchronisation off for the micro-batches before a step's last: DDP's
+        `no_sync()`, FSDP2's `set_requires_gradient_sync(False)`; nothing for a model whose
+        gradients no collective reduces (one process, tensor parallelism alone)."""
+        if hasattr(self.model, "no_sync"):
+            return self.model.no_sync()
+        if hasattr(self.model, "set_requires_gradient_sync"):
+            return _without_gradient_sync(self.model)
+        return contextlib.nullcontext()
 
     def replica_sum(self, t: torch.Tensor) -> torch.Tensor:
         """`t` summed over the data-parallel replicas (each rank is one): what evaluation adds
@@ -193,3 +223,13 @@ class Plugin:
     def teardown(self) -> None:
         if self.grouped:
             leave()
+
+
+@contextlib.contextmanager
+def _without_gradient_sync(model: torch.nn.Module) -> Iterator[None]:
+    """FSDP2: no reduce-scatter of gradients inside, as torchtitan accumulates micro-batches."""
+    model.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)

@@ -180,10 +180,11 @@ class DataParallel(Plugin):
 
     def exposed(self, shard: Shard) -> dict:
         lp = self.loop
+        k = self.spec.grad_accum
         return measure_exposed_communication(
             "fsdp" if self.fsdp else "ddp", lp.rec.epochs, self.model, self.opt,
-            lp.sample_batches(shard.batch), lp.device,
-            self.dtype, self.scaler,
+            lp.sample_batches(shard.batch // k), lp.device,
+            self.dtype, self.scaler, grad_accum=k,
         )  # fmt: skip
 
 

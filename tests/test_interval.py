@@ -9,16 +9,16 @@ import math
 import time
 
 import numpy as np
+import pandas as pd
 import pytest
 import yaml
 from test_aggregate import ok_record, spec_for, write
 
-from trainscale.analysis import interval, settle
+from trainscale.analysis import interval
 from trainscale.analysis.study import Study
 from trainscale.data import imagesets
 from trainscale.measure import steptimes
 from trainscale.plan.matrix import build_runs
-from trainscale.report.figures import ranking as ranking_figure
 
 from conftest import ROOT, validated
 
@@ -32,32 +32,47 @@ STEP_CV = (0.05, 0.10)
 PHI = 0.5
 #: Simulated studies: enough that the rates below are known to about ±0.5 percentage points.
 STUDIES = 3000
-#: The true differences of the pairs compared: 10 % (must be told apart in 80 % of studies or
-#: more) and none (told apart in 5 % or fewer).
+#: A true difference of 10 %.
 TEN = math.log(1.1)
 
 
 def default_shape() -> tuple[int, int, np.ndarray]:
     """(repeats, steady epochs, steps per epoch of each cell) of the default study (config.yaml)
     as the planner builds it on CPU, without tf-ps, whose runs record no step times."""
+    repeats, epochs, cells = default_cells()
+    return repeats, epochs, np.array(sorted(steps for steps, _, _ in cells.values()))
+
+
+def default_cells() -> tuple[int, int, dict[str, tuple[int, str, int]]]:
+    """(repeats, steady epochs, {cell: (steps per epoch, stratum, N)}) of the default study
+    (config.yaml) as the planner builds it on CPU, without tf-ps (no step times)."""
     cfg = validated(yaml.safe_load((ROOT / "config.yaml").read_text()))
     runs, _ = build_runs(cfg, accelerator="cpu")
-    steps = {}
+    cells = {}
     for r in runs:
         if r.strategy == "tf-ps":
             continue
         train = imagesets.info_of(r.dataset).train_samples * r.scale
         replicas = r.global_batch_size // r.per_worker_batch_size  # 1 for torch-pipeline
-        steps[r.path.rsplit("/repeat", 1)[0]] = train // replicas // r.per_worker_batch_size
-    return cfg["repeats"], cfg["epochs"] - 1, np.array(sorted(steps.values()))
+        steps = train // replicas // r.per_worker_batch_size
+        stratum = interval.stratum_of(r.strategy, r.world_size, "cpu")
+        cells[r.path.rsplit("/repeat", 1)[0]] = (steps, stratum, r.world_size)
+    return cfg["repeats"], cfg["epochs"] - 1, cells
 
 
-def simulate(rng: np.random.Generator, studies: int, steps: np.ndarray, true: np.ndarray,
-             repeats: int, epochs: int) -> tuple[np.ndarray, ...]:  # fmt: skip
+def simulate(
+    rng: np.random.Generator,
+    studies: int,
+    steps: np.ndarray,
+    true: np.ndarray,
+    repeats: int,
+    epochs: int,
+    sigma_a: float = SIGMA_A,
+) -> tuple[np.ndarray, ...]:  # noqa: E501, fmt: skip
     """(y, w, k), each (studies, cells, repeats): the log throughput of every run, and its
     within-run variance and batch count from its steady epochs' batch means, as
     `metrics_tables.runs_frame` computes them from a record. A run's step times are
-    exp(−true − a) · exp(c·z − c²/2): a ~ N(0, SIGMA_A²) per run, z a stationary AR(1) of
+    exp(−true − a) · exp(c·z − c²/2): a ~ N(0, sigma_a²) per run, z a stationary AR(1) of
     unit variance and lag-1 correlation PHI per epoch, c the cell's CV in that study."""
     cells = len(steps)
     cv = rng.uniform(*STEP_CV, (studies, cells))
@@ -70,7 +85,7 @@ def simulate(rng: np.random.Generator, studies: int, steps: np.ndarray, true: np
         shocks = rng.standard_normal((*shape, n)) * math.sqrt(1 - PHI**2)
         for i in range(1, n):
             z[..., i] = PHI * z[..., i - 1] + shocks[..., i]
-        a = rng.standard_normal(shape[:3]) * SIGMA_A
+        a = rng.standard_normal(shape[:3]) * sigma_a
         c = cv[:, at, None, None, None]
         times = np.exp(
             -true[at][None, :, None, None, None] - a[..., None, None] + c * z - c * c / 2
@@ -85,56 +100,57 @@ def simulate(rng: np.random.Generator, studies: int, steps: np.ndarray, true: np
     return y, w, k
 
 
-def pairs(f: interval.Fit, first: np.ndarray, second: np.ndarray) -> tuple[np.ndarray, ...]:
-    """(d, Var, ν) of cell first[j] against second[j] in every study, as the ranking and the
-    summary decide them (`settle.pair_variance`: both cells in the model)."""
-
-    def side(cells: np.ndarray) -> dict:
-        return {
-            "throughput_n": f.n[:, cells],
-            "throughput_log_var": f.var[:, cells],
-            "interval_df": f.vdf[:, cells],
-            "within_run_var": f.wbar[:, cells],
-            "within_run_df": f.wdf[:, cells],
-            "between_run_var": f.between[:, None],
-            "pooled_run_var": f.s2[:, None],
-            "pooled_df": f.df[:, None],
-        }
-
-    a, b = side(first), side(second)
-    var, df = settle.pair_variance(a, b, np.ones(a["throughput_n"].shape, dtype=bool))
-    return f.ybar[:, first] - f.ybar[:, second], var, df
+def coverage(f: interval.Fit, true: np.ndarray) -> np.ndarray:
+    """Per study and cell: whether its 95% interval covers the true log throughput."""
+    return np.abs(f.ybar - true) <= f.half_width()
 
 
-def test_coverage_and_power_over_simulated_default_studies():
+def test_coverage_over_simulated_default_studies():
     """Over STUDIES simulated studies of the default shape (repeats 2, 2 steady epochs, 22 or 89
-    steps an epoch, 26 cells with step times), the 95% interval covers each cell's true
-    throughput in 93-97 % of them, a true 10 % difference is told apart in ≥ 80 % and a true
-    0 % one in ≤ 5 %. Half the cells are 10 % faster than the other half: every pair across
-    the halves is a 10 % difference, every pair within one a 0 % one."""
+    steps an epoch, 26 cells with step times in 8 strata), the 95% interval covers each cell's
+    true throughput in 93-97 % of them (±0.5 points of Monte-Carlo error)."""
     start = time.perf_counter()
-    repeats, epochs, steps = default_shape()
+    repeats, epochs, cells = default_cells()
+    steps = np.array([c[0] for c in cells.values()])
+    strata = pd.factorize(np.array([c[1] for c in cells.values()]))[0]
     assert repeats == 2 and epochs == 2 and len(steps) == 26 and set(steps) == {22, 89}
+    assert strata.max() == 7  # torch, tensorflow, horovod, deepspeed at N = 1 and 2
     rng = np.random.default_rng(50)
-    fast = rng.permutation(len(steps)) < len(steps) // 2  # the 89-step cells land anywhere
-    true = np.where(fast, TEN, 0.0)
-    y, w, k = simulate(rng, STUDIES, steps, true, repeats, epochs)
-    f = interval.fit(y, w, k)
-    coverage = float((np.abs(f.ybar - true) <= f.half_width()).mean())
-    i, j = np.triu_indices(len(steps), 1)
-    across = fast[i] != fast[j]
-    first, second = np.where(fast[i], i, j), np.where(fast[i], j, i)  # the faster one first
-    d, var, df = pairs(f, first, second)
-    apart = settle.told_apart(d, var, df)
-    power = float((apart & (d > 0))[:, across].mean())
-    false = float(apart[:, ~across].mean())
-    seconds = time.perf_counter() - start
-    print(f"coverage {coverage:.4f}, power at 10 % {power:.4f}, told apart at 0 % {false:.4f}, "
-          f"{seconds:.2f} s")  # fmt: skip
-    assert 0.93 <= coverage <= 0.97
-    assert power >= 0.80
-    assert false <= 0.05
-    assert (f.df == 26).all() and np.median(f.vdf) > 10  # pooled over the cells: not 1 df
+    true = np.where(rng.permutation(len(steps)) < 13, TEN, 0.0)
+    f = interval.fit(*simulate(rng, STUDIES, steps, true, repeats, epochs), strata)
+    covered = float(coverage(f, true).mean())
+    print(f"coverage {covered:.4f}, {time.perf_counter() - start:.2f} s")
+    assert 0.93 <= covered <= 0.97
+    assert np.median(f.df) == 26 and np.median(f.vdf) > 10  # alike strata pooled: not 1 df
+
+
+def test_strata_of_different_spread_keep_their_own_intervals():
+    """Half the cells at 1 % run-to-run spread, half at 6 %, the halves in different strata
+    (13 cells each): each half's 95% intervals cover its cells' truth in 93-97 % of STUDIES
+    studies (±0.6 points). One pool over both (the model before strata) covers the noisy half
+    in about 86 % only. Printed beside it, a limit: where each half is several small strata
+    (the default study's 8, 1-7 cells each), a 1- or 2-cell stratum at 6 % whose spread came
+    out low is pooled with the quiet ones (Bartlett's test cannot tell it apart), and the noisy
+    half covers about 86 % too."""
+    repeats, epochs, cells = default_cells()
+    steps = np.array([c[0] for c in cells.values()])
+    quiet = np.array(["torch" in c[1] for c in cells.values()])
+    rng = np.random.default_rng(58)
+    true = np.zeros(len(steps))
+    runs = [simulate(rng, STUDIES, steps, true, repeats, epochs, sigma) for sigma in (0.01, 0.06)]
+    y, w, k = (np.where(quiet[None, :, None], q, n) for q, n in zip(*runs, strict=True))
+    halves = interval.fit(y, w, k, quiet.astype(int))
+    covered = coverage(halves, true)
+    one = coverage(interval.fit(y, w, k), true)
+    strata = pd.factorize(np.array([c[1] for c in cells.values()]))[0]
+    small = coverage(interval.fit(y, w, k, strata), true)
+    print(f"1 % half {covered[:, quiet].mean():.4f}, 6 % half {covered[:, ~quiet].mean():.4f}; "
+          f"one pool: {one[:, quiet].mean():.4f}, {one[:, ~quiet].mean():.4f}; 8 strata: "
+          f"{small[:, quiet].mean():.4f}, {small[:, ~quiet].mean():.4f}")  # fmt: skip
+    assert 0.93 <= covered[:, quiet].mean() <= 0.97
+    assert 0.93 <= covered[:, ~quiet].mean() <= 0.97
+    assert one[:, ~quiet].mean() < 0.9  # what pooling the two would do
+    assert np.mean(halves.strata == 1) > 0.8  # the halves kept apart (Bartlett's test at 1 %)
 
 
 def test_the_simulation_computes_w_as_the_tables_do():
@@ -225,7 +241,7 @@ def test_the_interval_by_hand_and_old_records_keep_theirs(tmp_path):
         assert row["throughput_log_var"] == pytest.approx(h["var"])
         assert row["interval_df"] == pytest.approx(h["nu"])
         assert row["between_run_var"] == pytest.approx(h["between"])
-        assert row["pooled_df"] == 4 and row["interval_pool"] == 4
+        assert row["pooled_df"] == 4 and row["interval_pool"] == 4 and row["pool_strata"] == 3
         assert row["throughput_ci95"] == pytest.approx(row["throughput_mean"] * math.expm1(h["h"]))
         student = interval.t975(2) * row["throughput_std"] / math.sqrt(2)
         assert row["throughput_ci95_repeats"] == pytest.approx(student)  # kept beside it
@@ -249,51 +265,6 @@ def test_the_interval_by_hand_and_old_records_keep_theirs(tmp_path):
 def _written(study: Study, folder):
     study.write(folder)
     return folder
-
-
-def test_the_ranking_says_what_would_settle_a_tie(tmp_path):
-    study = study_of(tmp_path)
-    r = study.ranking.set_index("strategy")
-    assert r.loc["torch-ddp", "fastest"] and r.loc["torch-ddp", "distinguishable"] is None
-    assert r.loc["deepspeed-zero0", "distinguishable"] is True
-    assert r.loc["deepspeed-zero0", "settle"] == ""
-    assert r.loc["horovod-torch", "distinguishable"] is False
-    assert r.loc["horovod-torch", "settle"] == settle.BELOW
-    assert math.isnan(r.loc["horovod-torch", "repeats_needed"])
-    tie = r.loc["torch-fsdp"]  # 2-3 % apart, σ_a ≈ 0.8 %: repeats would settle it, steps not
-    assert tie["distinguishable"] is False and tie["repeats_needed"] == 7
-    assert (
-        tie["settle"] == "7 repeats would settle it; more steps cannot: run-to-run spread dominates"
-    )
-    mark = ranking_figure.marks(r.reset_index().set_index("strategy", drop=False).loc["torch-fsdp"])
-    assert mark == "−2.2 % · not distinguishable · 7 repeats would settle it"
-    old = r.loc["lightning-ddp"]  # repeats only: a Welch verdict, no steps factor
-    assert old["interval_method"] == interval.REPEATS and math.isnan(old["steps_factor_needed"])
-    assert old["distinguishable"] is False and old["settle"] == "3 repeats would settle it"
-    text = study.summary()
-    assert "not distinguishable from the fastest" in text
-    assert settle.BELOW in text
-    (row,) = [line for line in text.splitlines() if line.startswith("lightning-ddp ")]
-    assert row.endswith("CI: repeats only")  # the old records' interval is marked
-
-
-def test_repeats_needed_is_the_fewest_that_reach_80_percent_power():
-    a = {"throughput_n": 2, "between_run_var": 0.02**2, "pooled_run_var": 0.0008, "pooled_df": 26,
-         "interval_pool": 26, "within_run_var": 0.0004, "within_run_df": 30}  # fmt: skip
-    d = math.log(1.05)
-    n = settle.repeats_needed(d, a, a, True)
-
-    def reached(m: int) -> bool:
-        var, nu = interval.combined(2 / m, a["between_run_var"], a["pooled_run_var"], 26 * (m - 1),
-                                    [(0.0004 / m, 15 * m), (0.0004 / m, 15 * m)])  # fmt: skip
-        return settle._needs(float(nu)) * math.sqrt(var) <= d
-
-    assert reached(int(n)) and not reached(int(n) - 1)
-    assert settle.steps_factor(d, a, a) is None  # σ_a = 2 % at 2 repeats: steps cannot
-    quiet = {**a, "between_run_var": 0.01**2, "pooled_run_var": 0.0005}  # σ_a = 1 %
-    assert settle.steps_factor(d, quiet, quiet) == 3  # within-run error dominates: steps can
-    assert settle.settle_text(6.0, None, True).endswith("run-to-run spread dominates")
-    assert settle.short(settle.settle_text(6.0, 3.0, True)) == "6 repeats would settle it"
 
 
 # --------------------------------------------------------------------------------------------

@@ -166,8 +166,6 @@ from trainscale.analysis.cells import (
     SINGLE,
     ci95,
     convergence_frame,
-    fastest,
-    rate,
     scaling_frame,
     t975,
     with_axes,
@@ -195,6 +193,7 @@ from trainscale.analysis.metrics_tables import (
     run_id,
     runs_frame,
 )
+from trainscale.analysis.ranking import fastest, rate
 from trainscale.analysis.study import Study, study_name
 from trainscale.analysis.summary import human, summary_text
 

@@ -289,26 +289,64 @@ def card_of(tmp_path, slow: float, spread: float | None) -> dict:
 
 
 def test_compare_uses_the_interval_from_steps_and_repeats(tmp_path):
+    """The default CI pools both studies' run-to-run variance (they are alike: one
+    configuration, run the same way): s², σ_a² and their df summed, Satterthwaite's ν."""
     from scipy.special import stdtrit
 
     from trainscale.compare import verdicts
 
     base, new = card_of(tmp_path / "base", 1.0, 0.01), card_of(tmp_path / "new", 1.08, 0.01)
-    rows = {r["cell"]["strategy"]: r for r in verdicts.compare(base, new, method="steps")["cells"]}
+    rows = {r["cell"]["strategy"]: r for r in verdicts.compare(base, new)["cells"]}
     ddp = rows["torch-ddp"]
-    assert ddp["ci"] == "steps" and verdicts.FALLBACK not in ddp["notes"]
+    assert ddp["ci"] == "steps" and verdicts.NOT_POOLED not in ddp["notes"]
     assert ddp["ratio"] == pytest.approx(1 / 1.08) and ddp["verdict"] == "slower"
     b, n = (verdicts.model_of(p) for c in (base, new)
             for k, p in verdicts.cells_of(c).items() if k[0] == "torch-ddp")  # fmt: skip
-    assert b[2] > 3 and n[2] > 3  # pooled over the study's cells, not 1 df
-    var = b[1] + n[1]
-    nu = math.floor(var**2 / (b[1] ** 2 / b[2] + n[1] ** 2 / n[2]))
-    high = math.exp(n[0] - b[0] + stdtrit(nu, 0.975) * math.sqrt(var))
+    assert b["pooled_df"] == n["pooled_df"] == 4  # two strata alike: 4 df a study, 8 pooled
+    s2 = (b["pooled_run_var"] + n["pooled_run_var"]) / 2
+    between = (b["between_run_var"] + n["between_run_var"]) / 2
+    var = between + b["within_run_var"] / 2 + n["within_run_var"] / 2
+    den = s2**2 / 8 + sum((x["within_run_var"] / 2) ** 2 / x["within_run_df"] for x in (b, n))
+    high = math.exp(n["log_mean"] - b["log_mean"] + stdtrit(math.floor(var**2 / den), 0.975)
+                    * math.sqrt(var))  # fmt: skip
     assert ddp["ci_high"] == pytest.approx(high)
-    assert rows["torch-fsdp"]["verdict"] == "same" and rows["torch-fsdp"]["ratio"] == pytest.approx(
-        1
-    )
+    assert rows["torch-fsdp"]["verdict"] == "same"
+    assert rows["torch-fsdp"]["ratio"] == pytest.approx(1)
     assert verdicts.compare(base, new, method="welch")["cells"][0]["ci"] == "welch"
+
+
+def two_cells(tmp_path, slow: float, jitter: tuple[float, float]) -> dict:
+    """A two-cell study (torch-ddp at 1 and 2 workers, 2 repeats `jitter` apart, the
+    compare test's study); its 2-worker runs `slow`× as long."""
+    from trainscale.compare import card
+
+    paths = []
+    for workers in (1, 2):
+        for r, j in enumerate(jitter):
+            spec = spec_for("torch-ddp", workers, repeat=r)
+            t = j * (slow if workers == 2 else 1.0)
+            paths.append(write(tmp_path, spec, with_blocks(ok_record(spec, [t, t]), 0.02)))
+    return card.from_files(paths, [], str(tmp_path), "s")
+
+
+def test_compare_flags_a_planted_2x_slowdown_of_a_two_cell_study(tmp_path):
+    """Two cells of 2 repeats, the repeats 25 % apart: each study's own interval has 2 df
+    (t = 4.3), pooled 4. The default (--ci steps) flags the 2-worker runs made 2× slower;
+    a NEW study whose spread differs from BASE's is compared without pooling, and says so."""
+    from trainscale.compare import verdicts
+
+    base = two_cells(tmp_path / "base", 1.0, (1.0, 1.25))
+    new = two_cells(tmp_path / "new", 2.0, (1.0, 1.25))
+    result = verdicts.compare(base, new)
+    assert result["ci"] == "steps"
+    got = {r["cell"]["workers"]: r for r in result["cells"]}
+    assert got[2]["verdict"] == "slower" and got[1]["verdict"] == "same"
+    assert got[2]["ci"] == "steps" and got[2]["ci_high"] < 0.95
+    assert verdicts.NOT_POOLED not in got[2]["notes"] and result["exit_status"] == 1
+    quiet = two_cells(tmp_path / "quiet", 1.0, (1.0, 1.01))
+    noisy = two_cells(tmp_path / "noisy", 1.0, (1.0, 1.5))
+    row = verdicts.compare(quiet, noisy)["cells"][1]
+    assert verdicts.NOT_POOLED in row["notes"] and row["verdict"] == "same"
 
 
 def test_compare_of_old_records_falls_back_to_the_bootstrap_and_says_so(tmp_path):

@@ -70,8 +70,8 @@ def marks(r, could: int = 1) -> str:
         words = [f"{sign}{human(100 * r.behind, digits=2)} %"]
         if r.slower:
             words.append("dearer" if r.ranked_by == "cost" else "slower")
-        elif r.interval_method == NO_INTERVAL:
-            words.append(NO_INTERVAL)
+        elif pd.isna(r.mcb_high):
+            words.append(NO_INTERVAL if r.interval_method == NO_INTERVAL else "no interval")
         else:
             words.append(f"could be the {best}")
         if r.equivalent:

@@ -90,14 +90,25 @@ def simulate(
         times = np.exp(
             -true[at][None, :, None, None, None] - a[..., None, None] + c * z - c * c / 2
         )
-        bounds = np.asarray(steptimes.block_bounds(n))
-        means = np.add.reduceat(times, bounds[:-1], axis=-1) / np.diff(bounds)
-        means = means.reshape(*shape[:3], -1)
+        means = spans(times, n).reshape(*shape[:3], -1)
         blocks = means.shape[-1]
         w[:, at] = means.var(-1, ddof=1) / (blocks * means.mean(-1) ** 2)
         k[:, at] = blocks
         y[:, at] = -np.log(times.mean((-2, -1)))  # samples per step: 1
     return y, w, k
+
+
+def spans(times: np.ndarray, n: int) -> np.ndarray:
+    """The blocks `interval.spans` makes of epochs of `n` step times (the last axis): the
+    record's batch means merged into max(2, n // BLOCK_STEPS) blocks (no gaps between steps
+    here: the epoch's seconds are its steps')."""
+    bounds = np.asarray(steptimes.block_bounds(n))
+    means = np.add.reduceat(times, bounds[:-1], axis=-1) / np.diff(bounds)
+    groups = min(len(bounds) - 1, max(2, n // interval.BLOCK_STEPS))
+    parts = np.asarray(steptimes.block_bounds(len(bounds) - 1, groups))
+    sizes = np.diff(bounds)
+    time = np.add.reduceat(means * sizes, parts[:-1], axis=-1)
+    return time / np.add.reduceat(sizes, parts[:-1])
 
 
 def coverage(f: interval.Fit, true: np.ndarray) -> np.ndarray:
@@ -154,15 +165,22 @@ def test_strata_of_different_spread_keep_their_own_intervals():
 
 
 def test_the_simulation_computes_w_as_the_tables_do():
+    """22 steps an epoch: the 8 batch means merged into 2 blocks of 11 (nearly independent),
+    89 steps: 8 blocks of 11-12 kept; a record's epoch seconds, which hold the gaps between
+    steps, scale its blocks (the throughput's own spans)."""
     rng = np.random.default_rng(1)
-    times = rng.lognormal(0, 0.1, (2, 22))
-    epochs = [{"step_batch_means": None}]
-    epochs += [{"step_batch_means": steptimes.batch_means(list(e))} for e in times]
-    w, k = interval.within_variance(epochs)
-    bounds = np.asarray(steptimes.block_bounds(22))
-    means = (np.add.reduceat(times, bounds[:-1], axis=-1) / np.diff(bounds)).ravel()
-    assert k == 16 == len(means)
-    assert w == pytest.approx(means.var(ddof=1) / (16 * means.mean() ** 2))
+    for n, blocks in ((22, 4), (89, 16)):
+        times = rng.lognormal(0, 0.1, (2, n))
+        epochs = [{"step_batch_means": None}]
+        epochs += [{"step_batch_means": steptimes.batch_means(list(e)), "steps": n,
+                    "seconds": float(e.sum())} for e in times]  # fmt: skip
+        w, k = interval.within_variance(epochs)
+        means = spans(times, n).ravel()
+        assert k == blocks == len(means)
+        assert w == pytest.approx(means.var(ddof=1) / (blocks * means.mean() ** 2))
+    gaps = [{**e, "seconds": e["seconds"] * g} for e, g in zip(epochs[1:], (1.0, 1.5), strict=True)]
+    wider, _ = interval.within_variance(epochs[:1] + gaps)  # one epoch's gaps a third of it
+    assert wider > 10 * w
     assert interval.within_variance(epochs[:1] + [{"step_batch_means": None}] * 2) == (None, 0)
     assert interval.within_variance([{}, {"steps": 3}]) == (None, 0)  # a record made before
 
@@ -192,11 +210,14 @@ CELLS = {
 
 
 def with_blocks(rec: dict, spread: float | None) -> dict:
-    """`rec` with 8 batch means an epoch around its mean step time, ±spread alternating."""
+    """`rec` with 8 batch means an epoch (of its 10 steps: 2, 2, 1, ... steps) around its mean
+    step time, the first four +spread, the last four −spread: two blocks of 6 and 4 steps."""
     for e in rec["epochs"]:
         step = e["seconds"] / 10
         e["step_batch_means"] = (
-            None if spread is None else [step * (1 + spread * (-1) ** i) for i in range(8)]
+            None
+            if spread is None
+            else [step * (1 + spread * (1 if i < 4 else -1)) for i in range(8)]
         )
     return rec
 
@@ -216,15 +237,16 @@ def by_hand() -> dict:
 
     model = {s: v for s, v in CELLS.items() if v[1] is not None}
     y = {s: np.log(1000 / np.array(t)) for s, (t, _) in model.items()}
-    # w per run: 16 block means step·(1 ± spread): var = spread²·step²·16/15, mean = step
-    w = {s: spread**2 * 16 / 15 / 16 for s, (_, spread) in model.items()}
+    # w per run: 4 blocks step·(1 ± spread)·c (c: the epoch's seconds over its step times):
+    # var = spread²·(step·c)²·4/3, mean = step·c
+    w = {s: spread**2 * 4 / 3 / 4 for s, (_, spread) in model.items()}
     df = len(model)  # one degree of freedom a cell
     s2 = sum(((v - v.mean()) ** 2).sum() for v in y.values()) / df
     between = max(s2 - sum(w.values()) / df, 0.0)
     out = {}
     for s in model:
         var = (between + w[s]) / 2
-        nu = var**2 / ((s2 / 2) ** 2 / df + (w[s] / 2) ** 2 / 30)
+        nu = var**2 / ((s2 / 2) ** 2 / df + (w[s] / 2) ** 2 / 6)
         h = stdtrit(math.floor(nu), 0.975) * math.sqrt(var)
         out[s] = {"ybar": y[s].mean(), "var": var, "nu": nu, "h": h, "between": between}
     return out
@@ -248,7 +270,7 @@ def test_the_interval_by_hand_and_old_records_keep_theirs(tmp_path):
         per_worker = row["throughput_per_worker_mean"] * math.expm1(h["h"])
         assert row["throughput_per_worker_ci95"] == pytest.approx(per_worker)
     ddp = s.loc["torch-ddp"]  # t with the pooled df, not t(0.975, 1) = 12.7
-    assert ddp["throughput_ci95"] < ddp["throughput_ci95_repeats"] / 3
+    assert ddp["throughput_ci95"] < ddp["throughput_ci95_repeats"] / 2.5
     old = s.loc["lightning-ddp"]
     assert old["interval_method"] == interval.REPEATS and old["interval_df"] == 1
     assert old["throughput_ci95"] == pytest.approx(old["throughput_ci95_repeats"])

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from trainscale.measure import steptimes
 from trainscale.plan import catalog
 
 #: interval_method of a cell: its interval uses the steps' batch means and the study's repeats.
@@ -123,22 +124,48 @@ def t975(n: np.ndarray | pd.Series | int) -> np.ndarray | float:
 # one run: its within-run variance
 
 
+#: Steps a block of the within-run variance spans at least, where an epoch has enough for two:
+#: consecutive steps are correlated, blocks this long nearly independent (lag-1 correlation of
+#: their means under 0.07 for steps whose own lag-1 correlation is 0.5).
+BLOCK_STEPS = 10
+
+
 def within_variance(epochs: Iterable[dict]) -> tuple[float | None, int]:
-    """(w, k) of a run: w the variance of the log of its mean step time from the batch means of
-    its steady epochs (2..E) pooled, var(b) / (k · mean(b)²) with k blocks (the delta method);
-    (None, 0) where a steady epoch has none (records made before them; tf-ps) or k < 2."""
+    """(w, k) of a run: w the variance of the log of its throughput's mean step span from the
+    blocks of its steady epochs (2..E) pooled, var(b) / (k · mean(b)²) with k blocks (the
+    delta method), each epoch's blocks `spans`; (None, 0) where a steady epoch has no batch
+    means (records made before them; tf-ps) or k < 2."""
     blocks: list[float] = []
     for e in list(epochs)[1:]:
         means = e.get("step_batch_means")
         if not means:
             return None, 0
-        blocks += means
+        blocks += spans(means, e.get("steps") or 0, e.get("seconds"))
     k = len(blocks)
     mean = sum(blocks) / k if k else 0.0
     if k < 2 or mean <= 0:
         return None, 0
     var = sum((b - mean) ** 2 for b in blocks) / (k - 1)
     return var / (k * mean * mean), k
+
+
+def spans(means: list[float], steps: int, seconds: float | None) -> list[float]:
+    """An epoch's batch means (of `steps` step times, `steptimes.block_bounds`'s blocks) as
+    the throughput sees them: adjacent blocks merged into max(2, steps // BLOCK_STEPS) blocks
+    (as many as there were at most), and scaled by seconds / Σ step times, so the gaps between
+    steps (loader waits, copies), which the epoch's wall time holds and step times do not,
+    are spread over the epoch's steps in proportion."""
+    sizes = np.diff(steptimes.block_bounds(steps)) if steps else []
+    if len(sizes) != len(means):  # steps not as recorded: blocks of equal weight
+        sizes = np.ones(len(means))
+    parts = steptimes.block_bounds(
+        len(means), min(len(means), max(2, int(sum(sizes)) // BLOCK_STEPS))
+    )
+    time = np.asarray(means, dtype=float) * sizes
+    merged = [time[i:j].sum() / sizes[i:j].sum() for i, j in zip(parts, parts[1:], strict=False)]
+    total = float(time.sum())
+    scale = seconds / total if seconds and total > 0 else 1.0
+    return [m * scale for m in merged]
 
 
 # --------------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ its assumptions and its simulated error rates are the bullet "comparison with th
 
 Why the studentized range's critical value and not Dunnett's: Hsu's constrained MCB with
 Dunnett's one-sided value says "not the best" (θ_i ≤ 0), which a cell tied with the best also
-is; read as "slower", it calls some cell slower in about 29 % of simulated studies of 14
+is; read as "slower", it calls some cell slower in about 37 % of simulated studies of 14
 equal cells (tests/test_interval.py prints it). A strict "slower" (θ_i < 0) that holds for
 every cell at once needs every pair's interval to hold at once: Tukey's all-pairs critical
 value, as Edwards & Hsu's unconstrained MCB uses.

@@ -44,7 +44,7 @@ from trainscale.analysis.metrics_tables import (
     read_tables,
     runs_types,
 )
-from trainscale.analysis.ranking import FLAGS, VERDICTS, fastest, ranking
+from trainscale.analysis.ranking import FLAGS, VERDICTS, fastest, ranking, with_verdicts
 from trainscale.analysis.settle import EQUIVALENCE
 from trainscale.analysis.summary import summary_text
 from trainscale.plan.prices import Prices
@@ -205,6 +205,8 @@ class Study:
         self.epochs = typed("epochs", self.epochs)
         if self.scaling is None:
             self.scaling = scaling_frame(self.runs, self.prices, self.equivalence)
+        elif len(self.scaling) and "could_be_fastest" not in self.scaling:  # written before
+            self.scaling = with_verdicts(self.scaling, self.equivalence)
         self.scaling = typed("scaling", self.scaling)
         self.collectives = typed("collectives", self.collectives)
         self.communication = typed("communication", self.communication)

@@ -14,7 +14,7 @@ from trainscale.analysis import cost
 from trainscale.analysis.cells import scaling_frame
 from trainscale.analysis.interval import REPEATS
 from trainscale.analysis.ranking import fastest, ranking, rate
-from trainscale.analysis.settle import EQUIVALENCE, resolves
+from trainscale.analysis.settle import EQUIVALENCE, METHOD, resolves
 from trainscale.plan import catalog
 
 #: The strategy column of the summary table: as wide as the longest strategy name, plus a space.
@@ -148,7 +148,7 @@ def ties(scaling: pd.DataFrame, equivalence: float = EQUIVALENCE) -> list[str]:
     if not len(r) or "could_be_fastest" not in r:
         return []
     lines = ["", "± CI: 95% from steps and repeats (Methods: confidence interval); "
-             "'CI: repeats only' marks cells whose records lack step times"]  # fmt: skip
+             "'CI: repeats only' marks cells whose records lack step times", METHOD]  # fmt: skip
     tied = r[r["could_be_fastest"] & ~r["fastest"]]
     if not len(tied):
         return lines

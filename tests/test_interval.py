@@ -9,16 +9,16 @@ import math
 import time
 
 import numpy as np
+import pandas as pd
 import pytest
 import yaml
 from test_aggregate import ok_record, spec_for, write
 
-from trainscale.analysis import interval, settle
+from trainscale.analysis import interval
 from trainscale.analysis.study import Study
 from trainscale.data import imagesets
 from trainscale.measure import steptimes
 from trainscale.plan.matrix import build_runs
-from trainscale.report.figures import ranking as ranking_figure
 
 from conftest import ROOT, validated
 
@@ -32,32 +32,47 @@ STEP_CV = (0.05, 0.10)
 PHI = 0.5
 #: Simulated studies: enough that the rates below are known to about ±0.5 percentage points.
 STUDIES = 3000
-#: The true differences of the pairs compared: 10 % (must be told apart in 80 % of studies or
-#: more) and none (told apart in 5 % or fewer).
+#: A true difference of 10 %.
 TEN = math.log(1.1)
 
 
 def default_shape() -> tuple[int, int, np.ndarray]:
     """(repeats, steady epochs, steps per epoch of each cell) of the default study (config.yaml)
     as the planner builds it on CPU, without tf-ps, whose runs record no step times."""
+    repeats, epochs, cells = default_cells()
+    return repeats, epochs, np.array(sorted(steps for steps, _, _ in cells.values()))
+
+
+def default_cells() -> tuple[int, int, dict[str, tuple[int, str, int]]]:
+    """(repeats, steady epochs, {cell: (steps per epoch, stratum, N)}) of the default study
+    (config.yaml) as the planner builds it on CPU, without tf-ps (no step times)."""
     cfg = validated(yaml.safe_load((ROOT / "config.yaml").read_text()))
     runs, _ = build_runs(cfg, accelerator="cpu")
-    steps = {}
+    cells = {}
     for r in runs:
         if r.strategy == "tf-ps":
             continue
         train = imagesets.info_of(r.dataset).train_samples * r.scale
         replicas = r.global_batch_size // r.per_worker_batch_size  # 1 for torch-pipeline
-        steps[r.path.rsplit("/repeat", 1)[0]] = train // replicas // r.per_worker_batch_size
-    return cfg["repeats"], cfg["epochs"] - 1, np.array(sorted(steps.values()))
+        steps = train // replicas // r.per_worker_batch_size
+        stratum = interval.stratum_of(r.strategy, r.world_size, "cpu")
+        cells[r.path.rsplit("/repeat", 1)[0]] = (steps, stratum, r.world_size)
+    return cfg["repeats"], cfg["epochs"] - 1, cells
 
 
-def simulate(rng: np.random.Generator, studies: int, steps: np.ndarray, true: np.ndarray,
-             repeats: int, epochs: int) -> tuple[np.ndarray, ...]:  # fmt: skip
+def simulate(
+    rng: np.random.Generator,
+    studies: int,
+    steps: np.ndarray,
+    true: np.ndarray,
+    repeats: int,
+    epochs: int,
+    sigma_a: float = SIGMA_A,
+) -> tuple[np.ndarray, ...]:  # noqa: E501, fmt: skip
     """(y, w, k), each (studies, cells, repeats): the log throughput of every run, and its
     within-run variance and batch count from its steady epochs' batch means, as
     `metrics_tables.runs_frame` computes them from a record. A run's step times are
-    exp(−true − a) · exp(c·z − c²/2): a ~ N(0, SIGMA_A²) per run, z a stationary AR(1) of
+    exp(−true − a) · exp(c·z − c²/2): a ~ N(0, sigma_a²) per run, z a stationary AR(1) of
     unit variance and lag-1 correlation PHI per epoch, c the cell's CV in that study."""
     cells = len(steps)
     cv = rng.uniform(*STEP_CV, (studies, cells))
@@ -70,14 +85,12 @@ def simulate(rng: np.random.Generator, studies: int, steps: np.ndarray, true: np
         shocks = rng.standard_normal((*shape, n)) * math.sqrt(1 - PHI**2)
         for i in range(1, n):
             z[..., i] = PHI * z[..., i - 1] + shocks[..., i]
-        a = rng.standard_normal(shape[:3]) * SIGMA_A
+        a = rng.standard_normal(shape[:3]) * sigma_a
         c = cv[:, at, None, None, None]
         times = np.exp(
             -true[at][None, :, None, None, None] - a[..., None, None] + c * z - c * c / 2
         )
-        bounds = np.asarray(steptimes.block_bounds(n))
-        means = np.add.reduceat(times, bounds[:-1], axis=-1) / np.diff(bounds)
-        means = means.reshape(*shape[:3], -1)
+        means = spans(times, n).reshape(*shape[:3], -1)
         blocks = means.shape[-1]
         w[:, at] = means.var(-1, ddof=1) / (blocks * means.mean(-1) ** 2)
         k[:, at] = blocks
@@ -85,68 +98,89 @@ def simulate(rng: np.random.Generator, studies: int, steps: np.ndarray, true: np
     return y, w, k
 
 
-def pairs(f: interval.Fit, first: np.ndarray, second: np.ndarray) -> tuple[np.ndarray, ...]:
-    """(d, Var, ν) of cell first[j] against second[j] in every study, as the ranking and the
-    summary decide them (`settle.pair_variance`: both cells in the model)."""
-
-    def side(cells: np.ndarray) -> dict:
-        return {
-            "throughput_n": f.n[:, cells],
-            "throughput_log_var": f.var[:, cells],
-            "interval_df": f.vdf[:, cells],
-            "within_run_var": f.wbar[:, cells],
-            "within_run_df": f.wdf[:, cells],
-            "between_run_var": f.between[:, None],
-            "pooled_run_var": f.s2[:, None],
-            "pooled_df": f.df[:, None],
-        }
-
-    a, b = side(first), side(second)
-    var, df = settle.pair_variance(a, b, np.ones(a["throughput_n"].shape, dtype=bool))
-    return f.ybar[:, first] - f.ybar[:, second], var, df
+def spans(times: np.ndarray, n: int) -> np.ndarray:
+    """The blocks `interval.spans` makes of epochs of `n` step times (the last axis): the
+    record's batch means merged into max(2, n // BLOCK_STEPS) blocks (no gaps between steps
+    here: the epoch's seconds are its steps')."""
+    bounds = np.asarray(steptimes.block_bounds(n))
+    means = np.add.reduceat(times, bounds[:-1], axis=-1) / np.diff(bounds)
+    groups = min(len(bounds) - 1, max(2, n // interval.BLOCK_STEPS))
+    parts = np.asarray(steptimes.block_bounds(len(bounds) - 1, groups))
+    sizes = np.diff(bounds)
+    time = np.add.reduceat(means * sizes, parts[:-1], axis=-1)
+    return time / np.add.reduceat(sizes, parts[:-1])
 
 
-def test_coverage_and_power_over_simulated_default_studies():
+def coverage(f: interval.Fit, true: np.ndarray) -> np.ndarray:
+    """Per study and cell: whether its 95% interval covers the true log throughput."""
+    return np.abs(f.ybar - true) <= f.half_width()
+
+
+def test_coverage_over_simulated_default_studies():
     """Over STUDIES simulated studies of the default shape (repeats 2, 2 steady epochs, 22 or 89
-    steps an epoch, 26 cells with step times), the 95% interval covers each cell's true
-    throughput in 93-97 % of them, a true 10 % difference is told apart in ≥ 80 % and a true
-    0 % one in ≤ 5 %. Half the cells are 10 % faster than the other half: every pair across
-    the halves is a 10 % difference, every pair within one a 0 % one."""
+    steps an epoch, 26 cells with step times in 8 strata), the 95% interval covers each cell's
+    true throughput in 93-97 % of them (±0.5 points of Monte-Carlo error)."""
     start = time.perf_counter()
-    repeats, epochs, steps = default_shape()
+    repeats, epochs, cells = default_cells()
+    steps = np.array([c[0] for c in cells.values()])
+    strata = pd.factorize(np.array([c[1] for c in cells.values()]))[0]
     assert repeats == 2 and epochs == 2 and len(steps) == 26 and set(steps) == {22, 89}
+    assert strata.max() == 7  # torch, tensorflow, horovod, deepspeed at N = 1 and 2
     rng = np.random.default_rng(50)
-    fast = rng.permutation(len(steps)) < len(steps) // 2  # the 89-step cells land anywhere
-    true = np.where(fast, TEN, 0.0)
-    y, w, k = simulate(rng, STUDIES, steps, true, repeats, epochs)
-    f = interval.fit(y, w, k)
-    coverage = float((np.abs(f.ybar - true) <= f.half_width()).mean())
-    i, j = np.triu_indices(len(steps), 1)
-    across = fast[i] != fast[j]
-    first, second = np.where(fast[i], i, j), np.where(fast[i], j, i)  # the faster one first
-    d, var, df = pairs(f, first, second)
-    apart = settle.told_apart(d, var, df)
-    power = float((apart & (d > 0))[:, across].mean())
-    false = float(apart[:, ~across].mean())
-    seconds = time.perf_counter() - start
-    print(f"coverage {coverage:.4f}, power at 10 % {power:.4f}, told apart at 0 % {false:.4f}, "
-          f"{seconds:.2f} s")  # fmt: skip
-    assert 0.93 <= coverage <= 0.97
-    assert power >= 0.80
-    assert false <= 0.05
-    assert (f.df == 26).all() and np.median(f.vdf) > 10  # pooled over the cells: not 1 df
+    true = np.where(rng.permutation(len(steps)) < 13, TEN, 0.0)
+    f = interval.fit(*simulate(rng, STUDIES, steps, true, repeats, epochs), strata)
+    covered = float(coverage(f, true).mean())
+    print(f"coverage {covered:.4f}, {time.perf_counter() - start:.2f} s")
+    assert 0.93 <= covered <= 0.97
+    assert np.median(f.df) == 26 and np.median(f.vdf) > 10  # alike strata pooled: not 1 df
+
+
+def test_strata_of_different_spread_keep_their_own_intervals():
+    """Half the cells at 1 % run-to-run spread, half at 6 %, the halves in different strata
+    (13 cells each): each half's 95% intervals cover its cells' truth in 93-97 % of STUDIES
+    studies (±0.6 points). One pool over both (the model before strata) covers the noisy half
+    in about 87 % only. Printed beside it, a limit: where each half is several small strata
+    (the default study's 8, 1-7 cells each), a 1- or 2-cell stratum at 6 % whose spread came
+    out low is pooled with the quiet ones (Bartlett's test cannot tell it apart), and the noisy
+    half covers about 87 % too."""
+    repeats, epochs, cells = default_cells()
+    steps = np.array([c[0] for c in cells.values()])
+    quiet = np.array(["torch" in c[1] for c in cells.values()])
+    rng = np.random.default_rng(58)
+    true = np.zeros(len(steps))
+    runs = [simulate(rng, STUDIES, steps, true, repeats, epochs, sigma) for sigma in (0.01, 0.06)]
+    y, w, k = (np.where(quiet[None, :, None], q, n) for q, n in zip(*runs, strict=True))
+    halves = interval.fit(y, w, k, quiet.astype(int))
+    covered = coverage(halves, true)
+    one = coverage(interval.fit(y, w, k), true)
+    strata = pd.factorize(np.array([c[1] for c in cells.values()]))[0]
+    small = coverage(interval.fit(y, w, k, strata), true)
+    print(f"1 % half {covered[:, quiet].mean():.4f}, 6 % half {covered[:, ~quiet].mean():.4f}; "
+          f"one pool: {one[:, quiet].mean():.4f}, {one[:, ~quiet].mean():.4f}; 8 strata: "
+          f"{small[:, quiet].mean():.4f}, {small[:, ~quiet].mean():.4f}")  # fmt: skip
+    assert 0.93 <= covered[:, quiet].mean() <= 0.97
+    assert 0.93 <= covered[:, ~quiet].mean() <= 0.97
+    assert one[:, ~quiet].mean() < 0.9  # what pooling the two would do
+    assert np.mean(halves.strata == 1) > 0.8  # the halves kept apart (Bartlett's test at 1 %)
 
 
 def test_the_simulation_computes_w_as_the_tables_do():
+    """22 steps an epoch: the 8 batch means merged into 2 blocks of 11 (nearly independent),
+    89 steps: 8 blocks of 11-12 kept; a record's epoch seconds, which hold the gaps between
+    steps, scale its blocks (the throughput's own spans)."""
     rng = np.random.default_rng(1)
-    times = rng.lognormal(0, 0.1, (2, 22))
-    epochs = [{"step_batch_means": None}]
-    epochs += [{"step_batch_means": steptimes.batch_means(list(e))} for e in times]
-    w, k = interval.within_variance(epochs)
-    bounds = np.asarray(steptimes.block_bounds(22))
-    means = (np.add.reduceat(times, bounds[:-1], axis=-1) / np.diff(bounds)).ravel()
-    assert k == 16 == len(means)
-    assert w == pytest.approx(means.var(ddof=1) / (16 * means.mean() ** 2))
+    for n, blocks in ((22, 4), (89, 16)):
+        times = rng.lognormal(0, 0.1, (2, n))
+        epochs = [{"step_batch_means": None}]
+        epochs += [{"step_batch_means": steptimes.batch_means(list(e)), "steps": n,
+                    "seconds": float(e.sum())} for e in times]  # fmt: skip
+        w, k = interval.within_variance(epochs)
+        means = spans(times, n).ravel()
+        assert k == blocks == len(means)
+        assert w == pytest.approx(means.var(ddof=1) / (blocks * means.mean() ** 2))
+    gaps = [{**e, "seconds": e["seconds"] * g} for e, g in zip(epochs[1:], (1.0, 1.5), strict=True)]
+    wider, _ = interval.within_variance(epochs[:1] + gaps)  # one epoch's gaps a third of it
+    assert wider > 10 * w
     assert interval.within_variance(epochs[:1] + [{"step_batch_means": None}] * 2) == (None, 0)
     assert interval.within_variance([{}, {"steps": 3}]) == (None, 0)  # a record made before
 
@@ -176,11 +210,14 @@ CELLS = {
 
 
 def with_blocks(rec: dict, spread: float | None) -> dict:
-    """`rec` with 8 batch means an epoch around its mean step time, ±spread alternating."""
+    """`rec` with 8 batch means an epoch (of its 10 steps: 2, 2, 1, ... steps) around its mean
+    step time, the first four +spread, the last four −spread: two blocks of 6 and 4 steps."""
     for e in rec["epochs"]:
         step = e["seconds"] / 10
         e["step_batch_means"] = (
-            None if spread is None else [step * (1 + spread * (-1) ** i) for i in range(8)]
+            None
+            if spread is None
+            else [step * (1 + spread * (1 if i < 4 else -1)) for i in range(8)]
         )
     return rec
 
@@ -200,15 +237,17 @@ def by_hand() -> dict:
 
     model = {s: v for s, v in CELLS.items() if v[1] is not None}
     y = {s: np.log(1000 / np.array(t)) for s, (t, _) in model.items()}
-    # w per run: 16 block means step·(1 ± spread): var = spread²·step²·16/15, mean = step
-    w = {s: spread**2 * 16 / 15 / 16 for s, (_, spread) in model.items()}
+    # w per run: 4 blocks step·(1 ± spread)·c (c: the epoch's seconds over its step times):
+    # var = spread²·(step·c)²·4/3, mean = step·c
+    w = {s: spread**2 * 4 / 3 / 4 for s, (_, spread) in model.items()}
     df = len(model)  # one degree of freedom a cell
     s2 = sum(((v - v.mean()) ** 2).sum() for v in y.values()) / df
     between = max(s2 - sum(w.values()) / df, 0.0)
     out = {}
     for s in model:
         var = (between + w[s]) / 2
-        nu = var**2 / ((s2 / 2) ** 2 / df + (w[s] / 2) ** 2 / 30)
+        pooled = (s2 / 2) ** 2 / df if between > 0 else 0.0  # σ_a² 0: the blocks' df alone
+        nu = var**2 / (pooled + (w[s] / 2) ** 2 / 6)
         h = stdtrit(math.floor(nu), 0.975) * math.sqrt(var)
         out[s] = {"ybar": y[s].mean(), "var": var, "nu": nu, "h": h, "between": between}
     return out
@@ -225,14 +264,14 @@ def test_the_interval_by_hand_and_old_records_keep_theirs(tmp_path):
         assert row["throughput_log_var"] == pytest.approx(h["var"])
         assert row["interval_df"] == pytest.approx(h["nu"])
         assert row["between_run_var"] == pytest.approx(h["between"])
-        assert row["pooled_df"] == 4 and row["interval_pool"] == 4
+        assert row["pooled_df"] == 4 and row["interval_pool"] == 4 and row["pool_strata"] == 3
         assert row["throughput_ci95"] == pytest.approx(row["throughput_mean"] * math.expm1(h["h"]))
         student = interval.t975(2) * row["throughput_std"] / math.sqrt(2)
         assert row["throughput_ci95_repeats"] == pytest.approx(student)  # kept beside it
         per_worker = row["throughput_per_worker_mean"] * math.expm1(h["h"])
         assert row["throughput_per_worker_ci95"] == pytest.approx(per_worker)
     ddp = s.loc["torch-ddp"]  # t with the pooled df, not t(0.975, 1) = 12.7
-    assert ddp["throughput_ci95"] < ddp["throughput_ci95_repeats"] / 3
+    assert ddp["throughput_ci95"] < ddp["throughput_ci95_repeats"] / 2.5
     old = s.loc["lightning-ddp"]
     assert old["interval_method"] == interval.REPEATS and old["interval_df"] == 1
     assert old["throughput_ci95"] == pytest.approx(old["throughput_ci95_repeats"])
@@ -249,51 +288,6 @@ def test_the_interval_by_hand_and_old_records_keep_theirs(tmp_path):
 def _written(study: Study, folder):
     study.write(folder)
     return folder
-
-
-def test_the_ranking_says_what_would_settle_a_tie(tmp_path):
-    study = study_of(tmp_path)
-    r = study.ranking.set_index("strategy")
-    assert r.loc["torch-ddp", "fastest"] and r.loc["torch-ddp", "distinguishable"] is None
-    assert r.loc["deepspeed-zero0", "distinguishable"] is True
-    assert r.loc["deepspeed-zero0", "settle"] == ""
-    assert r.loc["horovod-torch", "distinguishable"] is False
-    assert r.loc["horovod-torch", "settle"] == settle.BELOW
-    assert math.isnan(r.loc["horovod-torch", "repeats_needed"])
-    tie = r.loc["torch-fsdp"]  # 2-3 % apart, σ_a ≈ 0.8 %: repeats would settle it, steps not
-    assert tie["distinguishable"] is False and tie["repeats_needed"] == 7
-    assert (
-        tie["settle"] == "7 repeats would settle it; more steps cannot: run-to-run spread dominates"
-    )
-    mark = ranking_figure.marks(r.reset_index().set_index("strategy", drop=False).loc["torch-fsdp"])
-    assert mark == "−2.2 % · not distinguishable · 7 repeats would settle it"
-    old = r.loc["lightning-ddp"]  # repeats only: a Welch verdict, no steps factor
-    assert old["interval_method"] == interval.REPEATS and math.isnan(old["steps_factor_needed"])
-    assert old["distinguishable"] is False and old["settle"] == "3 repeats would settle it"
-    text = study.summary()
-    assert "not distinguishable from the fastest" in text
-    assert settle.BELOW in text
-    (row,) = [line for line in text.splitlines() if line.startswith("lightning-ddp ")]
-    assert row.endswith("CI: repeats only")  # the old records' interval is marked
-
-
-def test_repeats_needed_is_the_fewest_that_reach_80_percent_power():
-    a = {"throughput_n": 2, "between_run_var": 0.02**2, "pooled_run_var": 0.0008, "pooled_df": 26,
-         "interval_pool": 26, "within_run_var": 0.0004, "within_run_df": 30}  # fmt: skip
-    d = math.log(1.05)
-    n = settle.repeats_needed(d, a, a, True)
-
-    def reached(m: int) -> bool:
-        var, nu = interval.combined(2 / m, a["between_run_var"], a["pooled_run_var"], 26 * (m - 1),
-                                    [(0.0004 / m, 15 * m), (0.0004 / m, 15 * m)])  # fmt: skip
-        return settle._needs(float(nu)) * math.sqrt(var) <= d
-
-    assert reached(int(n)) and not reached(int(n) - 1)
-    assert settle.steps_factor(d, a, a) is None  # σ_a = 2 % at 2 repeats: steps cannot
-    quiet = {**a, "between_run_var": 0.01**2, "pooled_run_var": 0.0005}  # σ_a = 1 %
-    assert settle.steps_factor(d, quiet, quiet) == 3  # within-run error dominates: steps can
-    assert settle.settle_text(6.0, None, True).endswith("run-to-run spread dominates")
-    assert settle.short(settle.settle_text(6.0, 3.0, True)) == "6 repeats would settle it"
 
 
 # --------------------------------------------------------------------------------------------
@@ -318,26 +312,64 @@ def card_of(tmp_path, slow: float, spread: float | None) -> dict:
 
 
 def test_compare_uses_the_interval_from_steps_and_repeats(tmp_path):
+    """The default CI pools both studies' run-to-run variance (they are alike: one
+    configuration, run the same way): s², σ_a² and their df summed, Satterthwaite's ν."""
     from scipy.special import stdtrit
 
     from trainscale.compare import verdicts
 
     base, new = card_of(tmp_path / "base", 1.0, 0.01), card_of(tmp_path / "new", 1.08, 0.01)
-    rows = {r["cell"]["strategy"]: r for r in verdicts.compare(base, new, method="steps")["cells"]}
+    rows = {r["cell"]["strategy"]: r for r in verdicts.compare(base, new)["cells"]}
     ddp = rows["torch-ddp"]
-    assert ddp["ci"] == "steps" and verdicts.FALLBACK not in ddp["notes"]
+    assert ddp["ci"] == "steps" and verdicts.NOT_POOLED not in ddp["notes"]
     assert ddp["ratio"] == pytest.approx(1 / 1.08) and ddp["verdict"] == "slower"
     b, n = (verdicts.model_of(p) for c in (base, new)
             for k, p in verdicts.cells_of(c).items() if k[0] == "torch-ddp")  # fmt: skip
-    assert b[2] > 3 and n[2] > 3  # pooled over the study's cells, not 1 df
-    var = b[1] + n[1]
-    nu = math.floor(var**2 / (b[1] ** 2 / b[2] + n[1] ** 2 / n[2]))
-    high = math.exp(n[0] - b[0] + stdtrit(nu, 0.975) * math.sqrt(var))
+    assert b["pooled_df"] == n["pooled_df"] == 4  # two strata alike: 4 df a study, 8 pooled
+    s2 = (b["pooled_run_var"] + n["pooled_run_var"]) / 2
+    between = (b["between_run_var"] + n["between_run_var"]) / 2
+    var = between + b["within_run_var"] / 2 + n["within_run_var"] / 2
+    den = s2**2 / 8 + sum((x["within_run_var"] / 2) ** 2 / x["within_run_df"] for x in (b, n))
+    high = math.exp(n["log_mean"] - b["log_mean"] + stdtrit(math.floor(var**2 / den), 0.975)
+                    * math.sqrt(var))  # fmt: skip
     assert ddp["ci_high"] == pytest.approx(high)
-    assert rows["torch-fsdp"]["verdict"] == "same" and rows["torch-fsdp"]["ratio"] == pytest.approx(
-        1
-    )
+    assert rows["torch-fsdp"]["verdict"] == "same"
+    assert rows["torch-fsdp"]["ratio"] == pytest.approx(1)
     assert verdicts.compare(base, new, method="welch")["cells"][0]["ci"] == "welch"
+
+
+def two_cells(tmp_path, slow: float, jitter: tuple[float, float]) -> dict:
+    """A two-cell study (torch-ddp at 1 and 2 workers, 2 repeats `jitter` apart, the
+    compare test's study); its 2-worker runs `slow`× as long."""
+    from trainscale.compare import card
+
+    paths = []
+    for workers in (1, 2):
+        for r, j in enumerate(jitter):
+            spec = spec_for("torch-ddp", workers, repeat=r)
+            t = j * (slow if workers == 2 else 1.0)
+            paths.append(write(tmp_path, spec, with_blocks(ok_record(spec, [t, t]), 0.02)))
+    return card.from_files(paths, [], str(tmp_path), "s")
+
+
+def test_compare_flags_a_planted_2x_slowdown_of_a_two_cell_study(tmp_path):
+    """Two cells of 2 repeats, the repeats 25 % apart: each study's own interval has 2 df
+    (t = 4.3), pooled 4. The default (--ci steps) flags the 2-worker runs made 2× slower;
+    a NEW study whose spread differs from BASE's is compared without pooling, and says so."""
+    from trainscale.compare import verdicts
+
+    base = two_cells(tmp_path / "base", 1.0, (1.0, 1.25))
+    new = two_cells(tmp_path / "new", 2.0, (1.0, 1.25))
+    result = verdicts.compare(base, new)
+    assert result["ci"] == "steps"
+    got = {r["cell"]["workers"]: r for r in result["cells"]}
+    assert got[2]["verdict"] == "slower" and got[1]["verdict"] == "same"
+    assert got[2]["ci"] == "steps" and got[2]["ci_high"] < 0.95
+    assert verdicts.NOT_POOLED not in got[2]["notes"] and result["exit_status"] == 1
+    quiet = two_cells(tmp_path / "quiet", 1.0, (1.0, 1.01))
+    noisy = two_cells(tmp_path / "noisy", 1.0, (1.0, 1.5))
+    row = verdicts.compare(quiet, noisy)["cells"][1]
+    assert verdicts.NOT_POOLED in row["notes"] and row["verdict"] == "same"
 
 
 def test_compare_of_old_records_falls_back_to_the_bootstrap_and_says_so(tmp_path):

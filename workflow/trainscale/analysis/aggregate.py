@@ -16,42 +16,78 @@ once (in `trainscale.analysis.cells` and, for communication.csv, `trainscale.ana
 - confidence interval (of throughput, `throughput_ci95`, from steps and repeats): a two-level
   random-effects model of y = ln X of run r of cell c, y_cr = μ_c + a_cr + e_cr: a_cr the
   run's own level (a fresh process, placement, a busy neighbour), variance σ_a², and e_cr the
-  sampling error of the run's mean step time, variance w_cr = var(b) / (k · mean(b)²) (the
-  delta method) from the k batch means b of its steady epochs (`step_batch_means`, up to 8
-  blocks of consecutive steps an epoch: consecutive steps are correlated, so they are batched,
-  not treated as independent). Assumptions: the runs of one study share a machine, so σ_a² is
-  one relative spread common to its cells, and is pooled over them: s² = Σ_c Σ_r (y_cr −
-  ȳ_c)² / ν, ν = Σ_c (n_c − 1), and σ_a² = max(0, s² − Σ_c (n_c − 1) w̄_c / ν), what the batch
-  means do not account for; w̄_c is the mean of the cell's w_cr; the a and e are independent
+  sampling error of the run's throughput, variance w_cr = var(b) / (k · mean(b)²) (the delta
+  method) from k blocks b of its steady epochs: the record's batch means of rank 0's step
+  times (`step_batch_means`, up to 8 an epoch), merged into blocks of at least 10 consecutive
+  steps (two an epoch at least; consecutive steps are correlated, blocks this long nearly
+  independent: the method of batch means with long batches, not an effective sample size),
+  and scaled by the epoch's wall time over its step times, so that the gaps between steps
+  (loader waits, copies), which the throughput's wall time holds and step times do not, are
+  spread over its steps (their variation within an epoch is not seen, between epochs it is).
+  The run-to-run variance is pooled only where alike: each cell's stratum is its framework
+  family (torch, tensorflow, horovod, deepspeed) × world size × device kind (`stratum`), and
+  the strata are pooled unless Bartlett's test of equal variances tells them apart at 1 %;
+  where it does, they are cut in two where two variances fit best (sorted by variance) and
+  each side tested again (`variance_pool`, `pool_strata`). Within a pool: s² = Σ_c Σ_r (y_cr −
+  ȳ_c)² / ν, ν = Σ_c (n_c − 1), and σ_a² = max(0, s² − Σ_c (n_c − 1) w̄_c / ν), what the
+  blocks do not account for; w̄_c is the mean of the cell's w_cr; the a and e are independent
   and normal on the log scale. Then Var(ȳ_c) = (σ_a² + w̄_c) / n_c with Satterthwaite's
-  degrees of freedom ν_c = Var² / ((s²/n_c)² / ν + (w̄_c/n_c)² / Σ_r (k_r − 1)), floored, and
+  degrees of freedom ν_c = Var² / ((s²/n_c)² / ν + (w̄_c/n_c)² / Σ_r (k_r − 1)) (the s²
+  term dropped where σ_a² came out 0), floored, 1 at least, and
   the interval is exp(ȳ_c ± h), h = t(0.975, ν_c) · √Var(ȳ_c); the table gives it as the
   half-width x̄ · (e^h − 1), the wider side, about the mean x̄ (`interval_df` = ν_c,
   `between_run_var` = σ_a², `within_run_var` = w̄_c, `pooled_run_var` = s², `pooled_df` = ν,
   `interval_pool` the cells pooled, `throughput_log_mean` = ȳ_c, `throughput_log_var` =
-  Var(ȳ_c)). A cell of one run gets an interval from the pooled σ_a² too. Every figure that is
-  a fixed multiple of throughput or of its inverse within a cell (throughput per worker,
-  tokens/s) takes the same relative half-width. Cells whose records lack batch means (made
-  before them; tf-ps, whose runs see no step times) stay out of the pool and keep Student's t
-  over their repeats, `interval_method` "repeats only (records without step times)"; the
-  others say "steps and repeats". Anchors: Horovod's synthetic benchmark and tf_cnn_benchmarks
-  report mean ± 1.96σ over the iterations of one run (the within-run part alone); MLPerf
-  repeats whole runs (the between-run part); the model uses both.
-- distinguishable: two cells of a study are told apart at 95% when the 95% interval of their
-  log difference, ȳ_f − ȳ_o ± t(0.975, ν) · √(Var(ȳ_f) + Var(ȳ_o)), excludes 0; ν is
-  Satterthwaite's with the one σ_a² estimate both share ((1/n_f + 1/n_o) · s² with ν df, and
-  each w̄ / n with its own), or Welch–Satterthwaite's where a cell is outside the model. This
-  is not the same as the two cells' intervals being disjoint, which would be far more
-  conservative: two intervals may overlap and the cells still be told apart.
-- what would settle it: for a pair not told apart whose observed difference |d| is 1 % or more
-  (below 1 %: "below the harness's resolution (< 1 %)"), the fewest repeats per cell n at
-  which a true difference of |d| would be told apart in 80 % of studies, (t(0.975, ν_n) +
-  t(0.80, ν_n)) · √Var_n ≤ |d| with the variances as observed (Var_n the pair's at n runs a
-  cell, ν_n with the pooled df of the pool's cells at n runs each; 2(n − 1) df outside the
-  model), up to 100; and in the model the fewest times m as many steady steps per run (each
-  w̄ / m, s² as σ_a² + (s² − σ_a²) / m) that would do it at today's repeats, up to 100×, or
-  "more steps cannot: run-to-run spread dominates" where σ_a² alone prevents it
-  (`repeats_needed`, `steps_factor_needed`, `settle`; trainscale.analysis.settle).
+  Var(ȳ_c)). A cell of one ok run gets an interval only where its pool has 4 df or more;
+  otherwise it is "one run: no interval" (`interval_method`), shown and never called slower.
+  Every figure that is a fixed multiple of throughput or of its inverse within a cell
+  (throughput per worker, tokens/s) takes the same relative half-width. Cells whose records
+  lack batch means (made before them; tf-ps, whose runs see no step times) stay out of the
+  pools and keep Student's t over their repeats, `interval_method` "repeats only (records
+  without step times)"; the others say "steps and repeats". Simulated (tests/test_interval.py:
+  3,000 studies of the default shape, 26 cells, 2 repeats, 2 steady epochs of 22 or 89 steps
+  whose step times are AR(1) with lag-1 correlation 0.5): the intervals cover 95.8 %; with half
+  the cells at 1 % run-to-run spread and half at 6 %, the halves in two strata, 96.5 % and
+  94.3 % (one pool over both: 99.97 % and 87 %). Its limit: a stratum of 1-2 cells whose
+  spread differs cannot show it (Bartlett's test has no power there) and is pooled with the
+  others: the default study's 8 strata, the 6 % ones among 1 % ones, cover 87 %. Anchors:
+  Horovod's synthetic benchmark and tf_cnn_benchmarks report mean ± 1.96σ over the
+  iterations of one run (the within-run part alone); MLPerf repeats whole runs (the
+  between-run part); the model uses both.
+- comparison with the best (`could_be_fastest`, `mcb_low`, `mcb_high`, `slower`): per
+  panel of the ranking (model, dataset and N; trainscale.analysis.best), every cell at once:
+  with y_i the cell's ȳ in the panel's unit (+ ln seq_len on token data) and s_ij =
+  √(Var(ȳ_i) + Var(ȳ_j)), the simultaneous 95% intervals of θ_i = μ_i − max_{j≠i} μ_j (the
+  cell's log throughput minus the best of the others), [min_{j≠i} (y_i − y_j − c_ij s_ij),
+  min_{j≠i} (y_i − y_j + c_ij s_ij)] (Edwards & Hsu's unconstrained MCB). c_ij is the
+  studentized range's critical value q(0.95; k, ν_ij) / √2 for the panel's k cells with an
+  interval, at the pair's degrees of freedom floored (Satterthwaite's with the one s² two
+  cells of a pool share, Welch–Satterthwaite's across pools: Games–Howell's way with unequal
+  variances and df; scipy.stats.studentized_range, cached by k and ν). The answer is a set:
+  a cell whose interval reaches 0 or above could be the fastest ("at 95 %, the fastest is one
+  of {a, b}"), one whose interval lies below 0 is slower than the fastest; `distinguishable`
+  equals `slower`. Why not Dunnett's one-sided value (Hsu's constrained MCB): that says "not
+  the best", which a cell tied with the best also is; read as "slower" it calls some cell of
+  14 equal ones slower in 37 % of simulated panels, the old pairwise verdict (each cell
+  against the observed fastest at 5 %) in 68 %. This one, in 2.5 % (tests/test_best.py:
+  3,000 default studies of 28 equal cells, two panels of 14; ≤ 5 % asserted). Its price is
+  power: with 2 repeats a true 10 % difference is called in 34 % of panels; in a panel like
+  the default study's (14 cells, 12 % run-to-run spread) a cell 30 % slower is called slower
+  in 28 % of studies, 46 % slower in 93 %, 60 % or more always. A cell without an interval
+  could be the fastest and is never slower; logical-device cells are neither.
+- what a study can tell (`mdd_rel`, `repeats_for_5pct`, `repeats_for_2pct`): per panel
+  (trainscale.analysis.settle), its minimum detectable difference, the shortfall from the best
+  1 − e^(−δ) called slower in 80 % of studies, δ = (c(k, ν) + t(0.80, ν)) · √(2 V) with V and
+  ν the median Var(ȳ) and df of the panel's cells; and the fewest repeats per cell that would
+  bring it to 5 % and to 2 % (V scaled by n₀ / n for the median cell's n₀ repeats, ν grown
+  by one for each cell of its pool and repeat; none beyond 100). A cell that could be the
+  fastest but is not it reads "not told apart: this study resolves differences of ≥ 18 %;
+  6 repeats would resolve ≥ 5 %": what the study can tell, not post-hoc power (which treats
+  the observed difference as the true one).
+- equivalent (`equivalent`): a cell and its panel's best differ by less than config
+  `report.equivalence` (default 2 %) by two one-sided tests at 5 %: the 90 % interval of
+  their log difference, d ± t(0.95, ν) · s, within ±ln(1 + margin) (ν the pair's df); never
+  from a point estimate.
 - first-epoch overhead: first_epoch_seconds − steady_epoch_seconds of each run (what epoch 1's
   warm-up costs), then averaged like any other metric.
 - baseline X(1), t1: the cell with the same strategy, model, dataset, scale, batch_size,
@@ -89,23 +125,24 @@ once (in `trainscale.analysis.cells` and, for communication.csv, `trainscale.ana
   peak FLOP/s of its devices at its precision: the vendor's datasheet figure, or on CPU a
   matrix multiply timed on the host ("measured peak"); for a GPT the count is also given by
   PaLM's analytic 6·N + 12·L·H·Q·T per token (trainscale.measure.flops defines each).
-- fastest: per model, dataset and N, the cell with the highest mean throughput; the runner-up
-  is the best cell of another strategy, `distinct` says whether the two are distinguishable,
-  and `settle` what would settle it where they are not.
-  Cells on logical CPU devices (`device.logical`) are never ranked: a code-path check. Predicted
-  throughput (predictions.csv) is never ranked either.
+- fastest: per model, dataset and N, the ranking's first cell (the highest mean throughput in
+  the data's unit: tokens/s on token data); the runner-up is the best cell of another
+  strategy, `distinct` says whether it is slower (the comparison with the best), `could_be`
+  names the cells that could be the fastest. Cells on logical CPU devices
+  (`device.logical`) are never ranked: a code-path check. Predicted throughput
+  (predictions.csv) is never ranked either.
 - ranking: the report's first figure, strategies ranked by throughput. Per model, dataset
   and N, every cell with an ok run, sorted by mean steady throughput (tokens/s on token data),
-  fastest first, with its 95% CI. A cell is "not distinguishable" from the fastest when the
-  pair is not (the bullet "distinguishable"), with what would settle it, else it is slower
-  beyond doubt; "behind" is 1 − x / x_f. A scaling table made before the model's columns
-  keeps the rule it had: not distinguishable when the two CIs overlap (x_f − ci_f ≤ x + ci).
-  Logical CPU devices are shown, not ranked (as in `fastest`); tf-ps carries its mark,
-  asynchronous (trainscale.analysis.ranking).
+  fastest first, with its 95% CI, each marked by the comparison with the best ("could be the
+  fastest", "slower", "equivalent", "one run: no interval"), under each panel what it
+  resolves; "behind" is 1 − x / x_f. scaling.csv carries the same verdicts per cell. A
+  scaling table made before the model's columns gets Var(ȳ) from its Student's t CI ((ci /
+  (t · x̄))², n − 1 df). Logical CPU devices are shown, not ranked (as in `fastest`); tf-ps
+  carries its mark, asynchronous (trainscale.analysis.ranking).
   With config `report.rank_by: cost` the same figure ranks cost per million instead, the
-  cheapest first, by the same pairwise verdict (a run's cost is its cell's price times
-  N / (x · u), so −log cost is log throughput shifted by the log price), and "dearer" is
-  x / x_c − 1.
+  cheapest first, by the same comparison with the best (a run's cost is its cell's price
+  times N / (x · u), so −log cost is log throughput + ln u shifted by the log price), and
+  "dearer" is x / x_c − 1.
 - device-hours per million (device_hours_per_million): N × 10⁶ / (X · u) / 3600 per run,
   X the steady throughput (samples/s, all workers) and u the units in a sample (seq_len tokens
   on token data, else 1 sample): the device-hours a million tokens or samples take. A device
@@ -167,8 +204,6 @@ from trainscale.analysis.cells import (
     SINGLE,
     ci95,
     convergence_frame,
-    fastest,
-    rate,
     scaling_frame,
     t975,
     with_axes,
@@ -196,6 +231,7 @@ from trainscale.analysis.metrics_tables import (
     run_id,
     runs_frame,
 )
+from trainscale.analysis.ranking import fastest, rate
 from trainscale.analysis.study import Study, study_name
 from trainscale.analysis.summary import human, summary_text
 

@@ -1,6 +1,6 @@
 """Cell statistics: the per-cell figures of scaling.csv (mean, std and 95% CI over repeats,
-speedup, efficiency, the baselines), the per-epoch convergence table and the fastest cell per
-model and N. Every formula is stated once, in `trainscale.analysis.aggregate`'s docstring."""
+speedup, efficiency, the baselines, the ranking's verdicts) and the per-epoch convergence
+table. Every formula is stated once, in `trainscale.analysis.aggregate`'s docstring."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import numpy as np
 import pandas as pd
 
 from trainscale.analysis import cost
-from trainscale.analysis.interval import STEPS, cell_intervals, t975
-from trainscale.analysis.settle import verdicts
+from trainscale.analysis.interval import STEPS, cell_intervals, stratum_of, t975
+from trainscale.analysis.ranking import EQUIVALENCE, with_verdicts
 from trainscale.measure.datawait import INPUT_BOUND_SHARE
 from trainscale.plan.matrix import MATRIX_KEYS
 from trainscale.plan.prices import Prices
@@ -95,6 +95,11 @@ def _cells_of(runs: pd.DataFrame) -> pd.DataFrame:
         d[col] = runs[col]
     for col in ("within_run_var", "within_run_blocks"):  # NaN in tables made before them
         d[col] = pd.to_numeric(runs.get(col, pd.Series(np.nan, runs.index)), errors="coerce")
+    kind = runs["device.kind"] if "device.kind" in runs else pd.Series("", index=runs.index)
+    d["stratum"] = [
+        stratum_of(s, n, k if isinstance(k, str) else "")
+        for s, n, k in zip(d["strategy"], d["world_size"], kind, strict=True)
+    ]
     for name, col in METRICS.items():
         if col is None:
             v = pd.to_numeric(runs["first_epoch_seconds"], errors="coerce") - pd.to_numeric(
@@ -106,9 +111,12 @@ def _cells_of(runs: pd.DataFrame) -> pd.DataFrame:
     return d
 
 
-def scaling_frame(runs: pd.DataFrame, prices: Prices | None = None) -> pd.DataFrame:
+def scaling_frame(
+    runs: pd.DataFrame, prices: Prices | None = None, equivalence: float = EQUIVALENCE
+) -> pd.DataFrame:
     """One row per cell (scaling.csv): counts, mean/std/CI of each metric, speedup, efficiency,
-    and what a million units cost (in device-hours, energy, and money at `prices`).
+    what a million units cost (in device-hours, energy, and money at `prices`), and the
+    ranking's verdicts (`trainscale.analysis.ranking.VERDICTS`; TOST at ±`equivalence`).
 
     Every formula is stated in `trainscale.analysis.aggregate`'s docstring.
     """
@@ -148,7 +156,7 @@ def scaling_frame(runs: pd.DataFrame, prices: Prices | None = None) -> pd.DataFr
     out = _with_intervals(out, cell_intervals(d, CELL)).reset_index().copy()
     out["input_bound"] = out["data_wait_share_mean"] > INPUT_BOUND_SHARE  # NaN (unknown): False
     out = _with_baselines(out)
-    return out
+    return with_verdicts(out, equivalence)
 
 
 def _with_intervals(out: pd.DataFrame, intervals: pd.DataFrame) -> pd.DataFrame:
@@ -240,65 +248,3 @@ def convergence_frame(epochs: pd.DataFrame) -> pd.DataFrame:
         out[f"{name}_mean"] = gv.mean()
         out[f"{name}_ci95"] = t975(n.to_numpy()) * std / np.sqrt(n.where(n > 0))
     return out.reset_index()
-
-
-#: The fastest cell's columns that `fastest` keeps.
-_WINNER = [
-    *(k for k in MATRIX_KEYS if k not in ("model", "dataset")),  # the cell's keys
-    "throughput_mean",
-    "throughput_ci95",
-    "mfu_mean",
-    "tokens_per_second_mean",
-    "speedup",
-    "efficiency",
-    "efficiency_kind",
-    "speedup_vs_single",
-    "baseline_note",
-    "oversubscribed",
-    "logical",
-    "ok",
-    "runs",
-]
-
-
-def rate(
-    mean: float, ci: float, seq_len: int | float | None, unit: str = "samples/s"
-) -> tuple[float, float, str]:
-    """(mean, CI half-width, unit) of a throughput in its data's unit: tokens/s (× seq_len) for
-    a cell on token data, else as given (`unit`, samples/s over all workers)."""
-    if seq_len and not pd.isna(seq_len):
-        return mean * seq_len, ci * seq_len, "tokens/s"
-    return mean, ci, unit
-
-
-def fastest(scaling: pd.DataFrame) -> pd.DataFrame:
-    """Per model, dataset and N: the fastest cell, its efficiency, and the best other strategy."""
-    cols = ["model", "dataset", "world_size"]
-    s = scaling[scaling["throughput_mean"].notna()] if len(scaling) else scaling
-    if "logical" in s and len(s):  # logical CPU devices: a code-path check, never "fastest"
-        s = s[~s["logical"].astype(bool)]
-    if not len(s):
-        return pd.DataFrame(columns=[*cols, "strategy"])
-    s = s.sort_values([*cols, "throughput_mean"], ascending=[True] * 3 + [False], kind="stable")
-    s = s.reset_index(drop=True)
-    first = ~s.duplicated(cols)
-    # the runner-up: the best cell of another strategy in the same group
-    won = s[cols].merge(s.loc[first, [*cols, "strategy"]], on=cols, how="left")["strategy"]
-    ru = s[s["strategy"] != won.to_numpy()].drop_duplicates(cols).set_index(cols)
-    # MFU is absent from a scaling table made before records counted FLOPs
-    win = s[first][[*cols, *(c for c in _WINNER if c in s.columns)]]
-    best = s[first].set_index(cols).reindex(ru.index)
-    told = verdicts(best, ru)
-    others = pd.DataFrame(
-        {
-            "runner_up": ru["strategy"],
-            "runner_up_throughput": ru["throughput_mean"],
-            "distinct": told["distinguishable"],
-            "settle": told["settle"],
-        }
-    ).reset_index()
-    out = win.merge(others, on=cols, how="left").reset_index(drop=True)
-    out["margin"] = out["throughput_mean"] / out["runner_up_throughput"] - 1
-    out["distinct"] = out["distinct"].astype(object).where(out["distinct"].notna(), None)
-    out["settle"] = out["settle"].astype(object).where(out["settle"].notna(), "")
-    return out

@@ -3,8 +3,10 @@
 The definition (model and assumptions) is the bullet "confidence interval" of
 `trainscale.analysis.aggregate`'s docstring, the report's Methods; this module computes it, once,
 for scaling.csv (`trainscale.analysis.cells`), and through it for the ranking, the summary and
-`trainscale compare`; `trainscale.analysis.settle` decides between two cells with it. `fit`
-works on arrays with any leading axes, so the coverage test (tests/test_interval.py) runs
+`trainscale compare`: the within-run variance of each run from its blocks (`within_variance`),
+the strata pooled where alike (`pools`), each cell's interval (`fit`) and every pair's degrees
+of freedom (`pair_df`), which the comparison with the best (`trainscale.analysis.best`) reads.
+`fit` works on arrays with any leading axes, so the coverage test (tests/test_interval.py) runs
 thousands of simulated studies through the same code a report runs its one study through.
 
 Student's t quantiles are computed here without scipy (a third of a second of every report for
@@ -21,6 +23,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from trainscale.measure import steptimes
+from trainscale.plan import catalog
+
 #: interval_method of a cell: its interval uses the steps' batch means and the study's repeats.
 STEPS = "steps and repeats"
 #: interval_method of a cell whose runs lack batch means: Student's t over its repeats alone.
@@ -28,7 +33,10 @@ REPEATS = "repeats only (records without step times)"
 #: scaling.csv's columns of the model, per cell (`cell_intervals`).
 CELL_COLUMNS = ["throughput_log_mean", "throughput_log_var", "interval_df", "interval_method",
                 "within_run_var", "within_run_df", "between_run_var", "pooled_run_var",
-                "pooled_df", "interval_pool"]  # fmt: skip
+                "pooled_df", "interval_pool", "pool_strata", "variance_pool",
+                "stratum"]  # fmt: skip
+#: CELL_COLUMNS that are text.
+TEXT_COLUMNS = ("interval_method", "stratum")
 
 
 # --------------------------------------------------------------------------------------------
@@ -118,16 +126,23 @@ def t975(n: np.ndarray | pd.Series | int) -> np.ndarray | float:
 # one run: its within-run variance
 
 
+#: Steps a block of the within-run variance spans at least, where an epoch has enough for two:
+#: consecutive steps are correlated, blocks this long nearly independent (lag-1 correlation of
+#: their means under 0.07 for steps whose own lag-1 correlation is 0.5).
+BLOCK_STEPS = 10
+
+
 def within_variance(epochs: Iterable[dict]) -> tuple[float | None, int]:
-    """(w, k) of a run: w the variance of the log of its mean step time from the batch means of
-    its steady epochs (2..E) pooled, var(b) / (k · mean(b)²) with k blocks (the delta method);
-    (None, 0) where a steady epoch has none (records made before them; tf-ps) or k < 2."""
+    """(w, k) of a run: w the variance of the log of its throughput's mean step span from the
+    blocks of its steady epochs (2..E) pooled, var(b) / (k · mean(b)²) with k blocks (the
+    delta method), each epoch's blocks `spans`; (None, 0) where a steady epoch has no batch
+    means (records made before them; tf-ps) or k < 2."""
     blocks: list[float] = []
     for e in list(epochs)[1:]:
         means = e.get("step_batch_means")
         if not means:
             return None, 0
-        blocks += means
+        blocks += spans(means, e.get("steps") or 0, e.get("seconds"))
     k = len(blocks)
     mean = sum(blocks) / k if k else 0.0
     if k < 2 or mean <= 0:
@@ -136,8 +151,36 @@ def within_variance(epochs: Iterable[dict]) -> tuple[float | None, int]:
     return var / (k * mean * mean), k
 
 
+def spans(means: list[float], steps: int, seconds: float | None) -> list[float]:
+    """An epoch's batch means (of `steps` step times, `steptimes.block_bounds`'s blocks) as
+    the throughput sees them: adjacent blocks merged into max(2, steps // BLOCK_STEPS) blocks
+    (as many as there were at most), and scaled by seconds / Σ step times, so the gaps between
+    steps (loader waits, copies), which the epoch's wall time holds and step times do not,
+    are spread over the epoch's steps in proportion."""
+    sizes = np.diff(steptimes.block_bounds(steps)) if steps else []
+    if len(sizes) != len(means):  # steps not as recorded: blocks of equal weight
+        sizes = np.ones(len(means))
+    parts = steptimes.block_bounds(
+        len(means), min(len(means), max(2, int(sum(sizes)) // BLOCK_STEPS))
+    )
+    time = np.asarray(means, dtype=float) * sizes
+    merged = [time[i:j].sum() / sizes[i:j].sum() for i, j in zip(parts, parts[1:], strict=False)]
+    total = float(time.sum())
+    scale = seconds / total if seconds and total > 0 else 1.0
+    return [m * scale for m in merged]
+
+
 # --------------------------------------------------------------------------------------------
 # the cells of a study
+
+
+#: The fewest degrees of freedom of its pooled run-to-run variance at which a cell of one ok
+#: run gets an interval (t(0.975, 4) = 2.8); below, "one run: no interval".
+MIN_DF = 4
+#: The words of a cell of one ok run whose pool gives fewer than MIN_DF.
+NO_INTERVAL = "one run: no interval"
+#: Strata are pooled unless Bartlett's test tells their run-to-run variances apart at this level.
+ALIKE = 0.01
 
 
 @dataclass
@@ -145,7 +188,8 @@ class Fit:
     """The two-level model fitted to a study's cells (arrays over the leading axes of `fit`'s
     arguments, cells last). Per cell: n runs, ȳ, w̄ and its degrees of freedom, `steps`
     (whether its runs all have batch means: the cells pooled), Var(ȳ) and its Satterthwaite
-    degrees of freedom. Per study: the pooled s² and its df, σ_a², and the cells pooled."""
+    degrees of freedom; and of the pool of strata its stratum joined: s² and its df, σ_a²,
+    the cells and the strata pooled, and the pool's id (its first stratum)."""
 
     n: np.ndarray
     ybar: np.ndarray
@@ -158,61 +202,168 @@ class Fit:
     df: np.ndarray
     between: np.ndarray
     pooled: np.ndarray
+    strata: np.ndarray
+    pool: np.ndarray
 
     def half_width(self) -> np.ndarray:
         """t(0.975, ν) · √Var(ȳ) per cell: the 95% interval is exp(ȳ ± this)."""
         return t_quantile(self.vdf) * np.sqrt(self.var)
 
+    def columns(self) -> dict[str, np.ndarray]:
+        """The fit by scaling.csv's column names, as `pair_df` reads them."""
+        pool = np.where(self.steps, self.pool, -1)
+        return {"throughput_n": self.n, "throughput_log_var": self.var, "interval_df": self.vdf,
+                "within_run_var": self.wbar, "within_run_df": self.wdf,
+                "between_run_var": self.between, "pooled_run_var": self.s2,
+                "pooled_df": self.df, "variance_pool": pool}  # fmt: skip
 
-def fit(y: np.ndarray, w: np.ndarray, k: np.ndarray) -> Fit:
+
+def fit(y: np.ndarray, w: np.ndarray, k: np.ndarray, strata: np.ndarray | None = None) -> Fit:
     """The model of `aggregate`'s "confidence interval" on log throughputs `y`, within-run
     variances `w` and batch counts `k`, each shaped (..., cells, runs) with NaN where a cell
-    has no such run (w NaN where the run has no batch means)."""
+    has no such run (w NaN where the run has no batch means); `strata` labels each cell
+    (integers, one per cell; None: one stratum)."""
     have = np.isfinite(y)
     n = have.sum(-1)
+    labels = np.zeros(y.shape[-2], int) if strata is None else np.asarray(strata)
+    at = np.unique(labels, return_inverse=True)[1]
+    member = (at[:, None] == np.arange(at.max() + 1)[None, :]).astype(float)  # cells × strata
     with np.errstate(invalid="ignore", divide="ignore"):
         ybar = np.where(have, y, 0).sum(-1) / n
         steps = (n > 0) & (np.isfinite(w) | ~have).all(-1)
         runs = have & steps[..., None]
         wbar = np.where(runs, w, 0).sum(-1) / n
         wdf = np.where(runs, k - 1, 0).sum(-1)
-        df = np.where(steps, n - 1, 0).clip(0).sum(-1)
-        s2 = (np.where(runs, y - ybar[..., None], 0) ** 2).sum((-2, -1)) / df
+        own = np.where(steps, n - 1, 0).clip(0)
+        ss = (np.where(runs, y - ybar[..., None], 0) ** 2).sum(-1)
         # E[SS] = df·σ_a² + Σ_c (n_c − 1) w̄_c: what the batch means account for comes off
-        mean_w = np.where(steps, (n - 1).clip(0) * wbar, 0).sum(-1) / df
+        wss = own * np.where(steps, wbar, 0)
+        by_stratum = [v @ member for v in (ss, own, wss, steps.astype(float))]
+        pool = pools(by_stratum[0] / by_stratum[1], by_stratum[1])
+        same = (pool[..., :, None] == pool[..., None, :]).astype(float)  # strata × strata
+        total, df, wsum, pooled = ((same @ v[..., None])[..., 0][..., at] for v in by_stratum)
+        s2, mean_w = total / df, wsum / df
         between = np.maximum(s2 - mean_w, 0.0)
-        var, vdf = combined(1 / n, between[..., None], s2[..., None], df[..., None],
-                            [(wbar / n, wdf)])  # fmt: skip
-        usable = steps & (df[..., None] > 0)
-        var, vdf = np.where(usable, var, np.nan), np.where(usable, vdf, np.nan)
-    return Fit(n, ybar, wbar, wdf, steps, var, vdf, s2, df, between, steps.sum(-1))
+        var, vdf = combined(1 / n, between, s2, df, [(wbar / n, wdf)])
+        usable = steps & (df > 0) & ((n > 1) | (df >= MIN_DF))
+        var, vdf = np.where(usable, var, np.nan), np.where(usable, np.maximum(vdf, 1.0), np.nan)
+    joined = same.sum(-1)[..., at]
+    return Fit(n, ybar, wbar, wdf, steps, var, vdf, s2, df, between, pooled, joined, pool[..., at])
+
+
+def pools(s2: np.ndarray, df: np.ndarray) -> np.ndarray:
+    """Which strata share one run-to-run variance: per study (the leading axes), each
+    stratum's pool, labelled by its first stratum. The strata with a variance are tested
+    together by Bartlett's test of equal variances; where it tells them apart at ALIKE they
+    are cut in two where two variances fit them best, sorted by variance, and each side tested
+    again (`split`), until every pool's strata are alike (one alone is a pool). A stratum without
+    degrees of freedom is left alone."""
+    out = np.empty(s2.shape, dtype=int)
+    for i in np.ndindex(s2.shape[:-1]):
+        v, d = s2[i], df[i]
+        label = np.arange(len(v))
+        order = np.flatnonzero((d > 0) & np.isfinite(v))
+        logs = np.log(np.maximum(v, 1e-300))
+        order = order[np.argsort(logs[order], kind="stable")]
+        todo = [order] if len(order) else []
+        while todo:
+            part = todo.pop()
+            if len(part) > 1 and bartlett(v[part], d[part]) < ALIKE:
+                cut = split(v[part], d[part])
+                todo += [part[:cut], part[cut:]]
+            elif len(part):
+                label[part] = part.min()
+        out[i] = label
+    return out
+
+
+def split(s2: np.ndarray, df: np.ndarray) -> int:
+    """Where to cut strata sorted by variance in two: the cut under which two variances, one
+    a side, fit best (the least Σ_side ν_side · ln s²_side, the likelihood's)."""
+    ss, d = np.cumsum(df * s2), np.cumsum(df)
+    left = d[:-1] * np.log(np.maximum(ss[:-1] / d[:-1], 1e-300))
+    rest, rest_d = ss[-1] - ss[:-1], d[-1] - d[:-1]
+    right = rest_d * np.log(np.maximum(rest / rest_d, 1e-300))
+    return int(np.argmin(left + right)) + 1
+
+
+def bartlett(s2: np.ndarray, df: np.ndarray) -> float:
+    """The p-value of Bartlett's test that variances s² of `df` degrees of freedom are equal:
+    ((Σν) ln s_p² − Σ ν ln s²) / (1 + (Σ 1/ν − 1/Σν) / (3(g − 1))) against χ²(g − 1)."""
+    from scipy.special import chdtrc
+
+    g, total = len(s2), df.sum()
+    pooled = (df * s2).sum() / total
+    if pooled <= 0:
+        return 1.0
+    stat = total * math.log(pooled) - (df * np.log(np.maximum(s2, 1e-300))).sum()
+    stat /= 1 + ((1 / df).sum() - 1 / total) / (3 * (g - 1))
+    return float(chdtrc(g - 1, stat))
 
 
 def combined(c, between, s2, df, within: list[tuple]) -> tuple[np.ndarray, np.ndarray]:
     """(V, ν) of V = c · σ_a² + Σ w_i: σ_a² = s² − (the pooled w̄), its error that of s² (df
     `df`; the pooled w̄ averages every run's blocks, so its own error is left out), each w_i
     with its degrees of freedom; ν by Satterthwaite, (c·s²)²/df + Σ w_i²/df_i in the
-    denominator (kept where σ_a² came out 0: it is still an estimate). Where V's parts are all
-    exactly 0 (identical runs) ν is `df`."""
+    denominator. Where σ_a² came out 0, V is the w_i alone and so is ν (the s² term, kept,
+    gave cells whose w is far below their pool's s² under one df: intervals 12.7 standard
+    errors wide, which covered 99 % in simulation). Where V's parts are all exactly 0
+    (identical runs) ν is `df`."""
     v = c * between + sum(x for x, _ in within)
     with np.errstate(invalid="ignore", divide="ignore"):
-        den = (c * s2) ** 2 / df + sum(np.where(x > 0, x**2 / d, 0.0) for x, d in within)
+        den = np.where(between > 0, (c * s2) ** 2 / df, 0.0) + sum(
+            np.where(x > 0, x**2 / d, 0.0) for x, d in within
+        )
         nu = np.where(den > 0, v**2 / den, df)
     return v, nu
 
 
+def welch_df(var: np.ndarray, df: np.ndarray) -> np.ndarray:
+    """(..., cells, cells): Welch–Satterthwaite's df of every pair's difference,
+    (V_i + V_j)² / (V_i²/ν_i + V_j²/ν_j); the pair's own df where both variances are 0."""
+    vi, vj = var[..., :, None], var[..., None, :]
+    di, dj = df[..., :, None], df[..., None, :]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        den = vi**2 / di + vj**2 / dj
+        return np.where(den > 0, (vi + vj) ** 2 / den, np.minimum(di, dj))
+
+
+def pair_df(cells: dict[str, np.ndarray]) -> np.ndarray:
+    """(..., cells, cells): the degrees of freedom of every pair's difference of ȳ from the
+    cells' columns (scaling.csv's names, arrays with cells last). Two cells of one variance
+    pool share its s²: Satterthwaite's ν of (1/n_i + 1/n_j) · σ_a² + w̄_i/n_i + w̄_j/n_j with
+    s² counted once; otherwise Welch–Satterthwaite's of the two cells' (Var, ν)."""
+    a = {k: np.asarray(v, dtype=float)[..., :, None] for k, v in cells.items()}
+    b = {k: np.asarray(v, dtype=float)[..., None, :] for k, v in cells.items()}
+    na, nb = a["throughput_n"], b["throughput_n"]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        within = [(a["within_run_var"] / na, a["within_run_df"]),
+                  (b["within_run_var"] / nb, b["within_run_df"])]  # fmt: skip
+        shared = combined(
+            1 / na + 1 / nb, a["between_run_var"], a["pooled_run_var"], a["pooled_df"], within
+        )[1]
+    welch = welch_df(np.asarray(cells["throughput_log_var"], float),
+                     np.asarray(cells["interval_df"], float))  # fmt: skip
+    same = (a["variance_pool"] == b["variance_pool"]) & (a["variance_pool"] >= 0)
+    return np.where(same, shared, welch)
+
+
 def cell_intervals(runs: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     """Per cell of `runs` (one row per run: the cell `keys`, `throughput`, NaN unless ok,
-    `within_run_var` and `within_run_blocks`), indexed by `keys`, the columns CELL_COLUMNS
-    (aggregate's docstring defines them) and ci95_rel, the relative half-width exp(t·√Var) − 1
-    of every figure that is a fixed multiple of throughput or of its inverse (NaN outside the
-    model). Cells whose runs lack batch means get Var(ȳ) = s_c² / n and n − 1 df from their
-    repeats alone (for the verdicts; their CI stays Student's t on throughput itself)."""
+    `within_run_var`, `within_run_blocks` and `stratum`, the cell's `stratum_of`), indexed by
+    `keys`, the columns CELL_COLUMNS (aggregate's docstring defines them) and ci95_rel, the
+    relative half-width exp(t·√Var) − 1 of every figure that is a fixed multiple of throughput
+    or of its inverse (NaN outside the model). Cells whose runs lack batch means get Var(ȳ) =
+    s_c² / n and n − 1 df from their repeats alone (for the verdicts; their CI stays Student's
+    t on throughput itself); a cell of one ok run whose stratum gives fewer than MIN_DF gets
+    none (`interval_method` NO_INTERVAL)."""
     x = pd.to_numeric(runs["throughput"], errors="coerce")
     ok = runs[(x > 0).to_numpy()]
-    cells = runs.groupby(keys, sort=True, dropna=False).size().index
+    by_cell = runs.groupby(keys, sort=True, dropna=False)
+    cells = by_cell.size().index
     out = pd.DataFrame(np.nan, index=cells, columns=[*CELL_COLUMNS, "ci95_rel"])
     out["interval_method"] = ""
+    out["stratum"] = by_cell["stratum"].first() if "stratum" in runs else ""
     if not len(ok):
         return out
     index = pd.MultiIndex.from_frame(ok[keys]) if len(keys) > 1 else pd.Index(ok[keys[0]])
@@ -222,21 +373,32 @@ def cell_intervals(runs: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     y[codes, slot] = np.log(pd.to_numeric(ok["throughput"]).to_numpy(float))
     w[codes, slot] = pd.to_numeric(ok["within_run_var"], errors="coerce").to_numpy(float)
     k[codes, slot] = pd.to_numeric(ok["within_run_blocks"], errors="coerce").to_numpy(float)
-    f = fit(y, w, k)
+    f = fit(y, w, k, pd.factorize(out["stratum"].fillna(""))[0])
     with np.errstate(invalid="ignore", divide="ignore"):  # the cell's own s² / n, n ≥ 2
         own = (np.where(np.isfinite(y), y - f.ybar[:, None], 0) ** 2).sum(-1) / (f.n - 1) / f.n
     model = f.steps & np.isfinite(f.var)
     alone = ~f.steps & (f.n > 1)
-    study = lambda v: np.where(model, v, np.nan)  # noqa: E731  (a study-wide figure per cell)
+    single = f.steps & ~model & (f.n == 1)
+    pool = lambda v: np.where(model, v, np.nan)  # noqa: E731  (a figure of the cell's stratum)
     out["throughput_log_mean"] = np.where(f.n > 0, f.ybar, np.nan)
     out["throughput_log_var"] = np.where(model, f.var, np.where(alone, own, np.nan))
     out["interval_df"] = np.where(model, f.vdf, np.where(alone, f.n - 1, np.nan))
-    out["interval_method"] = np.select([model, alone], [STEPS, REPEATS], "")
+    out["interval_method"] = np.select([model, alone, single], [STEPS, REPEATS, NO_INTERVAL], "")
     out["within_run_var"] = np.where(f.steps, f.wbar, np.nan)
     out["within_run_df"] = np.where(f.steps, f.wdf, np.nan)
-    out["between_run_var"] = study(f.between)
-    out["pooled_run_var"] = study(f.s2)
-    out["pooled_df"] = study(f.df)
-    out["interval_pool"] = study(f.pooled)
+    out["between_run_var"] = pool(f.between)
+    out["pooled_run_var"] = pool(f.s2)
+    out["pooled_df"] = pool(f.df)
+    out["interval_pool"] = pool(f.pooled)
+    out["pool_strata"] = pool(f.strata)
+    out["variance_pool"] = pool(f.pool)
     out["ci95_rel"] = np.where(model, np.expm1(f.half_width()), np.nan)
     return out
+
+
+def stratum_of(strategy: str, world_size: int, device: str) -> str:
+    """A cell's stratum, the cells whose run-to-run variance is pooled first: its framework
+    family (torch, tensorflow, horovod, deepspeed; a strategy not in the catalog is its own),
+    world size and device kind, e.g. "torch · N=2 · cpu"."""
+    row = catalog.STRATEGIES.get(strategy)
+    return f"{row.framework if row else strategy} · N={world_size} · {device or 'unknown'}"

@@ -26,7 +26,6 @@ from trainscale.analysis.cells import (
     METRICS,
     PROPORTIONAL,
     convergence_frame,
-    fastest,
     scaling_frame,
 )
 from trainscale.analysis.comm_model import (
@@ -36,7 +35,7 @@ from trainscale.analysis.comm_model import (
     communication_frame,
 )
 from trainscale.analysis.cost import FIGURES as COST_FIGURES
-from trainscale.analysis.interval import CELL_COLUMNS
+from trainscale.analysis.interval import CELL_COLUMNS, TEXT_COLUMNS
 from trainscale.analysis.metrics_tables import (
     CELL_TYPES,
     EPOCH_TYPES,
@@ -45,7 +44,8 @@ from trainscale.analysis.metrics_tables import (
     read_tables,
     runs_types,
 )
-from trainscale.analysis.ranking import ranking
+from trainscale.analysis.ranking import FLAGS, VERDICTS, fastest, ranking, with_verdicts
+from trainscale.analysis.settle import EQUIVALENCE
 from trainscale.analysis.summary import summary_text
 from trainscale.plan.prices import Prices
 
@@ -83,8 +83,9 @@ TYPES: dict[str, dict[str, str]] = {
         "target_accuracy": "float64",
         **{f"{m}_{s}": "float64" for m in METRICS for s in ("mean", "std", "ci95")},
         **{f"{m}_ci95_repeats": "float64" for m in PROPORTIONAL if m in METRICS},
-        **{c: "float64" for c in CELL_COLUMNS if c != "interval_method"},
-        "interval_method": "str",
+        **{c: "float64" for c in CELL_COLUMNS if c not in TEXT_COLUMNS},
+        **dict.fromkeys(TEXT_COLUMNS, "str"),
+        **{c: "bool" if c in FLAGS else "float64" for c in VERDICTS},
     },
     "invalid": {"path": "str", "error": "str"},
     "collectives": {
@@ -102,7 +103,7 @@ TYPES: dict[str, dict[str, str]] = {
 }
 #: Text columns where an empty string is a value ("no note"), not a missing one.
 FILLED = {
-    "scaling": ("statuses", "baseline_note", "price_note", "interval_method"),
+    "scaling": ("statuses", "baseline_note", "price_note", *TEXT_COLUMNS),
     "communication": ("note", "exposed_method"),
 }
 
@@ -184,8 +185,9 @@ class Study:
     """A study's tables: runs (one row per run), epochs, scaling (one row per cell; computed
     from runs when not given), invalid files, and the all-reduce benchmark with the
     communication model when the study has one. From the study's config: `prices` (config
-    `cost`: what scaling's cost_per_million prices at) and `rank_by` (config
-    `report.rank_by`: what the ranking orders by, throughput or cost)."""
+    `cost`: what scaling's cost_per_million prices at), `rank_by` (config `report.rank_by`:
+    what the ranking orders by, throughput or cost) and `equivalence` (config
+    `report.equivalence`: the margin of the equivalence test)."""
 
     name: str
     runs: pd.DataFrame
@@ -196,16 +198,18 @@ class Study:
     communication: pd.DataFrame = field(default_factory=lambda: _empty("communication"))
     prices: Prices | None = None
     rank_by: str = "throughput"
+    equivalence: float = EQUIVALENCE
 
     def __post_init__(self) -> None:
         self.runs = typed("runs", self.runs)
         self.epochs = typed("epochs", self.epochs)
+        if self.scaling is None:
+            self.scaling = scaling_frame(self.runs, self.prices, self.equivalence)
+        elif len(self.scaling) and "could_be_fastest" not in self.scaling:  # written before
+            self.scaling = with_verdicts(self.scaling, self.equivalence)
         # consolidated: astype gives each cast column a block of its own, and the figures
         # that add columns to a frame of 100+ blocks make pandas warn of fragmentation
-        self.scaling = typed(
-            "scaling",
-            scaling_frame(self.runs, self.prices) if self.scaling is None else self.scaling,
-        ).copy()
+        self.scaling = typed("scaling", self.scaling).copy()
         self.collectives = typed("collectives", self.collectives)
         self.communication = typed("communication", self.communication)
 
@@ -291,7 +295,7 @@ class Study:
 
     def summary(self) -> str:
         """summary.txt: the study's answers in plain text (trainscale.analysis.summary)."""
-        return summary_text(self.runs, self.invalid, self.name, self.scaling)
+        return summary_text(self.runs, self.invalid, self.name, self.scaling, self.equivalence)
 
     @property
     def convergence(self) -> pd.DataFrame:
@@ -302,22 +306,26 @@ class Study:
     @property
     def fastest(self) -> pd.DataFrame:
         if not hasattr(self, "_fastest"):
-            self._fastest = fastest(self.scaling)
+            self._fastest = fastest(self.scaling, self.equivalence)
         return self._fastest
 
     @property
     def ranking(self) -> pd.DataFrame:
         """Per model, dataset and N every cell with an ok run, fastest first (analysis.ranking)."""
         if not hasattr(self, "_ranking"):
-            self._ranking = ranking(self.scaling, by=self.rank_by)
+            self._ranking = ranking(self.scaling, self.rank_by, self.equivalence)
         return self._ranking
 
 
 def options(config: Mapping | None) -> dict:
-    """Study's fields from a study config: `prices` (config `cost`) and `rank_by` (config
-    `report.rank_by`)."""
+    """Study's fields from a study config: `prices` (config `cost`), `rank_by` and
+    `equivalence` (config `report.rank_by`, `report.equivalence`)."""
     report = (config or {}).get("report") or {}
-    return {"prices": Prices.from_config(config), "rank_by": report.get("rank_by") or "throughput"}
+    return {
+        "prices": Prices.from_config(config),
+        "rank_by": report.get("rank_by") or "throughput",
+        "equivalence": float(report.get("equivalence", EQUIVALENCE)),
+    }
 
 
 def study_name(runs: pd.DataFrame, default: str = "study") -> str:

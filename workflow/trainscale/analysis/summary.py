@@ -1,7 +1,7 @@
 """summary.txt: the study's answers in plain text (the fastest strategy per model and N with its
-efficiency, which cells cannot be told apart from it and what would settle each, every cell's
-mean ± 95% CI, what failed, which measurements after training failed, or was invalid), and
-`human`, the number format every table, card and page shares."""
+efficiency, the cells that could be the fastest at 95 % and what each panel resolves, every
+cell's mean ± 95% CI, what failed, which measurements after training failed, or was invalid),
+and `human`, the number format every table, card and page shares."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ import math
 import pandas as pd
 
 from trainscale.analysis import cost
-from trainscale.analysis.cells import fastest, rate, scaling_frame
+from trainscale.analysis.cells import scaling_frame
 from trainscale.analysis.interval import REPEATS
-from trainscale.analysis.ranking import ranking
+from trainscale.analysis.ranking import fastest, ranking, rate
+from trainscale.analysis.settle import EQUIVALENCE, METHOD, resolves
 from trainscale.plan import catalog
 
 #: The strategy column of the summary table: as wide as the longest strategy name, plus a space.
@@ -42,16 +43,17 @@ def summary_text(
     invalid: list[tuple[str, str]],
     study: str,
     scaling: pd.DataFrame | None = None,
+    equivalence: float = EQUIVALENCE,
 ) -> str:
-    """Plain-text answers: fastest strategy per model and N with its efficiency, the cells not
-    distinguishable from it with what would settle each, every cell's mean ± 95% CI, and what
-    failed or was invalid."""
-    scaling = scaling_frame(df) if scaling is None else scaling
+    """Plain-text answers: fastest strategy per model and N with its efficiency, the cells
+    that could be the fastest and what each panel resolves, every cell's mean ± 95% CI, and
+    what failed or was invalid."""
+    scaling = scaling_frame(df, equivalence=equivalence) if scaling is None else scaling
     lines = [f"trainscale study {study!r}: {len(df)} runs in {len(scaling)} cells"]
     if len(df):
         counts = df["status"].value_counts().to_dict()
         lines[0] += " (" + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) + ")"
-    fast = fastest(scaling)
+    fast = fastest(scaling, equivalence)
     if len(fast):
         lines += ["", "fastest strategy per model, dataset and N (mean of repeats ± 95% CI):"]
         for r in fast.itertuples(index=False):
@@ -65,8 +67,7 @@ def summary_text(
             ahead = ""
             if isinstance(r.runner_up, str):
                 ahead = f"; {human(100 * r.margin)} % ahead of {r.runner_up}"
-                if r.distinct is False:
-                    ahead += f" (not distinguishable: {r.settle})"
+                ahead += " (slower)" if r.distinct else " (could be the fastest)"
             mfu_mean = getattr(r, "mfu_mean", None)
             mfu = f", MFU {human(100 * mfu_mean)} %" if pd.notna(mfu_mean) else ""
             flag = " [oversubscribed]" if r.oversubscribed else ""
@@ -76,7 +77,10 @@ def summary_text(
                 f"(batch {r.batch_size} {r.batch_mode}, scale {r.scale}, {r.precision}) "
                 f"{human(x)}{ci} {unit}, {eff}{mfu}{ahead}{flag}"
             )
-    lines += ties(scaling)
+            if isinstance(r.runner_up, str):
+                lines.append(f"    at 95 %, the fastest is one of {{{r.could_be}}}; "
+                             f"{resolves(r.mdd_rel, r.repeats_for_5pct)}")  # fmt: skip
+    lines += ties(scaling, equivalence)
     lines += cost_lines(scaling)
     logical = scaling[(scaling["ok"] > 0) & scaling["logical"].astype(bool)] if len(fast) else fast
     if len(logical):
@@ -136,19 +140,21 @@ def summary_text(
     return "\n".join(lines) + "\n"
 
 
-def ties(scaling: pd.DataFrame) -> list[str]:
-    """The lines naming every cell not distinguishable from its panel's fastest, and what would
-    settle it (trainscale.analysis.settle), and what the CIs are; none without a ranking."""
-    r = ranking(scaling) if len(scaling) else scaling
-    if not len(r) or "settle" not in r:
+def ties(scaling: pd.DataFrame, equivalence: float = EQUIVALENCE) -> list[str]:
+    """The lines naming every cell that could be its panel's fastest but is not it, and what
+    the panel resolves (or that it is equivalent to the fastest, or has one run and no
+    interval: trainscale.analysis.settle), and what the CIs are; none without a ranking."""
+    r = ranking(scaling, equivalence=equivalence) if len(scaling) else scaling
+    if not len(r) or "could_be_fastest" not in r:
         return []
-    tied = r[r["distinguishable"].astype(object).eq(False)]
     lines = ["", "± CI: 95% from steps and repeats (Methods: confidence interval); "
-             "'CI: repeats only' marks cells whose records lack step times"]  # fmt: skip
+             "'CI: repeats only' marks cells whose records lack step times", METHOD]  # fmt: skip
+    tied = r[r["could_be_fastest"] & ~r["fastest"]]
     if not len(tied):
         return lines
     best = r[r["fastest"]].set_index(["model", "dataset", "world_size"])["strategy"]
-    lines += ["", "not distinguishable from the fastest at 95% (and what would settle it):"]
+    lines += ["", "could be the fastest at 95 % (all cells of a panel compared at once; "
+              "Methods: comparison with the best):"]  # fmt: skip
     for t in tied.itertuples(index=False):
         first = best.get((t.model, t.dataset, t.world_size), "?")
         lines.append(

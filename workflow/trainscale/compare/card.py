@@ -41,6 +41,8 @@ from trainscale.plan.matrix import MATRIX_KEYS
 
 SCHEMA_ID = "trainscale.scaling-card/1"
 SCHEMA_PATH = Path(__file__).resolve().parents[2] / "schemas" / "scaling-card.schema.yaml"
+#: A point's parts of its study's model that `trainscale compare` pools with the other study's.
+POOL = ("pooled_run_var", "pooled_df", "between_run_var", "within_run_var", "within_run_df")
 #: A card's groups: strategy × model × precision, and what else must match to compare by N.
 GROUP = [
     "strategy",
@@ -312,6 +314,7 @@ def _points(records: list[dict], notes: dict[tuple, list[str]]) -> list[dict]:
                     "log_mean": _num(c.throughput_log_mean),
                     "log_var": _num(c.throughput_log_var),
                     "df": _num(c.interval_df),
+                    **{k: _num(getattr(c, k)) for k in POOL},
                 },
                 "speedup": _num(c.speedup),
                 "efficiency": _num(c.efficiency),

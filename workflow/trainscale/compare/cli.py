@@ -27,9 +27,10 @@ def main(argv: list[str] | None = None, prog: str = "trainscale compare") -> int
     p.add_argument(
         "--ci",
         choices=list(verdicts.METHODS),
-        default="bootstrap",
-        help="how the ratio's 95%% CI is made (default: %(default)s; steps: each study's "
-        "interval from steps and repeats, the bootstrap where a side lacks step times)",
+        default="steps",
+        help="how the ratio's 95%% CI is made (default: %(default)s: the model of steps and "
+        "repeats, both studies' run-to-run spread pooled where alike; the bootstrap where a "
+        "side lacks step times)",
     )
     p.add_argument(
         "--cost",

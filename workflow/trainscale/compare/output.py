@@ -13,7 +13,8 @@ from trainscale.report.html import REPORTS, TEMPLATE, templates
 
 PAGE = "compare.html.j2"
 #: How each --ci is named where the comparison is shown.
-CI_NAMES = {"steps": "steps and repeats (the bootstrap where a side lacks step times)",
+CI_NAMES = {"steps": "steps and repeats, both studies' run-to-run spread pooled where alike "
+                     "(the bootstrap where a side lacks step times)",
             "bootstrap": "bootstrap", "welch": "Welch's t"}  # fmt: skip
 
 

@@ -12,14 +12,20 @@ trainscale.compare.references. Definitions:
   batch_mode, workers, nodes, precision); cells of BASE and NEW are matched by these values.
 - throughput ratio: NEW / BASE of the geometric means of the cells' ok repeats, i.e.
   exp(mean ln x_new − mean ln x_base), x the run throughput of trainscale.compare.card.
-- 95% CI from steps and repeats (--ci steps): the interval each side's study gives
-  the cell (aggregate's "confidence interval": ȳ and Var(ȳ) on log throughput, the run-to-run
-  variance pooled over that study's cells, each run's within-run variance from its batch
-  means), the two studies independent: exp(d ± t(0.975, ν) · √(Var_base + Var_new)), d = ȳ_new
-  − ȳ_base, ν Welch–Satterthwaite's of the two sides' degrees of freedom, floored; a regression
-  check then has the power the ranking has. Where either side's cell lacks it (records or a card
-  made before batch means; tf-ps) the bootstrap below is used and the row says so.
-- 95% CI by bootstrap (the default, --ci bootstrap): the 2.5th and 97.5th percentiles of
+- 95% CI from steps and repeats (the default, --ci steps): the model of aggregate's
+  "confidence interval" on log throughput (ȳ, each run's within-run variance w̄ from its batch
+  means, the run-to-run variance of the cell's pool of strata), with the run-to-run variance
+  pooled over BOTH studies: the two are alike by construction when compared on one cluster
+  (the same strategy and configuration, run the same way), so s² = (ν_b s²_b + ν_n s²_n) /
+  (ν_b + ν_n) with ν_b + ν_n degrees of freedom, σ_a² likewise, and exp(d ± t(0.975, ν) ·
+  √V), d = ȳ_new − ȳ_base, V = (1/n_b + 1/n_n) σ_a² + w̄_b/n_b + w̄_n/n_n, ν Satterthwaite's
+  (s² with its pooled df, each w̄ with its own), floored. Where the two s² are not alike (an F
+  test tells them apart at 1 %: e.g. two clusters) they are not pooled: each side keeps its
+  study's Var(ȳ) and ν is Welch–Satterthwaite's, and the row says so; so does a card made
+  before the pooled parts. A two-cell study of 2 repeats has 2 df of its own, 4 pooled. Where
+  either side's cell lacks the model (records or a card made before batch means; tf-ps) the
+  bootstrap below is used and the row says so.
+- 95% CI by bootstrap (--ci bootstrap): the 2.5th and 97.5th percentiles of
   the log ratio over 10,000 resamplings (with replacement, fixed seed) of each side's repeats.
   With 2 repeats a side it spans every pairwise ratio, min(new)/max(base) to max(new)/min(base):
   slower then means every NEW repeat was slower than every BASE repeat.
@@ -56,7 +62,7 @@ from pathlib import Path
 import numpy as np
 
 from trainscale.analysis.aggregate import CELL
-from trainscale.analysis.interval import STEPS, t_quantile
+from trainscale.analysis.interval import STEPS, combined, t_quantile
 from trainscale.compare import card as ts_card
 from trainscale.plan.prices import CPU_KEY, Prices
 from trainscale.plan.runspec import OUT_OF_PATH
@@ -67,6 +73,12 @@ VERDICTS = ("slower", "faster", "same", "not comparable")
 METHODS = ("steps", "bootstrap", "welch")
 #: The note of a cell whose CI fell back from steps and repeats to the bootstrap.
 FALLBACK = "CI over repeats only (bootstrap): a side's records or card lack step times"
+#: The note of a cell whose two studies' run-to-run variances were not pooled.
+NOT_POOLED = "run-to-run spread not pooled: the two studies' differ (F test at 1 %)"
+#: The note of a cell whose card lacks the parts to pool (made before them).
+OLD_CARD = "run-to-run spread not pooled: a card made before its parts were recorded"
+#: The two studies' run-to-run variances are pooled unless an F test tells them apart here.
+ALIKE = 0.01
 RESAMPLES = 10_000
 
 
@@ -99,24 +111,56 @@ def log_ratio_ci(base: list[float], new: list[float], method: str) -> tuple[floa
     return math.exp(d), math.exp(lo), math.exp(hi)
 
 
-def model_of(p: dict) -> tuple[float, float, float] | None:
-    """(ȳ, Var(ȳ), ν) of a card's point where its study's interval is from steps and repeats;
-    None elsewhere (a card made before them; records without batch means)."""
+def model_of(p: dict) -> dict | None:
+    """A card point's model where its study's interval is from steps and repeats: ȳ
+    (`log_mean`), Var(ȳ) (`log_var`), ν (`df`), the repeats `n` and, in cards that record
+    them, the pool's parts (card.POOL); None elsewhere (a card made before them; records
+    without batch means)."""
     t = p["throughput"]
     if t.get("interval") != STEPS or any(t.get(k) is None for k in ("log_mean", "log_var", "df")):
         return None
-    return t["log_mean"], t["log_var"], t["df"]
+    return {"n": t["n"], **{k: t.get(k) for k in ("log_mean", "log_var", "df", *ts_card.POOL)}}
 
 
-def log_ratio_model(base: tuple, new: tuple) -> tuple[float, float, float]:
-    """(ratio, CI low, CI high) of NEW / BASE from each side's (ȳ, Var, ν): see the docstring."""
-    (yb, vb, nb), (yn, vn, nn) = base, new
-    d, var = yn - yb, vb + vn
+def log_ratio_model(base: dict, new: dict) -> tuple[float, float, float, str]:
+    """(ratio, CI low, CI high, note) of NEW / BASE from each side's `model_of`, the two
+    studies' run-to-run variance pooled where alike (see the docstring); the note says why
+    not where it was not."""
+    d = new["log_mean"] - base["log_mean"]
+    note = (
+        "" if all(side[k] is not None for side in (base, new) for k in ts_card.POOL) else OLD_CARD
+    )
+    if not note and not alike(base, new):
+        note = NOT_POOLED
+    if note:
+        var = base["log_var"] + new["log_var"]
+        den = base["log_var"] ** 2 / base["df"] + new["log_var"] ** 2 / new["df"]
+        nu = var**2 / den if den > 0 else min(base["df"], new["df"])
+    else:
+        nu_b, nu_n = base["pooled_df"], new["pooled_df"]
+        pool = lambda k: (nu_b * base[k] + nu_n * new[k]) / (nu_b + nu_n)  # noqa: E731
+        within = [
+            (side["within_run_var"] / side["n"], side["within_run_df"]) for side in (base, new)
+        ]
+        v, df = combined(1 / base["n"] + 1 / new["n"], pool("between_run_var"),
+                         pool("pooled_run_var"), nu_b + nu_n, within)  # fmt: skip
+        var, nu = float(v), float(df)
     if var <= 0:
-        return math.exp(d), math.exp(d), math.exp(d)
-    nu = var**2 / (vb**2 / nb + vn**2 / nn)
+        return math.exp(d), math.exp(d), math.exp(d), note
     h = float(t_quantile(nu)) * math.sqrt(var)
-    return math.exp(d), math.exp(d - h), math.exp(d + h)
+    return math.exp(d), math.exp(d - h), math.exp(d + h), note
+
+
+def alike(base: dict, new: dict) -> bool:
+    """Whether the two studies' run-to-run variances s² may be pooled: an F test of their
+    ratio, two-sided, does not tell them apart at ALIKE."""
+    from scipy.special import fdtr
+
+    sb, sn = base["pooled_run_var"], new["pooled_run_var"]
+    if sb <= 0 or sn <= 0:
+        return sb == sn
+    p = float(fdtr(new["pooled_df"], base["pooled_df"], sn / sb))
+    return 2 * min(p, 1 - p) >= ALIKE
 
 
 def verdict(ratio: float, lo: float, hi: float, threshold: float) -> str:
@@ -203,8 +247,9 @@ def compare_cell(key: tuple, b: dict | None, n: dict | None, threshold: float, m
             return row
     models = (model_of(b), model_of(n)) if method == "steps" else (None, None)
     if None not in models:
-        ratio, lo, hi = log_ratio_model(*models)
+        ratio, lo, hi, note = log_ratio_model(*models)
         row["ci"] = "steps"
+        row["notes"] = [*row["notes"], note] if note else row["notes"]
     else:
         for side, p in (("BASE", b), ("NEW", n)):
             if p["throughput"]["n"] < 2:
@@ -338,7 +383,7 @@ def compare(
     base: dict,
     new: dict,
     threshold: float = 0.05,
-    method: str = "bootstrap",
+    method: str = "steps",
     prices: Prices | None = None,
 ) -> dict:
     """The comparison of two cards, JSON-ready (the module docstring defines every figure);

@@ -31,10 +31,11 @@ def main(argv: list[str] | None = None, prog: str = "trainscale report") -> int:
             Writes into --out:
               runs.csv      one row per run (failed runs included, with status and error)
               epochs.csv    one row per run and epoch
-              scaling.csv   one row per cell: mean/std/95% CI, speedup, efficiency
+              scaling.csv   one row per cell: mean/std/95% CI, speedup, efficiency, and
+                            whether it could be the fastest or is slower (all cells at once)
               invalid.csv   metrics files that failed validation, and why
               summary.txt   fastest strategy per model and worker count, its efficiency,
-                            the ties with the fastest and what would settle them
+                            the cells that could be the fastest and what each panel resolves
               predictions.csv, prediction_check.csv   predicted scaling (config `predict`)
               figures/      <figure>.png (and .svg with config `report.svg: true`)
               report.html   one self-contained file (PNG figures embedded) to open or mail

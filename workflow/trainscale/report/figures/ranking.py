@@ -4,13 +4,12 @@ each model, dataset and N, and by how much, at a glance.
 One panel per (model, dataset, N), wrapped two to a row: a horizontal dot plot of the cells
 (`trainscale.analysis.ranking`) sorted by mean steady throughput, fastest on top, with 95% CI
 bars (from steps and repeats; over repeats only where the records lack step times, and marked)
-and the fastest's CI as a grey band. The mark "not distinguishable" follows the pairwise
-verdict (the 95% interval of the difference from the fastest), not the bars' overlap: two bars
-may overlap and the cells still be told apart. Beside it, what would settle the tie. MFU is a
-second, hollow dot per cell on the top axis. Rows are a fixed height, so 20 strategies stay as
-legible as 3. Under config
-`report.rank_by: cost` the dots are each cell's cost per million tokens or samples, the
-cheapest on top, and the marks say how much dearer each cell is.
+and the fastest's CI as a grey band. The marks follow the comparison with the best (every cell
+of the panel at once), not the bars' overlap: "could be the fastest" or "slower", and under the
+panel what it resolves. MFU is a second, hollow dot per cell on the top axis. Rows are a fixed
+height, so 20 strategies stay as legible as 3. Under config `report.rank_by: cost` the dots
+are each cell's cost per million tokens or samples, the cheapest on top, and the marks say
+how much dearer each cell is.
 """
 
 from __future__ import annotations
@@ -24,14 +23,14 @@ from matplotlib.ticker import EngFormatter, FuncFormatter, MaxNLocator
 from matplotlib.transforms import blended_transform_factory
 
 from trainscale.analysis.aggregate import Study, human
-from trainscale.analysis.interval import REPEATS
-from trainscale.analysis.settle import short
+from trainscale.analysis.interval import NO_INTERVAL, REPEATS
+from trainscale.analysis.settle import pct, resolves
 from trainscale.report.figures.registry import Kind, figure
 from trainscale.report.figures.style import label, labels, palette
 
 #: Inches: a cell's row, the plot's width, and the space around a panel.
 ROW_H, PLOT_W = 0.26, 3.3
-TITLE_H, XLABEL_H, MFU_H, GAP_W = 0.3, 0.5, 0.42, 0.35
+TITLE_H, XLABEL_H, MFU_H, GAP_W = 0.3, 0.66, 0.42, 0.35
 #: Panels side by side at most: two 7-inch panels fill the report's width.
 WRAP = 2
 #: Characters of marks on one line at most (longer ones wrap).
@@ -56,21 +55,27 @@ def _ranking(study: Study) -> pd.DataFrame | str:
     return r
 
 
-def marks(r) -> str:
-    """The words beside a row: its place against the fastest and the flags the tables give it."""
+def marks(r, could: int = 1) -> str:
+    """The words beside a row: its place against the best (of `could` cells that could be
+    it), the comparison with the best's verdict, and the flags the tables give it."""
+    best = "cheapest" if r.ranked_by == "cost" else "fastest"
     if r.logical:
         words = ["logical devices, not ranked"]
     elif r.fastest:
-        words = ["cheapest" if r.ranked_by == "cost" else "fastest"]
+        words = [best if could < 2 else f"{best} · 1 of {could} that could be"]
     elif pd.isna(r.value):
         words = ["no price"]
     else:
         sign = "+" if r.ranked_by == "cost" else "−"
         words = [f"{sign}{human(100 * r.behind, digits=2)} %"]
-        if r.distinguishable is False:
-            words.append("not distinguishable")
-            if getattr(r, "settle", ""):
-                words.append(short(r.settle))
+        if r.slower:
+            words.append("dearer" if r.ranked_by == "cost" else "slower")
+        elif pd.isna(r.mcb_high):
+            words.append(NO_INTERVAL if r.interval_method == NO_INTERVAL else "no interval")
+        else:
+            words.append(f"could be the {best}")
+        if r.equivalent:
+            words.append(f"equivalent (±{pct(r.equivalence)})")
     if getattr(r, "interval_method", "") == REPEATS:
         words.append("CI: repeats only")
     if r.mark:
@@ -90,7 +95,8 @@ def _panel(sub: pd.DataFrame) -> pd.DataFrame:
     sub["_label"] = sub["strategy"] + config.where(several, "").map(
         lambda s: f" · {s}" if s else ""
     )
-    sub["_marks"] = [_wrap(marks(r)) for r in sub.itertuples(index=False)]
+    could = int(sub["could_be_fastest"].sum())
+    sub["_marks"] = [_wrap(marks(r, could)) for r in sub.itertuples(index=False)]
     return sub
 
 
@@ -209,7 +215,9 @@ def _draw_panel(ax, p: pd.DataFrame, colours: dict, mfu: bool) -> None:
             tick.set_fontweight("bold")
     ax.set_xlim(0, float(np.nanmax(x + ci)) * 1.06 or 1.0)
     by_cost = p["ranked_by"].iloc[0] == "cost"
-    ax.set_xlabel(p["value_unit"].iloc[0] + ("" if by_cost else " (steady, all workers)"))
+    unit = p["value_unit"].iloc[0] + ("" if by_cost else " (steady, all workers)")
+    told = resolves(p["mdd_rel"].iloc[0], p["repeats_for_5pct"].iloc[0])
+    ax.set_xlabel(f"{unit}\n{told.replace('this study', 'this panel')}", fontsize=8)
     ax.xaxis.set_major_locator(MaxNLocator(TICKS))
     # money in plain digits: engineering notation's "m" (milli) reads as million beside a price
     ax.xaxis.set_major_formatter(

@@ -8,8 +8,8 @@ import pytest
 
 from trainscale.launch.supervise import Environment, command
 from trainscale.measure import metrics
+from trainscale.plan.deepspeed_config import ds_config, load_fragment, merge
 from trainscale.plan.matrix import ConfigError, build_runs
-from trainscale.runners.torch.deepspeed_zero import ds_config, load_fragment, merge
 
 import tap
 from conftest import launch, validated

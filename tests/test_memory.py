@@ -11,7 +11,7 @@ import yaml
 from trainscale.models import torch_models as models
 from trainscale.plan import check, fit, memory
 from trainscale.plan.matrix import build_runs
-from trainscale.runners.torch import memory_trace
+from trainscale.runners.torch import memory_steps, memory_trace
 
 from conftest import ROOT, base_config, load_yaml
 
@@ -63,7 +63,7 @@ def test_the_fake_trace_is_the_real_step():
     see the same storages, so it is exact)."""
     spec = gpt_run(strategy=["torch"])
     fake = memory_trace.predict(spec, "cpu")["total_bytes"]
-    with memory_trace.real_tensors():
+    with memory_steps.real_tensors():
         real = memory_trace.predict(spec, "cpu")["total_bytes"]
     assert abs(fake / real - 1) < 0.01
 

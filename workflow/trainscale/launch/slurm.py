@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from trainscale.launch.commands import Environment, tasks_per_node
+from trainscale.plan import memory_parts
 from trainscale.plan.runspec import RunSpec
 
 
@@ -170,12 +171,18 @@ SLURM_RESOURCE_KEYS = (
     "gres",
     "tasks_per_gpu",
     "slurm_extra",
+    "mem_mb",
 )
 
 
-def slurm_resources(spec: RunSpec, accelerator: str) -> dict[str, int | str]:
-    """The SLURM resources of a training run (see `slurm_request`)."""
-    return slurm_request(
+def slurm_resources(
+    spec: RunSpec, accelerator: str, host_bytes: int | None = None
+) -> dict[str, int | str]:
+    """The SLURM resources of a training run (see `slurm_request`), and with `host_bytes` (the
+    planner's host memory per rank, trainscale.plan.memory) its memory per node: `mem_mb`
+    (sbatch --mem) = its ranks on a node × host_bytes, a margin over it and the launcher's
+    process (memory_parts.slurm_mem_mb). A `set-resources` of the profile still wins."""
+    res = slurm_request(
         spec.workers,
         spec.nodes,
         spec.threads_per_worker + spec.loader_workers,
@@ -184,3 +191,6 @@ def slurm_resources(spec: RunSpec, accelerator: str) -> dict[str, int | str]:
         tasks_per_node(spec),
         spec.processes - spec.world_size,
     )
+    if host_bytes is not None:
+        res["mem_mb"] = memory_parts.slurm_mem_mb(spec, host_bytes)
+    return res

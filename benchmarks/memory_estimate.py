@@ -69,7 +69,7 @@ def preflight_seconds(runs: list[RunSpec], cache: Path, cold: bool) -> float:
 
 
 def h200_cells() -> None:
-    from trainscale.runners.torch import memory_trace
+    from trainscale.runners.torch import memory_steps, memory_trace
 
     spec0 = study_runs(ROOT / ".test" / "gpt.yaml")[0]
     for strategy, model, measured in H200:
@@ -111,12 +111,12 @@ def main() -> None:
     for kind, ts in times.items():
         print(f"{kind}: min {min(ts):.2f} s, median {statistics.median(ts):.2f} s, "
               f"max {max(ts):.2f} s over {len(ts)} rounds")  # fmt: skip
-    from trainscale.runners.torch import memory_trace
+    from trainscale.runners.torch import memory_steps, memory_trace
 
     print("fake ÷ real trace of the same step, per cell:")
     for r in runs:
         fake = memory_trace.predict(r, "cpu")["total_bytes"]
-        with memory_trace.real_tensors():
+        with memory_steps.real_tensors():
             real = memory_trace.predict(r, "cpu")["total_bytes"]
         print(f"  {r.strategy} N={r.world_size} tp={r.tp}: {fake / real:.4f} ({fake:,} B)")
     if not args.skip_h200:

@@ -20,7 +20,7 @@ from trainscale.models import torch_models as models
 from trainscale.plan.deepspeed_config import ds_config, load_fragment, stage
 from trainscale.plan.matrix import RunSpec
 from trainscale.runners.torch import checkpointing
-from trainscale.runners.torch.exposed import measure_exposed_communication
+from trainscale.runners.torch.exposed import block, measure_exposed_communication, replica_skipped
 from trainscale.runners.torch.plugin import Plugin, Shard
 from trainscale.runners.torch.torch_loop import run
 from trainscale.runners.torch.torch_parts import loss_of, make_optimizer
@@ -191,6 +191,8 @@ class ZeRO(Plugin):
 
     def exposed(self, shard: Shard) -> dict:
         lp, dtype = self.loop, self.dtype
+        if why := replica_skipped(self.spec):  # ZeRO's point: the whole model may not fit
+            return block(lp.rec.epochs, None, None, skipped=why)
         replica = lp.build_model().to(lp.device)
         replica = replica.to(dtype) if dtype else replica
         return measure_exposed_communication(

@@ -12,7 +12,12 @@ sys.path.insert(0, str(Path(workflow.basedir) / "workflow"))
 # (from trainscale.launch.slurm and launch_commands, not trainscale.launch: that one imports the
 # launcher's attempts and metrics modules, a tenth of a second of every Snakemake start)
 from trainscale.launch.commands import job_environment
-from trainscale.launch.slurm import SLURM_RESOURCE_KEYS, slurm_request, slurm_resources
+from trainscale.launch.slurm import (
+    MEMORY_KEY,
+    SLURM_RESOURCE_KEYS,
+    slurm_request,
+    slurm_resources,
+)
 
 os.environ.update(job_environment(Path(workflow.basedir) / "workflow", sys.executable))
 
@@ -187,7 +192,10 @@ def job_resources(request, every_request=None):
         return per_job(lambda wildcards: request(wildcards).get(key))
 
     resources = {}
-    for key in SLURM_RESOURCE_KEYS:
+    keys = list(SLURM_RESOURCE_KEYS)
+    if every_request is not None and any(MEMORY_KEY in r for r in every_request):
+        keys.append(MEMORY_KEY)  # a train job's memory: every run has one
+    for key in keys:
         values = (
             {r.get(key) for r in every_request} if every_request is not None else ()
         )

@@ -171,8 +171,10 @@ SLURM_RESOURCE_KEYS = (
     "gres",
     "tasks_per_gpu",
     "slurm_extra",
-    "mem_mb",
 )
+#: The memory resource a train job sets (slurm_resources), never None: a rule without it sets
+#: none (Snakemake refuses a memory resource of None).
+MEMORY_KEY = "mem_mb"
 
 
 def slurm_resources(

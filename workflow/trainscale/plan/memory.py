@@ -244,8 +244,11 @@ def fit(
         found = predict([*runs, *extra.values()], target)
         answers = {r.path: found[r.path] for r in runs}
         replicas = {p: found[s.path] for p, s in extra.items()}
-    blocks = {r.path: block(answers.get(r.path), check, r, target, replicas.get(r.path))
-              for r in runs}  # fmt: skip
+    by_cell: dict[tuple, dict] = {}  # a cell's repeats share their prediction
+    for r in runs:
+        if r.cell not in by_cell:
+            by_cell[r.cell] = block(answers.get(r.path), check, r, target, replicas.get(r.path))
+    blocks = {r.path: by_cell[r.cell] for r in runs}
     notes = [f"memory of {r.path} not predicted: {a['error']}" for r in runs
              if "error" in (a := answers.get(r.path, {}))]  # fmt: skip
     over: dict[str, str] = {}  # path -> why

@@ -11,6 +11,7 @@ import re
 import subprocess
 import textwrap
 
+import pytest
 import yaml
 
 from trainscale.plan import fit, memory, memory_key, memory_parts
@@ -152,6 +153,23 @@ def test_a_node_over_the_host_limit_is_dropped_with_the_reason(tmp_path, monkeyp
     assert re.match(r"torch-ddp gpt-nano batch 8: its 2 ranks on a node need [\d.]+ GiB of host "
                     r"memory \([\d.]+ GiB each", why), why  # fmt: skip
     assert all(p["total_bytes"] is None and p["host_bytes"] > 0 for p in predicted.values())
+
+
+def test_a_dropped_cell_is_told_which_knob_fits_from_predictions(tmp_path, monkeypatch):
+    """Just over the limit, the reason names what its own predictions bring under it (a
+    halved batch at least), each with its GiB, and what they do not."""
+    monkeypatch.chdir(tmp_path)
+    cfg = base_config(**{**GPT, "strategy": ["torch-fsdp"], "workers": [2], "batch_size": [64]})
+    runs, dropped = build_runs(cfg)
+    need = memory.need(memory.predict(runs, "cpu")[runs[0].path])
+    limit = need / 0.9 / GIB * 0.999
+    check = memory.resolve({"memory": {"limit_gib": limit, "check": "drop"}}, "cpu")
+    with pytest.raises(memory.ConfigError) as e:  # its one cell dropped
+        memory.fit(check, runs, dropped, "cpu", cfg)
+    why = str(e.value)
+    assert "no cell of this model in the matrix fits; predicted under the limit: " in why, why
+    assert re.search(r"batch 32 \([\d.]+ GiB\)", why), why
+    assert re.search(r"over it: .*offload params \([\d.]+ GiB\)", why), why
 
 
 def test_editing_any_module_the_trace_imports_predicts_again(monkeypatch):

@@ -264,13 +264,20 @@ def fit(
     if allowed is not None and check.mode != "off":
         too_big = {r.path for r in runs if need(answers[r.path]) > allowed}
         fits = [r for r in runs if r.path not in too_big and r.path not in over]
+        firsts = {}  # the first run of each cell over the limit
+        for r in runs:
+            if r.path in too_big and r.path not in over:
+                firsts.setdefault(r.cell, r)
+        advice = {}  # every cell's knobs predicted in one child
+        if config is not None and firsts:
+            advice = memory_advice.advice(config, list(firsts.values()), allowed, target,
+                                          predict, need)  # fmt: skip
         for r in runs:
             if r.path not in too_big or r.path in over:
                 continue
-            first = r.cell not in seen
-            seen.add(r.cell)
-            over[r.path] = over_reason(r, need(answers[r.path]), check, fits, target,
-                                       config) if first else ""  # fmt: skip
+            first = firsts[r.cell] is r
+            over[r.path] = over_reason(r, need(answers[r.path]), check, fits,
+                                       advice.get(r.path)) if first else ""  # fmt: skip
     drop = check.mode != "warn"  # off: only the host limit, which drops
     for r in runs:
         if over.get(r.path):
@@ -304,16 +311,13 @@ def host_over(r: RunSpec, host_bytes: int, check: Check) -> str | None:
     )
 
 
-def over_reason(r: RunSpec, need: int, check: Check, fits: list[RunSpec], target: str,
-                config: dict | None = None) -> str:  # fmt: skip
-    """Why `r` is dropped, the nearest cells of the matrix that fit and, given the study's
-    `config`, which knob's predicted need is under the limit (memory_advice)."""
-    why = (f"{r.strategy} {r.model} batch {r.batch_size}: needs {need / GIB:.3g} GiB per "
+def over_reason(r: RunSpec, needed: int, check: Check, fits: list[RunSpec],
+                advice: str | None = None) -> str:  # fmt: skip
+    """Why `r` is dropped, the nearest cells of the matrix that fit and which knobs' predicted
+    needs are under the limit (`advice`, memory_advice)."""
+    why = (f"{r.strategy} {r.model} batch {r.batch_size}: needs {needed / GIB:.3g} GiB per "
            f"rank, over {check.describe()}; {nearest(r, fits)}")  # fmt: skip
-    if config is not None:
-        allowed = check.allowed_bytes
-        why += "; " + memory_advice.advice(config, r, allowed, target, predict, need)
-    return why
+    return why + (f"; {advice}" if advice else "")
 
 
 def nearest(r: RunSpec, fits: list[RunSpec]) -> str:

@@ -56,29 +56,36 @@ def variants(config: dict, r: RunSpec, accelerator: str) -> list[tuple[str, RunS
     return out
 
 
-def advice(config: dict, r: RunSpec, allowed: float, accelerator: str,
-           predict: Callable, need: Callable) -> str:  # fmt: skip
-    """Which knobs bring `r` under `allowed` bytes, each with its predicted GiB, and those
-    that do not (for a batch, only the largest that fits, or the smallest tried)."""
-    tried = variants(config, r, accelerator)
+def advice(config: dict, cells: list[RunSpec], allowed: float, accelerator: str,
+           predict: Callable, need: Callable) -> dict[str, str]:  # fmt: skip
+    """{path: which knobs bring the cell under `allowed` bytes, each with its predicted GiB,
+    and those that do not (of the batches, the largest that fits, or the smallest tried)}
+    for each of `cells`, every variant predicted in one call of `predict`."""
+    tried = {r.path: variants(config, r, accelerator) for r in cells}
+    every = {s.path: s for found in tried.values() for _, s in found}
+    answers = predict(list(every.values()), accelerator) if every else {}
+    return {r.path: said(tried[r.path], answers, allowed, need) for r in cells}
+
+
+def said(tried: list[tuple[str, RunSpec]], answers: dict, allowed: float, need: Callable) -> str:
+    """One cell's advice from its variants' answers."""
     if not tried:
         return "no knob of the matrix applies to it"
-    answers = predict([s for _, s in tried], accelerator)
     under, over, batch_seen = [], [], False
     for what, spec in tried:
         a = answers[spec.path]
         if "error" in a:
             over.append(f"{what} (not predicted: {a['error']})")
             continue
-        said = f"{what} ({need(a) / GIB:.3g} GiB)"
+        text = f"{what} ({need(a) / GIB:.3g} GiB)"
         is_batch = what.startswith("batch ")
         if need(a) <= allowed:
             if not (is_batch and batch_seen):
-                under.append(said)
+                under.append(text)
             batch_seen |= is_batch
         elif not is_batch or spec is tried[-1][1]:
-            over.append(said)
-    text = "predicted under the limit: " + ", ".join(under) if under else (
+            over.append(text)
+    out = "predicted under the limit: " + ", ".join(under) if under else (
         "no single knob brings it under the limit as predicted"
     )  # fmt: skip
-    return text + (f"; over it: {', '.join(over)}" if over else "")
+    return out + (f"; over it: {', '.join(over)}" if over else "")

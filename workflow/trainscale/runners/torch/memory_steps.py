@@ -55,6 +55,11 @@ def real_tensors():
         _REAL.pop()
 
 
+def faking() -> bool:
+    """Whether traces are made of fake tensors (not inside `real_tensors`)."""
+    return not _REAL[-1]
+
+
 def tensors(from_meta: bool = False) -> contextlib.AbstractContextManager:
     """Fake tensors (real ones inside `real_tensors`); `from_meta`: a model on the meta device
     may be materialised in it (its meta tensors taken in as fake ones)."""

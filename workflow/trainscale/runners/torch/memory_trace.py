@@ -75,6 +75,7 @@ from trainscale.runners.torch.memory_steps import (
     SHARDED,
     fake_batch,
     fake_model,
+    faking,
     meta_model,
     peak,
     scaled_phases,
@@ -86,6 +87,13 @@ from trainscale.runners.torch.torch_parts import DTYPES
 
 #: Horovod's fusion buffer when HOROVOD_FUSION_THRESHOLD is not set (Horovod 0.28: 128 MiB)
 HOROVOD_FUSION_BYTES = 128 * 2**20
+#: what a plain step's trace depends on: cells that differ in nothing else share it (in one
+#: child), as DeepSpeed's cells of every stage and world at one micro-batch do, and the `torch`
+#: cell at that micro-batch that predicts their replica
+PLAIN_FIELDS = ("model", "own_model", "dataset", "seq_len", "image_size", "image_source",
+                "token_source", "samples", "precision", "optimizer", "momentum", "weight_decay",
+                "fused", "activation_checkpointing", "memory_format")  # fmt: skip
+_PLAIN: dict[str, list[dict]] = {}
 
 
 def trace_device(target: str) -> torch.device:
@@ -294,7 +302,12 @@ def traced(spec: RunSpec, target: str, scale: bool) -> dict:
                                   device, scale))  # fmt: skip
     deep = spec.strategy.startswith("deepspeed-")
     batch = spec.per_worker_batch_size // spec.grad_accum if deep else per_device_batch(spec)
-    phases = scaled_phases(lambda s, d, k: plain(s, d, k, batch, target), spec, device, scale)
+    seen = json.dumps([{k: getattr(spec, k) for k in PLAIN_FIELDS}, batch, target, scale,
+                       faking()], sort_keys=True, default=str)  # fmt: skip
+    if seen not in _PLAIN:  # shared: DeepSpeed's cells of any stage and world, their replicas
+        _PLAIN[seen] = scaled_phases(lambda s, d, k: plain(s, d, k, batch, target), spec,
+                                     device, scale)  # fmt: skip
+    phases = [dict(p) for p in _PLAIN[seen]]
     net = meta_model(spec)
     if deep:
         return deepspeed(spec, phases, net)

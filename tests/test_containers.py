@@ -128,13 +128,13 @@ def test_slurm_options_ask_for_exclusive_nodes_their_gpus_and_features():
     s = spec("torch-ddp", workers=[4])
     plain = slurm.slurm_resources(s, "cuda")
     opts = {"exclusive": True, "gpus_per_node": 8, "constraint": "h100&ib"}
-    res = slurm.slurm_resources(s, "cuda", opts)
+    res = slurm.slurm_resources(s, "cuda", options=opts)
     assert res == {**plain, "gres": "gpu:8", "slurm_extra": "--exclusive", "constraint": "h100&ib"}
     tf = spec("tf-multiworker", workers=[2], nodes=[2])
-    extra = slurm.slurm_resources(tf, "cpu", opts)["slurm_extra"]
+    extra = slurm.slurm_resources(tf, "cpu", options=opts)["slurm_extra"]
     assert extra == "--ntasks-per-node=2 --exclusive"
-    assert "gres" not in slurm.slurm_resources(tf, "cpu", opts)  # no GPUs asked on CPU
-    assert slurm.slurm_resources(s, "cuda", {}) == plain
+    assert "gres" not in slurm.slurm_resources(tf, "cpu", options=opts)  # no GPUs asked on CPU
+    assert slurm.slurm_resources(s, "cuda", options={}) == plain
     assert set(res) <= set(slurm.SLURM_RESOURCE_KEYS)
 
 

@@ -8,8 +8,9 @@ import pytest
 
 from trainscale.launch.supervise import Environment, command
 from trainscale.measure import metrics
+from trainscale.plan import memory
+from trainscale.plan.deepspeed_config import ds_config, load_fragment, merge
 from trainscale.plan.matrix import ConfigError, build_runs
-from trainscale.runners.torch.deepspeed_zero import ds_config, load_fragment, merge
 
 import tap
 from conftest import launch, validated
@@ -137,12 +138,18 @@ def test_every_zero_stage_trains_one_process_weights_with_sgd(tmp_path):
 
 
 @pytest.mark.slow
-def test_zero3_bf16_with_accumulation_and_a_fragment(tmp_path):
+def test_zero3_bf16_with_accumulation_and_a_fragment(tmp_path, monkeypatch):
+    """Also: planned with memory.check warn and a limit its whole-model replica would exceed,
+    the run skips the exposed-communication step and says why (issue 59)."""
     frag = tmp_path / "frag.yaml"
     frag.write_text("zero_optimization:\n  stage3_param_persistence_threshold: 0\n")
     s = make("deepspeed-zero3", precision="bf16", grad_accum=2, deepspeed_config=str(frag))
+    monkeypatch.chdir(tmp_path)  # the planner's cache and index
+    check = memory.resolve({"memory": {"limit_gib": 0.001, "check": "warn"}}, "cpu")
+    _, _, predicted = memory.fit(check, [s], [], "cpu")
+    index = memory.write_index("t", predicted, [s])
     out, taps = tmp_path / "metrics.json", tmp_path / "tap"
-    p = launch(s, out, **tap.env(taps))
+    p = launch(s, out, **tap.env(taps), **{memory.INDEX_ENV: str(index)})
     assert p.returncode == 0, p.stderr[-3000:]
     rec = metrics.read(out)
     assert rec["status"] == "ok", rec["error"]
@@ -163,6 +170,10 @@ def test_zero3_bf16_with_accumulation_and_a_fragment(tmp_path):
     assert rec["env"]["frameworks"]["deepspeed"] == "0.19.8"
     # stage 3 with 2 ranks: the estimate divides model states over the 2 devices
     assert rec["memory"]["zero_estimate_bytes"] < 20 * rec["model"]["params"]
+    assert rec["memory"]["predicted"]["host_bytes"] == predicted[s.path]["host_bytes"]
+    comm = rec["communication"]
+    assert comm["method"] is None and comm["compute_seconds_per_step"] is None
+    assert comm["skipped"].startswith("not measured: its whole-model replica"), comm
 
 
 @pytest.mark.slow

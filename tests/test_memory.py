@@ -11,13 +11,14 @@ import yaml
 from trainscale.models import torch_models as models
 from trainscale.plan import check, fit, memory
 from trainscale.plan.matrix import build_runs
-from trainscale.runners.torch import memory_trace
+from trainscale.runners.torch import memory_steps, memory_trace
 
 from conftest import ROOT, base_config, load_yaml
 
 SCHEMA = load_yaml(ROOT / "workflow" / "schemas" / "config.schema.yaml")
-#: issue 45's H200 cells: (strategy, model, torch.cuda.max_memory_allocated bytes)
-H200 = [("torch", "gpt2-124m", 17_843_420_672), ("torch-fsdp", "gpt2-774m", 43_617_351_680)]
+#: issue 45's H200 cells: (strategy, model, torch.cuda.max_memory_allocated bytes, the bar)
+H200 = [("torch", "gpt2-124m", 17_843_420_672, 0.05),
+        ("torch-fsdp", "gpt2-774m", 43_617_351_680, 0.10)]  # fmt: skip
 GPT = {"model": ["gpt-nano"], "dataset": ["shakespeare"], "seq_len": [64], "batch_size": [8]}
 
 
@@ -63,7 +64,7 @@ def test_the_fake_trace_is_the_real_step():
     see the same storages, so it is exact)."""
     spec = gpt_run(strategy=["torch"])
     fake = memory_trace.predict(spec, "cpu")["total_bytes"]
-    with memory_trace.real_tensors():
+    with memory_steps.real_tensors():
         real = memory_trace.predict(spec, "cpu")["total_bytes"]
     assert abs(fake / real - 1) < 0.01
 
@@ -144,12 +145,15 @@ def test_check_prints_each_cell_and_fit_finds_the_largest_batch(tmp_path, monkey
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("strategy", "model", "measured"), H200, ids=["124m-torch", "774m-fsdp"])
-def test_the_h200_cells_are_predicted_within_ten_percent(strategy, model, measured):
+@pytest.mark.parametrize(("strategy", "model", "measured", "bar"), H200,
+                         ids=["124m-torch", "774m-fsdp"])  # fmt: skip
+def test_the_h200_cells_are_predicted_within_their_bar(strategy, model, measured, bar):
     """Issue 45's cells, measured on an H200 (bf16 autocast, seq_len 1024, batch 16, AdamW,
-    torch.cuda.max_memory_allocated) and predicted here for CUDA, traced on CPU."""
+    torch.cuda.max_memory_allocated) and predicted here for CUDA, traced on CPU: gpt2-124m
+    within 5 % (issue 59; +0.5 % since the trace holds no logits through the backward),
+    gpt2-774m under torch-fsdp within 10 % (−3.1 %)."""
     spec = gpt_run(strategy=[strategy], model=[model], dataset=["synthetic-tokens"],
                    seq_len=[1024], batch_size=[16], precision=["bf16"])  # fmt: skip
     a = memory_trace.predict(spec, "cuda")
     assert a["traced_on"] == ("cuda" if torch.cuda.is_available() else "cpu")
-    assert abs(measured / a["total_bytes"] - 1) <= 0.10, a["total_bytes"]
+    assert abs(measured / a["total_bytes"] - 1) <= bar, a["total_bytes"]

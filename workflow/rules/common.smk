@@ -14,6 +14,7 @@ sys.path.insert(0, str(Path(workflow.basedir) / "workflow"))
 from trainscale.launch.commands import job_environment
 from trainscale.launch.container import CONTAINER_ENV, to_environ
 from trainscale.launch.slurm import (
+    MEMORY_KEY,
     SLURM_RESOURCE_KEYS,
     slurm_request,
     slurm_resources,
@@ -97,10 +98,11 @@ try:
         raise ts_matrix.ConfigError(_price_problem)
     # will each cell fit? predicted before any job, cached; over the limit: dropped or warned
     MEMORY = ts_memory.resolve(config, ACCELERATOR)
-    RUNS, DROPPED, PREDICTED = ts_memory.fit(MEMORY, RUNS, DROPPED, ACCELERATOR)
+    RUNS, DROPPED, PREDICTED = ts_memory.fit(MEMORY, RUNS, DROPPED, ACCELERATOR, config)
 except ts_matrix.ConfigError as e:
     raise ValueError(f"config: {e}") from None
-# each run's launcher records its prediction from this study's index (none: check off)
+# each run's launcher records its prediction from this study's index (its host bytes at
+# least: those need no trace)
 _index = ts_memory.write_index(STUDY, PREDICTED, RUNS)
 if _index:
     os.environ[ts_memory.INDEX_ENV] = str(_index)
@@ -199,7 +201,10 @@ def job_resources(request, every_request=None):
         return per_job(lambda wildcards: request(wildcards).get(key))
 
     resources = {}
-    for key in SLURM_RESOURCE_KEYS:
+    keys = list(SLURM_RESOURCE_KEYS)
+    if every_request is not None and any(MEMORY_KEY in r for r in every_request):
+        keys.append(MEMORY_KEY)  # a train job's memory: every run has one
+    for key in keys:
         values = (
             {r.get(key) for r in every_request} if every_request is not None else ()
         )
@@ -212,15 +217,16 @@ def job_resources(request, every_request=None):
 
 #: config `slurm`: --exclusive, the GPUs asked of a node, a constraint (with_options)
 SLURM_OPTIONS = config.get("slurm") or {}
-#: Every run's SLURM request (trainscale.launch.slurm.slurm_resources), made once per run.
+#: Every run's SLURM request (trainscale.launch.slurm.slurm_resources), made once per run:
+#: its memory per node from the planner's host bytes per rank (trainscale.plan.memory).
 RUN_REQUESTS = {
-    path: slurm_resources(r, ACCELERATOR, SLURM_OPTIONS)
+    path: slurm_resources(r, ACCELERATOR, PREDICTED[path]["host_bytes"], SLURM_OPTIONS)
     for path, r in RUN_BY_PATH.items()
 }
 
 
 def run_request(wildcards):
-    """A training run's SLURM request: its workers, nodes, threads and timeout."""
+    """A training run's SLURM request: its workers, nodes, threads, timeout and memory."""
     run_of(wildcards)  # an unknown run path is named as such
     return RUN_REQUESTS[wildcards.run]
 
@@ -250,8 +256,10 @@ def check_targets():
     """One device probe per distinct SLURM allocation among the study's runs (the first run
     of each shape stands for it)."""
     shapes = {}
+    # the same devices, whatever memory each run asks
     for path, request in RUN_REQUESTS.items():
-        shapes.setdefault(tuple(sorted(request.items())), path)
+        shape = sorted((k, v) for k, v in request.items() if k != "mem_mb")
+        shapes.setdefault(tuple(shape), path)
     return [f"{RESULTS}/check/{path}.txt" for path in shapes.values()]
 
 

@@ -113,9 +113,15 @@ once (in `trainscale.analysis.cells` and, for communication.csv, `trainscale.ana
   tracing one fake training step through the runner's own wrapping (docs/memory.md; config
   memory:), labelled a prediction, never a measurement; memory error (memory_error) =
   measured peak device bytes ÷ predicted − 1, per run where a device peak was measured, and
-  its mean over the cell's runs. Measured so far on an H200 (bf16, seq_len 1024, batch 16,
-  AdamW, traced on CPU): gpt2-124m under torch −8.1 %, gpt2-774m under torch-fsdp at one rank
-  −3.3 %. TensorFlow and Keras cells predict model states only (no activations).
+  its mean over the cell's runs. The reserved side (predicted_reserved_bytes: the allocated
+  peak, the CUDA runtime and NCCL's buffers, what memory.check holds against the limit) and
+  memory_error_reserved = NVML's peak for the process (peak_nvml_process_bytes) ÷ it − 1;
+  the host (predicted_host_bytes, per rank) and host_memory_error = the ranks' peak RSS ÷ it −
+  1. Each cell's: the mean over its runs. Measured so far on an H200 (bf16, seq_len 1024,
+  batch 16, AdamW; the allocated peak) against the predictions of memory.VERSION 1: gpt2-124m
+  under torch −8.1 %, gpt2-774m under torch-fsdp at one rank −3.3 %; the method since
+  (docs/memory.md) predicts them +0.5 % and −3.1 % (not measured again on a GPU). TensorFlow
+  and Keras cells predict model states only (no activations).
 - data-wait share and input-bound: the mean over the cell's ok runs of metrics
   `data_wait_share` (steady epochs' data wait of the slowest rank over their seconds);
   `input_bound` when it is above `datawait.INPUT_BOUND_SHARE` (10 %): the input pipeline, not

@@ -88,8 +88,15 @@ def _cells_of(runs: pd.DataFrame) -> pd.DataFrame:
     d["logical"] = logical.fillna(False).astype(bool)
     ok = d["status"] == "ok"
     d["is_ok"] = ok
-    d["predicted_peak_bytes"] = pd.to_numeric(runs.get("predicted_peak_bytes", np.nan))
-    d["memory_error"] = pd.to_numeric(runs.get("memory_error", np.nan))
+    for col in (
+        "predicted_peak_bytes",
+        "memory_error",
+        "predicted_reserved_bytes",
+        "memory_error_reserved",
+        "predicted_host_bytes",
+        "host_memory_error",
+    ):
+        d[col] = pd.to_numeric(runs.get(col, np.nan))  # fmt: skip
     d["predicted_method"] = runs.get("memory.predicted.method", pd.Series(None, runs.index))
     for col in ("price_key", "price_note", "currency"):
         d[col] = runs[col]
@@ -135,6 +142,10 @@ def scaling_frame(
         logical=("logical", "any"),
         predicted_peak_bytes=("predicted_peak_bytes", "max"),  # whatever the runs' status
         memory_error=("memory_error", "mean"),  # over the runs that measured a device peak
+        predicted_reserved_bytes=("predicted_reserved_bytes", "max"),
+        memory_error_reserved=("memory_error_reserved", "mean"),
+        predicted_host_bytes=("predicted_host_bytes", "max"),
+        host_memory_error=("host_memory_error", "mean"),
         predicted_method=("predicted_method", "first"),
         price_key=("price_key", "first"),
         price_note=("price_note", "first"),

@@ -102,6 +102,10 @@ def _schema_types() -> dict[str, str]:
     out.update(
         predicted_peak_bytes="float64",
         memory_error="float64",
+        predicted_reserved_bytes="float64",
+        memory_error_reserved="float64",
+        predicted_host_bytes="float64",
+        host_memory_error="float64",
         within_run_var="float64",
         within_run_blocks="float64",
     )
@@ -310,6 +314,27 @@ def memory_error(block: dict) -> tuple[int | None, float | None]:
     return predicted, measured / predicted - 1 if predicted and measured else None
 
 
+def memory_errors(block: dict) -> dict:
+    """The record's memory block as runs.csv's prediction columns: the allocated peak
+    (`predicted_peak_bytes`, `memory_error` against peak_device_bytes), the reserved side
+    (`predicted_reserved_bytes`: tensors, CUDA runtime and NCCL; `memory_error_reserved`
+    against NVML's per-process peak), and the host (`predicted_host_bytes`,
+    `host_memory_error` against the ranks' peak RSS): measured ÷ predicted − 1, None where
+    either is missing."""
+    p = block.get("predicted") or {}
+
+    def error(predicted, measured):
+        return measured / predicted - 1 if predicted and measured else None
+
+    out = dict(zip(("predicted_peak_bytes", "memory_error"), memory_error(block), strict=True))
+    out["predicted_reserved_bytes"] = p.get("reserved_bytes")
+    out["memory_error_reserved"] = error(p.get("reserved_bytes"),
+                                         block.get("peak_nvml_process_bytes"))  # fmt: skip
+    out["predicted_host_bytes"] = p.get("host_bytes")
+    out["host_memory_error"] = error(p.get("host_bytes"), block.get("peak_host_rss_bytes"))
+    return out
+
+
 def runs_frame(records: list[dict]) -> pd.DataFrame:
     """One flat row per run; the per-epoch list becomes `train_loss_last`, `epochs_done`,
     `samples_trained` (the samples of every epoch: what a run's energy is measured over),
@@ -323,7 +348,7 @@ def runs_frame(records: list[dict]) -> pd.DataFrame:
         flat["train_loss_last"] = epochs[-1]["train_loss"] if epochs else None
         flat["samples_trained"] = sum(e["samples"] for e in epochs) if epochs else None
         flat["within_run_var"], flat["within_run_blocks"] = within_variance(epochs)
-        flat["predicted_peak_bytes"], flat["memory_error"] = memory_error(rec["memory"])
+        flat.update(memory_errors(rec["memory"]))
         rows.append(flat)
     df = pd.DataFrame.from_records(rows) if rows else pd.DataFrame(columns=LEAD)
     return _lead_first(df)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from trainscale.launch import container
 from trainscale.launch.commands import Environment, tasks_per_node
+from trainscale.plan import memory_parts
 from trainscale.plan.runspec import RunSpec
 
 
@@ -197,13 +198,22 @@ SLURM_RESOURCE_KEYS = (
     "slurm_extra",
     "constraint",
 )
+#: The memory resource a train job sets (slurm_resources), never None: a rule without it sets
+#: none (Snakemake refuses a memory resource of None).
+MEMORY_KEY = "mem_mb"
 
 
 def slurm_resources(
-    spec: RunSpec, accelerator: str, options: Mapping | None = None
+    spec: RunSpec,
+    accelerator: str,
+    host_bytes: int | None = None,
+    options: Mapping | None = None,
 ) -> dict[str, int | str]:
-    """The SLURM resources of a training run (see `slurm_request`), with config `slurm`'s
-    `options` (`with_options`)."""
+    """The SLURM resources of a training run (see `slurm_request`); with `host_bytes` (the
+    planner's host memory per rank, trainscale.plan.memory) its memory per node: `mem_mb`
+    (sbatch --mem) = its ranks on a node × host_bytes, a margin over it and the launcher's
+    process (memory_parts.slurm_mem_mb); and config `slurm`'s `options` (`with_options`). A
+    `set-resources` of the profile still wins."""
     res = slurm_request(
         spec.workers,
         spec.nodes,
@@ -213,4 +223,6 @@ def slurm_resources(
         tasks_per_node(spec),
         spec.processes - spec.world_size,
     )
+    if host_bytes is not None:
+        res["mem_mb"] = memory_parts.slurm_mem_mb(spec, host_bytes)
     return with_options(res, options, accelerator)

@@ -1,10 +1,16 @@
 """Peak memory of training and of evaluation, apart (`memory.peak_*` and `memory.eval_peak_*`
-in metrics.json; the definitions are in trainscale.measure.metrics' docstring)."""
+in metrics.json; the definitions are in trainscale.measure.metrics' docstring), and on a GPU
+what the process holds beyond its tensors: the caching allocator's reserved peak and NVML's
+per-process figure (`peak_reserved_bytes`, `peak_nvml_process_bytes`)."""
 
 from __future__ import annotations
 
+import math
+import os
+import sys
 from pathlib import Path
 
+from trainscale.measure import nvml_devices
 from trainscale.measure.metrics import peak_rss_bytes
 
 
@@ -45,14 +51,23 @@ class PhasePeaks:
     before the first evaluation (exact when only the last epoch evaluates).
     """
 
-    def __init__(self, device_peak=None, device_reset=None) -> None:
+    def __init__(self, device_peak=None, device_reset=None, reserved_peak=None,
+                 process_bytes=None) -> None:  # fmt: skip
         self._device_peak, self._device_reset = device_peak, device_reset
+        #: on a GPU: the caching allocator's reserved peak (reset with the allocated one) and
+        #: the device memory NVML counts for this process now, which at a phase's end still
+        #: holds the phase's peak (the allocator keeps the blocks it reserved)
+        self._readers = (reserved_peak, process_bytes)
         self.train = [0, 0]  # host RSS bytes, device bytes
+        self.held = [math.nan, math.nan]  # training's reserved and NVML process bytes
         self.eval: list[int] | None = None
         self._resettable = True
+        self._now = [math.nan, math.nan]
 
     def _take(self) -> list[int]:
         peak = [rss_high_water_bytes(), int(self._device_peak()) if self._device_peak else 0]
+        read = [r() if r is not None else None for r in self._readers]
+        self._now = [math.nan if v is None else float(v) for v in read]
         self._resettable = reset_rss_high_water() and self._resettable
         if self._device_reset:
             self._device_reset()
@@ -62,6 +77,8 @@ class PhasePeaks:
         if self._resettable or self.eval is None:  # else the host mark holds evaluation's
             self.train[0] = max(self.train[0], peak[0])
         self.train[1] = max(self.train[1], peak[1])
+        self.held = [b if math.isnan(a) else a if math.isnan(b) else max(a, b)
+                     for a, b in zip(self.held, self._now, strict=True)]  # fmt: skip
 
     def evaluation_starts(self) -> None:
         self._add_training(self._take())
@@ -76,15 +93,53 @@ class PhasePeaks:
         self._add_training(self._take())
         return [float(v) for v in (*self.train, *(self.eval or [0, 0]))]
 
+    def gpu_held(self) -> list[float]:
+        """Training's [reserved peak, NVML process bytes] after `finish` (NaN: not read)."""
+        return list(self.held)
 
-def memory_block(peaks: list[float], device: bool) -> dict:
+
+def memory_block(peaks: list[float], device: bool, held: list[float] | None = None) -> dict:
     """The `memory` entries of `PhasePeaks.finish` values (maxed over ranks): training's peaks
     as `peak_*`, evaluation's as `eval_peak_*` (None where nothing was evaluated or, for the
-    device, on CPU)."""
+    device, on CPU), and `held` (PhasePeaks.gpu_held, maxed over ranks) as the reserved and
+    NVML per-process peaks (None where not read)."""
     evaluated = peaks[2] > 0
+    reserved, process = [None if v is None or math.isnan(v) or not device else int(v)
+                         for v in (held or [math.nan, math.nan])]  # fmt: skip
     return {
         "peak_host_rss_bytes": int(peaks[0]),
         "peak_device_bytes": int(peaks[1]) if device else None,
         "eval_peak_host_rss_bytes": int(peaks[2]) if evaluated else None,
         "eval_peak_device_bytes": int(peaks[3]) if evaluated and device else None,
+        "peak_reserved_bytes": reserved,
+        "peak_nvml_process_bytes": process,
     }
+
+
+def nvml_process_reader(cuda_ordinal: int, cuda_uuid: object = None):
+    """A reader of the device memory NVML counts for this process on CUDA device
+    `cuda_ordinal` (its context, allocator blocks and NCCL buffers), or None where NVML or the
+    device cannot be found; the reader gives None where NVML lists no such process (a
+    container's process ids are not the host's)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        uuid = nvml_devices.uuid_string(cuda_uuid) if cuda_uuid else None
+        uuid = uuid or nvml_devices.cuda_driver_uuid(cuda_ordinal)
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        handle = nvml_devices.find(pynvml, cuda_ordinal, uuid, visible).handle
+    except Exception as e:  # no NVML, no such device: the figure stays null
+        print(f"trainscale: no NVML process memory for cuda:{cuda_ordinal}: {e}", file=sys.stderr)
+        return None
+    pid = os.getpid()
+
+    def read() -> int | None:
+        try:
+            procs = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+        except pynvml.NVMLError:
+            return None
+        used = [p.usedGpuMemory for p in procs if p.pid == pid and p.usedGpuMemory is not None]
+        return int(used[0]) if used else None
+
+    return read

@@ -183,11 +183,11 @@ def check_file(path: str | Path, base: Path | None = None, show_memory: bool = T
         if not show_memory:
             config["memory"] = {**config.get("memory", {}), "check": "off"}
         check = memory.resolve(config, accelerator, show=show_memory)
-        runs, dropped, predicted = memory.fit(check, runs, dropped, accelerator)
+        runs, dropped, predicted = memory.fit(check, runs, dropped, accelerator, config)
     except ConfigError as e:
         return [f"{path}: {e}"]
     print(f"{path}: study {config['study']!r}: {summary(runs, dropped)}")
-    if predicted:
+    if predicted and show_memory:
         print(f"  predicted memory per rank (limit {check.describe()}, {check.source}):")
         print("\n".join(f"    {line}" for line in memory_lines(runs, predicted)))
     if inherited:
@@ -197,7 +197,9 @@ def check_file(path: str | Path, base: Path | None = None, show_memory: bool = T
 
 
 def memory_lines(runs: list, predicted: dict[str, dict]) -> list[str]:
-    """One line per cell that runs: its predicted GiB per rank and how it was predicted."""
+    """One line per cell that runs: its predicted GiB per rank on the device (the reserved
+    side: what memory.check holds against the limit) and how it was predicted, and its host
+    GiB per rank."""
     lines, seen = [], set()
     for r in runs:
         if r.cell in seen:
@@ -209,10 +211,13 @@ def memory_lines(runs: list, predicted: dict[str, dict]) -> list[str]:
             f"{r.strategy} {r.model} on {r.dataset}, N={r.world_size}{tp}, batch "
             f"{r.batch_size} {r.batch_mode}, {r.precision}"
         )
+        host = f"host {p['host_bytes'] / memory.GIB:.3g} GiB"
         if p.get("error"):
-            lines.append(f"{cell}: not predicted ({p['error']})")
+            lines.append(f"{cell}: not predicted ({p['error']}), {host}")
+        elif p.get("total_bytes") is None:
+            lines.append(f"{cell}: {host} (device not traced: memory.check is off)")
         else:
-            lines.append(f"{cell}: {p['total_bytes'] / memory.GIB:.3g} GiB ({p['method']})")
+            lines.append(f"{cell}: {memory.need(p) / memory.GIB:.3g} GiB ({p['method']}), {host}")
     return lines
 
 

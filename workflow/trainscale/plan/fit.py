@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import copy
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from trainscale.plan import memory
@@ -45,29 +46,41 @@ def candidates(config: dict, template: RunSpec, max_batch: int, accelerator: str
     return out
 
 
-def largest_fitting(
-    tried: dict[tuple, list[RunSpec]], allowed: float, target: str
-) -> dict[tuple, tuple[RunSpec | None, int | None]]:
-    """{group: (the largest fitting run, its predicted bytes)}, by bisection in rounds."""
+@dataclass
+class Found:
+    """A group's answer: the largest fitting run and its predicted need (None: none fits),
+    and the error of the first probe that could not be predicted."""
+
+    run: RunSpec | None = None
+    need: int | None = None
+    error: str | None = None
+
+
+def largest_fitting(tried: dict[tuple, list[RunSpec]], allowed: float, target: str) -> dict:
+    """{group: Found}, by bisection in rounds. A probe whose prediction fails ends its
+    group's search with the error: what cannot be predicted is neither promised nor called
+    too big."""
     lo = {g: -1 for g in tried}  # index of the largest size known to fit
     hi = {g: len(runs) for g, runs in tried.items()}  # index of the smallest known not to
     need: dict[tuple, dict[int, int]] = {g: {} for g in tried}
+    errors: dict[tuple, str] = {}
     while True:
-        probes = {g: (lo[g] + hi[g]) // 2 for g in tried if hi[g] - lo[g] > 1}
+        probes = {g: (lo[g] + hi[g]) // 2 for g in tried if hi[g] - lo[g] > 1 and g not in errors}
         if not probes:
             break
         answers = memory.predict([tried[g][i] for g, i in probes.items()], target)
         for g, i in probes.items():
             a = answers[tried[g][i].path]
             if "error" in a:
-                hi[g] = i  # what cannot be traced is not promised
+                errors[g] = f"batch {tried[g][i].batch_size}: {a['error']}"
                 continue
-            need[g][i] = a["total_bytes"]
-            if a["total_bytes"] <= allowed:
+            need[g][i] = memory.need(a)
+            if need[g][i] <= allowed:
                 lo[g] = i
             else:
                 hi[g] = i
-    return {g: (tried[g][lo[g]], need[g][lo[g]]) if lo[g] >= 0 else (None, None) for g in tried}
+    return {g: Found(tried[g][lo[g]] if lo[g] >= 0 else None, need[g].get(lo[g]),
+                     errors.get(g)) for g in tried}  # fmt: skip
 
 
 def main(argv: list[str] | None = None, prog: str = "trainscale fit") -> int:
@@ -94,13 +107,21 @@ def main(argv: list[str] | None = None, prog: str = "trainscale fit") -> int:
         print(f"{args.config}: {e}", file=sys.stderr)
         return 1
     print(f"largest batch size per rank's memory, limit {check.describe()} ({check.source}):")
-    for g, (run, need) in sorted(best.items(), key=lambda kv: tuple(map(str, kv[0]))):
+    failed = False
+    for g, found in sorted(best.items(), key=lambda kv: tuple(map(str, kv[0]))):
         r = groups[g]
         cell = f"{r.strategy} {r.model} {r.dataset} at {r.world_size} workers" + (
             f" (tp {r.tp})" if r.tp > 1 else ""
         )  # fmt: skip
-        if run is None:
-            print(f"  {cell}: none of the batch sizes tried fits")
+        line = f"  {cell}: "
+        if found.run is not None:
+            line += f"batch {found.run.batch_size} ({r.batch_mode}), "
+            line += f"{found.need / memory.GIB:.3g} GiB"
+            line += f"; larger not predicted: {found.error}" if found.error else ""
+        elif found.error:
+            line += f"not predicted: {found.error}"
         else:
-            print(f"  {cell}: batch {run.batch_size} ({r.batch_mode}), {need / memory.GIB:.3g} GiB")
-    return 0
+            line += "none of the batch sizes tried fits"
+        failed |= found.error is not None
+        print(line)
+    return 1 if failed else 0

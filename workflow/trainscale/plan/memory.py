@@ -6,9 +6,17 @@ child process, trainscale.runners.torch.memory_trace, which traces a fake traini
 the runner's own wrapping code; this module, like the Snakefile's process, imports no torch.
 Each answer is cached under `.cache/trainscale/memory/` by everything that decides it: the run
 spec's fields that change memory (not its repeat, seed, learning rate or epochs), the target
-device, the estimator's and the models' source files, and the user's model sources. A failing
-answer is never cached. The child is given a request file and an answer file: what a user's
-model prints goes to its log, never into the answer.
+device and where the trace runs (`traced_on`), every trainscale module the trace imports (found
+by reading the imports, grimp), the torch, transformers and DeepSpeed versions, the DeepSpeed
+fragment's text, and the user's model sources. A failing answer is never cached; an answer is
+written whole or not at all. The child is given a request file and an answer file: what a
+user's model prints goes to its log, never into the answer.
+
+Each rank's host memory (`host_bytes`) is predicted for every cell whatever memory.check says:
+it is arithmetic on the build and the parameter count (trainscale.plan.memory_parts), and the
+SLURM request follows it. A DeepSpeed or Horovod cell's whole-model replica (the exposed-
+communication step, trainscale.runners.torch.exposed) is predicted as the `torch` cell at its
+micro-batch (`replica_bytes`); the runner skips that step where it would not fit.
 
 Config `memory:` (docs/memory.md):
 - limit_gib: memory per device; by default the total memory of the first GPU where Snakemake
@@ -19,10 +27,13 @@ Config `memory:` (docs/memory.md):
   The default is drop on accelerator cuda (where no GPU is visible to read the limit from,
   as on a SLURM login node, each cell is predicted and none dropped until limit_gib is
   given), off on CPU.
+- host_limit_gib: memory of one node; a cell whose ranks on a node need more host memory is
+  dropped (warn: kept), none by default.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -30,30 +41,13 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainscale.plan import child
+from trainscale.plan import child, memory_advice, memory_key, memory_parts
 from trainscale.plan.runspec import MATRIX_KEYS, ConfigError, Dropped, RunSpec
 
 CACHE = Path(".cache") / "trainscale" / "memory"
 WORKFLOW = Path(__file__).resolve().parents[2]
 #: bumped when the method changes, so older cached answers are not read
-VERSION = 2
-#: the estimator and what it builds and wraps: an edit to any predicts again
-SOURCES = (
-    "trainscale/runners/torch/memory_trace.py",
-    "trainscale/runners/torch/pytorch.py",
-    "trainscale/runners/torch/tp_plans.py",
-    "trainscale/runners/torch/pipeline.py",
-    "trainscale/runners/torch/deepspeed_zero.py",
-    "trainscale/runners/torch/torch_parts.py",
-    "trainscale/models",
-)
-#: run spec fields that do not change a step's memory
-IGNORED = frozenset(
-    ("study", "repeat", "seed", "epochs", "lr", "base_lr", "lr_scaling", "betas", "eps",
-     "weight_decay", "timeout_minutes", "target_accuracy", "data_dir", "fault",
-     "horovod_timeline", "steps_per_epoch", "eval_tokens", "samples", "loader_workers",
-     "threads_per_worker", "scale", "compile", "deepspeed_config", "fused")
-)  # fmt: skip
+VERSION = 3
 GIB = 2**30
 TIMEOUT_SECONDS = 1800
 
@@ -66,6 +60,7 @@ class Check:
     limit_gib: float | None
     headroom: float
     source: str  # where limit_gib comes from: "memory.limit_gib" or the GPU read
+    host_limit_gib: float | None = None  # memory.host_limit_gib: one node's memory
 
     @property
     def allowed_bytes(self) -> float | None:
@@ -103,8 +98,9 @@ def resolve(config: dict, accelerator: str, show: bool = False) -> Check:
     mode = m.get("check") or ("drop" if accelerator == "cuda" else "off")
     headroom = m.get("headroom", 0.9)
     limit, source = m.get("limit_gib"), "memory.limit_gib"
+    host = m.get("host_limit_gib")
     if show and mode == "off":
-        return Check("warn", limit, headroom, source)
+        return Check("warn", limit, headroom, source, host)
     if mode != "off" and limit is None:
         found = gpu_memory_gib() if accelerator == "cuda" else None
         if found is None and not m.get("check") and accelerator == "cuda":
@@ -114,7 +110,7 @@ def resolve(config: dict, accelerator: str, show: bool = False) -> Check:
                 "memory.limit_gib to drop the cells that cannot fit",
                 file=sys.stderr,
             )
-            return Check("warn", None, headroom, "none")
+            return Check("warn", None, headroom, "none", host)
         if found is None:
             where = "a CPU study has no device memory to read" if accelerator != "cuda" else (
                 "no GPU is visible where Snakemake runs (a login node?)"
@@ -124,36 +120,14 @@ def resolve(config: dict, accelerator: str, show: bool = False) -> Check:
                 f"H100 80GB), or set memory.check: off (memory.check is {mode})"
             )
         limit, source = round(found[0], 2), f"{found[1]} (NVML)"
-    return Check(mode, limit, headroom, source)
-
-
-def _sources(spec: RunSpec) -> list[Path]:
-    files = []
-    for rel in SOURCES:
-        p = WORKFLOW / rel
-        files += sorted(p.rglob("*.py")) if p.is_dir() else [p]
-    if spec.own_model is not None:
-        for folder in spec.own_model.code:
-            files += sorted(Path(folder).rglob("*.py"))
-    return files
-
-
-def key(spec: RunSpec, target: str, fingerprints: dict | None = None) -> str:
-    """The cache key of `spec`'s prediction on `target`: what decides it, and nothing else."""
-    fields = {k: v for k, v in spec.to_dict().items() if k not in IGNORED}
-    own = spec.own_model.code if spec.own_model is not None else ()
-    memo = {} if fingerprints is None else fingerprints
-    if own not in memo:
-        memo[own] = child.sources_digest(_sources(spec))
-    text = json.dumps([VERSION, target, fields, memo[own]], sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:32]
+    return Check(mode, limit, headroom, source, host)
 
 
 def predict(runs: list[RunSpec], target: str) -> dict[str, dict]:
     """{run path: answer} for every run: from the cache, or from one child for the rest. An
     answer is {total_bytes, parts, method, traced_on, seconds} or {error}."""
     memo: dict = {}
-    keys = {r.path: key(r, target, memo) for r in runs}
+    keys = {r.path: memory_key.key(r, target, VERSION, memo) for r in runs}
     answers: dict[str, dict] = {}
     asked: dict[str, dict] = {}
     for r in runs:
@@ -168,8 +142,10 @@ def predict(runs: list[RunSpec], target: str) -> dict[str, dict]:
     if asked:
         fresh = _ask_child(asked, target)
         for k, a in fresh.items():
-            if "error" not in a:
-                (CACHE / f"{k}.json").write_text(json.dumps(a, sort_keys=True))
+            if "error" not in a:  # whole or absent: a reader never meets half an answer
+                tmp = CACHE / f"{k}.{os.getpid()}.partial"
+                tmp.write_text(json.dumps(a, sort_keys=True))
+                tmp.replace(CACHE / f"{k}.json")
         answers.update(fresh)
     return {path: answers[k] for path, k in keys.items()}
 
@@ -187,62 +163,161 @@ def _ask_child(asked: dict[str, dict], target: str) -> dict[str, dict]:
     return answer
 
 
-def block(answer: dict, check: Check, spec: RunSpec) -> dict:
-    """The record's `memory.predicted`: the answer, and the limit it was held against."""
-    out = {k: answer.get(k) for k in ("total_bytes", "parts", "method", "traced_on", "stage")}
+def replica_spec(spec: RunSpec) -> RunSpec | None:
+    """The `torch` cell at the micro-batch of a DeepSpeed or Horovod cell of several workers:
+    the whole-model replica its exposed-communication step builds and steps (None for other
+    cells)."""
+    if spec.world_size == 1 or not spec.strategy.startswith(("deepspeed-", "horovod-")):
+        return None
+    micro = spec.per_worker_batch_size // spec.grad_accum
+    return dataclasses.replace(
+        spec, strategy="torch", workers=1, nodes=1, world_size=1, batch_size=micro,
+        batch_mode="global", global_batch_size=micro, per_worker_batch_size=micro,
+        grad_accum=1, offload="none", deepspeed_config=None,
+    )  # fmt: skip
+
+
+def block(answer: dict | None, check: Check, spec: RunSpec, target: str,
+          replica: dict | None = None) -> dict:  # fmt: skip
+    """The record's `memory.predicted`: the answer (None: not traced, memory.check off), the
+    limit it was held against, the host bytes per rank, and the replica's bytes."""
+    answer = answer or {"method": None}
+    keys = ("total_bytes", "reserved_bytes", "parts", "method", "traced_on", "stage")
+    out = {k: answer.get(k) for k in keys}
     out = {k: v for k, v in out.items() if v is not None or k in ("total_bytes", "method")}
     out["error"] = answer.get("error")
     if spec.compile:
         out["note"] = "compile is not traced: the eager step's memory"
     out["limit_bytes"] = int(check.limit_gib * GIB) if check.limit_gib is not None else None
     out["headroom"] = check.headroom
+    states = ({"host": answer["host_offload_bytes"]} if "host_offload_bytes" in answer
+              else None)  # fmt: skip
+    traced = answer if answer.get("total_bytes") is not None else None
+    out["host_bytes"], out["host_parts"] = memory_parts.host(spec, target, traced, states)
+    if replica is not None:
+        out["replica_bytes"] = replica.get("total_bytes")
     return out
 
 
+def need(answer: dict) -> int:
+    """The bytes a cell needs on its device: the reserved side (its tensors' peak, the CUDA
+    runtime and NCCL), which is the allocated peak on CPU."""
+    return answer.get("reserved_bytes") or answer.get("total_bytes") or 0
+
+
+def replica_skipped(predicted: dict | None) -> str | None:
+    """Why the exposed-communication step's whole-model replica is not built (None: build
+    it): the replica's predicted peak with what the run still holds (its parameters,
+    optimizer state, buckets, the CUDA runtime and NCCL) over the limit × headroom."""
+    p = predicted or {}
+    if p.get("replica_bytes") is None or p.get("limit_bytes") is None:
+        return None
+    parts = p.get("parts") or {}
+    held = sum(parts.get(k) or 0 for k in ("parameters", "optimizer", "model_states",
+                                           "communication", "runtime", "nccl"))  # fmt: skip
+    allowed = p["limit_bytes"] * p["headroom"]
+    if held + p["replica_bytes"] <= allowed:
+        return None
+    return (
+        f"not measured: its whole-model replica (the torch cell at the micro-batch, predicted "
+        f"{p['replica_bytes'] / GIB:.3g} GiB) beside what the run holds ({held / GIB:.3g} GiB) "
+        f"is over {allowed / GIB:.3g} GiB (memory.limit_gib × headroom); no allocation tried"
+    )
+
+
 def fit(
-    check: Check, runs: list[RunSpec], dropped: list[Dropped], target: str
-) -> tuple[list[RunSpec], list[Dropped], dict[str, dict]]:
-    """The runs that fit (all of them unless memory.check is drop), the dropped ones with the
-    reason, and every run's `memory.predicted` block by path. Nothing is predicted when
-    memory.check is off. Each prediction is printed where the answer is read."""
-    if check.mode == "off" or not runs:
+    check: Check, runs: list[RunSpec], dropped: list[Dropped], target: str,
+    config: dict | None = None,
+) -> tuple[list[RunSpec], list[Dropped], dict[str, dict]]:  # fmt: skip
+    """The runs that fit (all of them unless memory.check is drop and memory.host_limit_gib
+    is not exceeded), the dropped ones with the reason, and every run's `memory.predicted`
+    block by path (its host bytes at least: those need no trace). Nothing is traced when
+    memory.check is off. Each prediction is printed where the answer is read; `config`
+    (the study's) lets a reason say which knob would bring a cell under the limit."""
+    if not runs:
         return runs, dropped, {}
-    answers = predict(runs, target)
-    if check.allowed_bytes is None:  # only shown (trainscale check on a study that has none)
-        return runs, dropped, {r.path: block(answers[r.path], check, r) for r in runs}
-    allowed = check.allowed_bytes
-    over = {p for p, a in answers.items() if a.get("total_bytes", 0) > allowed}
-    fits = [r for r in runs if r.path not in over]
-    notes, seen = [], set()
+    answers: dict[str, dict] = {}
+    replicas: dict[str, dict] = {}
+    if check.mode != "off":
+        extra = {r.path: replica_spec(r) for r in runs}
+        extra = {p: s for p, s in extra.items() if s is not None}
+        found = predict([*runs, *extra.values()], target)
+        answers = {r.path: found[r.path] for r in runs}
+        replicas = {p: found[s.path] for p, s in extra.items()}
+    by_cell: dict[tuple, dict] = {}  # a cell's repeats share their prediction
     for r in runs:
-        a = answers[r.path]
-        if "error" in a:
-            notes.append(f"memory of {r.path} not predicted: {a['error']}")
-        if r.path not in over or r.cell in seen:
-            continue
-        seen.add(r.cell)
-        why = over_reason(r, a["total_bytes"], check, fits)
-        if check.mode == "drop":
-            dropped.append(Dropped({k: getattr(r, k) for k in MATRIX_KEYS}, why))
-        else:
-            notes.append(f"{why} (memory.check: warn, kept)")
-    kept = fits if check.mode == "drop" else runs
+        if r.cell not in by_cell:
+            by_cell[r.cell] = block(answers.get(r.path), check, r, target, replicas.get(r.path))
+    blocks = {r.path: by_cell[r.cell] for r in runs}
+    notes = [f"memory of {r.path} not predicted: {a['error']}" for r in runs
+             if "error" in (a := answers.get(r.path, {}))]  # fmt: skip
+    over: dict[str, str] = {}  # path -> why
+    seen: set = set()
+    for r in runs:
+        why = host_over(r, blocks[r.path]["host_bytes"], check)
+        if why and r.cell not in seen:
+            seen.add(r.cell)
+            over[r.path] = why
+        elif why:
+            over[r.path] = ""
+    allowed = check.allowed_bytes
+    if allowed is not None and check.mode != "off":
+        too_big = {r.path for r in runs if need(answers[r.path]) > allowed}
+        fits = [r for r in runs if r.path not in too_big and r.path not in over]
+        firsts = {}  # the first run of each cell over the limit
+        for r in runs:
+            if r.path in too_big and r.path not in over:
+                firsts.setdefault(r.cell, r)
+        advice = {}  # every cell's knobs predicted in one child
+        if config is not None and firsts:
+            advice = memory_advice.advice(config, list(firsts.values()), allowed, target,
+                                          predict, need)  # fmt: skip
+        for r in runs:
+            if r.path not in too_big or r.path in over:
+                continue
+            first = firsts[r.cell] is r
+            over[r.path] = over_reason(r, need(answers[r.path]), check, fits,
+                                       advice.get(r.path)) if first else ""  # fmt: skip
+    drop = check.mode != "warn"  # off: only the host limit, which drops
+    for r in runs:
+        if over.get(r.path):
+            if drop:
+                dropped.append(Dropped({k: getattr(r, k) for k in MATRIX_KEYS}, over[r.path]))
+            else:
+                notes.append(f"{over[r.path]} (memory.check: warn, kept)")
+    kept = [r for r in runs if r.path not in over] if drop else runs
     for line in notes:
         print(f"trainscale: memory: {line}", file=sys.stderr)
     if not kept:
         raise ConfigError(
-            f"memory: every cell is over {check.describe()} per device: "
+            f"memory: every cell is over {check.describe()} per device or its host limit: "
             + "; ".join(d.reason for d in dropped[-3:])
         )
-    return kept, dropped, {r.path: block(answers[r.path], check, r) for r in runs}
+    return kept, dropped, blocks
 
 
-def over_reason(r: RunSpec, need: int, check: Check, fits: list[RunSpec]) -> str:
-    """Why `r` is dropped, and the nearest cells of the matrix that fit."""
+def host_over(r: RunSpec, host_bytes: int, check: Check) -> str | None:
+    """Why `r`'s ranks on a node do not fit memory.host_limit_gib (None: they do)."""
+    if check.host_limit_gib is None:
+        return None
+    mb = memory_parts.slurm_mem_mb(r, host_bytes)
+    if mb * 2**20 <= check.host_limit_gib * GIB:
+        return None
+    per_node = -(-r.processes // r.nodes)
     return (
-        f"{r.strategy} {r.model} batch {r.batch_size}: needs {need / GIB:.3g} GiB per rank, "
-        f"over {check.describe()}; {nearest(r, fits)}"
+        f"{r.strategy} {r.model} batch {r.batch_size}: its {per_node} ranks on a node need "
+        f"{mb * 2**20 / GIB:.3g} GiB of host memory ({host_bytes / GIB:.3g} GiB each, with the "
+        f"request's margin), over memory.host_limit_gib {check.host_limit_gib:g}"
     )
+
+
+def over_reason(r: RunSpec, needed: int, check: Check, fits: list[RunSpec],
+                advice: str | None = None) -> str:  # fmt: skip
+    """Why `r` is dropped, the nearest cells of the matrix that fit and which knobs' predicted
+    needs are under the limit (`advice`, memory_advice)."""
+    why = (f"{r.strategy} {r.model} batch {r.batch_size}: needs {needed / GIB:.3g} GiB per "
+           f"rank, over {check.describe()}; {nearest(r, fits)}")  # fmt: skip
+    return why + (f"; {advice}" if advice else "")
 
 
 def nearest(r: RunSpec, fits: list[RunSpec]) -> str:
@@ -269,10 +344,7 @@ def nearest(r: RunSpec, fits: list[RunSpec]) -> str:
     if wider:
         hints.append(f"at {workers(wider[0])}")
     if not hints:
-        return (
-            "no cell of this model in the matrix fits: a smaller batch_size, more workers, or "
-            "a sharding strategy (torch-fsdp, deepspeed-zero3) may"
-        )
+        return "no cell of this model in the matrix fits"
     text = ", or ".join(hints)
     return text if text.startswith("fits") else "fits " + text
 
@@ -286,7 +358,7 @@ def write_index(study: str, predicted: dict[str, dict], runs: list[RunSpec]) -> 
     launcher (`recorded`); None (and no file) where nothing was predicted. The Snakefile puts
     the path in INDEX_ENV, which its jobs inherit."""
     path = CACHE / f"study-{study}.json"
-    if not predicted:
+    if not predicted:  # no runs
         path.unlink(missing_ok=True)
         return None
     index = {r.path: {"spec": digest(r), "predicted": predicted[r.path]} for r in runs}

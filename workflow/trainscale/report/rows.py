@@ -69,6 +69,15 @@ def signed_pct(v) -> str:
     return "–" if na(v) else f"{'+' if v >= 0 else '−'}{human(abs(100 * v))} %"
 
 
+def memory_errors(r) -> str:
+    """A cell's memory errors for people: against the allocated peak, and where NVML measured
+    the process, against the reserved side (tensors, CUDA runtime, NCCL): "+0.5 % (+2 %
+    reserved)"."""
+    allocated = signed_pct(getattr(r, "memory_error", None))
+    reserved = getattr(r, "memory_error_reserved", None)
+    return allocated if na(reserved) else f"{allocated} ({signed_pct(reserved)} reserved)"
+
+
 def pct(v) -> str:
     return "–" if na(v) else f"{human(100 * v)} %"
 
@@ -239,7 +248,7 @@ def scaling_rows(study: Study) -> list[dict]:
                 "rss": mib(r.peak_host_rss_bytes_mean, r.peak_host_rss_bytes_ci95),
                 "device": mib(r.peak_device_bytes_mean, r.peak_device_bytes_ci95),
                 "predicted": mib(getattr(r, "predicted_peak_bytes", None)),
-                "memory_error": signed_pct(getattr(r, "memory_error", None)),
+                "memory_error": memory_errors(r),
                 "note": cell_note(r),
                 "data_wait": pct(getattr(r, "data_wait_share_mean", None)),
                 "input_bound": bool(getattr(r, "input_bound", False)),

@@ -23,6 +23,10 @@ Definitions (the `communication` block of metrics.json):
   local copy of the model takes the same micro-batches and a plain torch.optim step; ZeRO's
   partitioned update and DeepSpeed's own per-step bookkeeping are outside it and count as
   exposed), or null with `note` saying why nothing was measured.
+- skipped: why the step was not taken, no allocation tried (null where it was): the local
+  replica where the planner's prediction of it (the `torch` cell at the micro-batch,
+  memory.predicted.replica_bytes) beside what the run holds is over the device's limit
+  (trainscale.plan.memory.replica_skipped); `method` is then null.
 """
 
 from __future__ import annotations
@@ -59,6 +63,7 @@ def block(
     method: str | None,
     note: str | None = None,
     steps: int = STEPS,
+    skipped: str | None = None,
 ) -> dict:
     """The `communication` block of metrics.json from the median time of `steps` no-sync
     steps."""
@@ -71,7 +76,16 @@ def block(
         "method": method,
         "steps": steps if compute is not None else 0,
         "note": note,
+        "skipped": skipped,
     }
+
+
+def replica_skipped(spec) -> str | None:
+    """Why a DeepSpeed or Horovod run does not build its local replica (None: it does): the
+    planner's prediction, recorded for this run (trainscale.plan.memory.replica_skipped)."""
+    from trainscale.plan import memory
+
+    return memory.replica_skipped(memory.recorded(spec))
 
 
 def time_steps(step: Callable[[int], None], device: torch.device, steps: int = STEPS) -> float:

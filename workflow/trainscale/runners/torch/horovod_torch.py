@@ -33,7 +33,7 @@ from trainscale.data import tokendata
 from trainscale.measure import metrics
 from trainscale.plan.matrix import RunSpec
 from trainscale.runners.common import Rank
-from trainscale.runners.torch.exposed import measure_exposed_communication
+from trainscale.runners.torch.exposed import block, measure_exposed_communication, replica_skipped
 from trainscale.runners.torch.plugin import Plugin, Shard
 from trainscale.runners.torch.torch_loop import run
 from trainscale.runners.torch.torch_parts import make_optimizer
@@ -131,6 +131,8 @@ class Horovod(Plugin):
 
     def exposed(self, shard: Shard) -> dict:
         lp = self.loop
+        if why := replica_skipped(self.spec):
+            return block(lp.rec.epochs, None, None, skipped=why)
         replica = lp.build_model().to(lp.device)
         k = self.spec.grad_accum
         return measure_exposed_communication(

@@ -4,11 +4,12 @@ allocating anything, through the runner's own wrapping code.
 The model is built by the runners' builder on the meta device, given fake tensors of the trace
 device (FakeTensorMode: shapes and dtypes, no storage), wrapped by the same functions its
 runner calls (`pytorch.shard` for FSDP2, `tp_plans.parallelize` on a DeviceMesh, the
-pipeline's `split`, DeepSpeed's `zero_estimate_bytes`), and stepped twice with the run's
-optimizer (`make_optimizer`; the second step has its optimizer state) and precision (autocast,
-FSDP's MixedPrecisionPolicy). A fake process group of the run's world size stands in for the
-others. PyTorch's trackers (torch.distributed._tools: MemTracker, FSDPMemTracker) attribute
-every byte; the peak of the rank with the largest need is the prediction:
+pipeline's `split`), and stepped twice in the loop's order with the run's optimizer as it
+steps on the run's device (foreach or tensor by tensor, memory_steps.trace_optimizer) and
+precision (autocast, FSDP's MixedPrecisionPolicy). A fake process group of the run's world
+size stands in for the others. PyTorch's trackers (torch.distributed._tools: MemTracker,
+FSDPMemTracker) attribute every byte; the peak of the rank with the largest need is the
+prediction (`total_bytes`, what torch.cuda.max_memory_allocated measures):
 
 - parameters (and buffers), gradients, optimizer state, activations (and the inputs),
   temporaries (the backward's gradients of activations, the optimizer's intermediates),
@@ -17,18 +18,24 @@ every byte; the peak of the rank with the largest need is the prediction:
 - torch-dp: rank 0 also holds the gathered logits of the whole batch and their gradient;
 - torch-pipeline: each stage traced with its blocks and as many micro-batches in flight as
   its schedule keeps (GPipe: all of them; 1F1B: stages − stage index), the largest stage's;
-- deepspeed-zero0..3: DeepSpeed's own model-state estimate (the runner's
-  `zero_estimate_bytes`, mixed-precision states as DeepSpeed counts them) plus the trace's
-  activations and temporaries of one micro-batch;
+- deepspeed-zero0..3: the model states and gradient buckets its ds_config sizes
+  (plan.memory_parts.zero_states: the precision's bytes, the stage's partitioning, the
+  offload flags) plus the trace's activations and temporaries of one micro-batch;
 - TensorFlow and Keras strategies: `model-states` only (fp32 parameters, gradients and the
   optimizer's slots, counted on the PyTorch twin), no trace.
 
-Activation checkpointing (matrix activation_checkpointing) is traced as the runner applies
-it: the activations a checkpointed block keeps are its input (full) or its matrix multiplies'
-and attention's outputs (selective), and its recomputation is among the temporaries. Offload
-(matrix offload) leaves out of a GPU's prediction what moves to the host: DeepSpeed's
-estimate with its `cpu_offload` flags, and torch-fsdp's parameters, gradients and optimizer
-state (`on_host`).
+On CUDA a process holds more than its tensors: `runtime` (the CUDA context and the libraries'
+workspaces) and `nccl` (NCCL's buffers per communicator) are parts beside them
+(plan.memory_parts.gpu_parts), and `reserved_bytes` = total_bytes + runtime + nccl is what
+the process needs on its device: what config `memory:` holds against its limit.
+
+A model of many identical blocks is traced at 2 and 3 of them and scaled per phase
+(memory_steps.scaled_phases). Activation checkpointing (matrix activation_checkpointing) is
+traced as the runner applies it: the activations a checkpointed block keeps are its input
+(full) or its matrix multiplies' and attention's outputs (selective), and its recomputation
+is among the temporaries. Offload (matrix offload) leaves out of a GPU's prediction what moves
+to the host: DeepSpeed's offloaded states, and torch-fsdp's sharded parameters, their
+gradients and the optimizer state (`on_host`; the gathered units stay).
 
 `method` says which: `traced` or `model-states`. A CUDA run is traced on fake CPU tensors
 where this PyTorch has no CUDA (its autograd engine needs a CUDA device for a CUDA backward,
@@ -54,51 +61,39 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
-from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 from torch.distributed._tools.mem_tracker import MemTracker
 
 from trainscale.data import imagesets
 from trainscale.models import torch_models as models
-from trainscale.plan import catalog
+from trainscale.models.init import to_empty
+from trainscale.plan import catalog, memory_parts
 from trainscale.plan.runspec import RunSpec
-from trainscale.runners.torch import checkpointing
-from trainscale.runners.torch.torch_parts import DTYPES, make_optimizer
+from trainscale.runners.torch.memory_steps import (
+    PARTS,
+    SHARDED,
+    fake_batch,
+    fake_model,
+    faking,
+    meta_model,
+    peak,
+    scaled_phases,
+    tensors,
+    trace_optimizer,
+    tracked,
+)
+from trainscale.runners.torch.torch_parts import DTYPES
 
-#: the parts a prediction is given in, and the tracker categories each one sums
-PARTS = {
-    "parameters": ("Parameter", "Buffer", "Sharded Param", "Unsharded Param"),
-    "gradients": ("Gradient", "Sharded Grad", "Unsharded Grad"),
-    "optimizer": ("Optstate", "OptState"),
-    "activations": ("Activation", "Inputs", "Other"),
-    "temporaries": ("Temp",),
-    "communication": ("All Gather", "Reduce Scatter"),
-}
 #: Horovod's fusion buffer when HOROVOD_FUSION_THRESHOLD is not set (Horovod 0.28: 128 MiB)
 HOROVOD_FUSION_BYTES = 128 * 2**20
-
-
-#: FakeTensorMode for predictions; real tensors (allocated, on CPU) to check them against
-_REAL = [False]
-
-
-@contextlib.contextmanager
-def real_tensors():
-    """Trace with real tensors instead of fake ones: the same step, allocated for real, so
-    the trackers' figures for it can be compared with the fake trace's (tests, benchmarks)."""
-    _REAL.append(True)
-    try:
-        yield
-    finally:
-        _REAL.pop()
-
-
-def tensors() -> contextlib.AbstractContextManager:
-    """Fake tensors; a meta tensor a builder makes in its own way (torchvision's BatchNorm
-    buffers) is let in as it is: it holds no memory either."""
-    return contextlib.nullcontext() if _REAL[-1] else FakeTensorMode(allow_non_fake_inputs=True)
+#: what a plain step's trace depends on: cells that differ in nothing else share it (in one
+#: child), as DeepSpeed's cells of every stage and world at one micro-batch do, and the `torch`
+#: cell at that micro-batch that predicts their replica
+PLAIN_FIELDS = ("model", "own_model", "dataset", "seq_len", "image_size", "image_source",
+                "token_source", "samples", "precision", "optimizer", "momentum", "weight_decay",
+                "fused", "activation_checkpointing", "memory_format")  # fmt: skip
+_PLAIN: dict[str, list[dict]] = {}
 
 
 def trace_device(target: str) -> torch.device:
@@ -119,134 +114,44 @@ def fake_world(world: int):
         dist.destroy_process_group()
 
 
-def fake_model(spec: RunSpec, device: torch.device) -> nn.Module:
-    """The run's model from its builder on the meta device, its parameters and buffers fake
-    tensors on `device` (ties kept: a tensor held by two modules stays one), laid out as the
-    runner lays it."""
-    from trainscale.runners.torch.torch_speed import memory_format
-
-    info = imagesets.spec_info(spec.to_dict())
-    with torch.device("meta"):
-        net = models.build(spec.model, info.shape, info.num_classes, spec.own_model)
-    checkpointing.apply(net, spec.own_model, spec.activation_checkpointing)
-    layout = memory_format(spec)
-    made: dict[int, torch.Tensor] = {}
-    for module in net.modules():
-        for kind in ("_parameters", "_buffers"):
-            held = getattr(module, kind)
-            for name, t in list(held.items()):
-                if t is None:
-                    continue
-                if id(t) not in made:
-                    fmt = layout if t.dim() == 4 else torch.contiguous_format
-                    fake = torch.empty_like(t, device=device, memory_format=fmt)
-                    param = kind == "_parameters"
-                    made[id(t)] = nn.Parameter(fake, t.requires_grad) if param else fake
-                held[name] = made[id(t)]
-    return net
-
-
-def fake_batch(spec: RunSpec, batch: int, device: torch.device):
-    """A batch of `batch` inputs and targets of the run's data set, as the loop feeds them."""
-    info = imagesets.spec_info(spec.to_dict())
-    if spec.seq_len:
-        x = torch.zeros(batch, *info.shape, dtype=torch.long, device=device)
-        return x, torch.zeros(batch, *info.shape, dtype=torch.long, device=device)
-    from trainscale.runners.torch.torch_speed import laid_out
-
-    x = laid_out(torch.zeros(batch, *info.shape, device=device), spec)
-    return x, torch.zeros(batch, dtype=torch.long, device=device)
-
-
-def loss_of(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """The loop's cross-entropy; a (1, 1) stand-in of a pipeline stage is its own loss."""
-    if logits.shape == (1, 1):
-        return logits.sum()
-    return F.cross_entropy(logits.float().flatten(0, -2), y.flatten())
-
-
-def step(model, opt, batches: list, device: torch.device, dtype) -> None:
-    """One optimizer step over `batches` (micro-batches accumulate), as the loop takes it
-    (logits split by vocabulary: their loss and backward under loss_parallel, as
-    tensor_parallel's step)."""
-    opt.zero_grad(set_to_none=True)
-    for x, y in batches:
-        with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
-            logits = model(x)
-        with _loss_parallel() if hasattr(logits, "placements") else contextlib.nullcontext():
-            loss_of(logits, y).backward()
-        del logits
-    opt.step()
-
-
-def _loss_parallel():
-    from torch.distributed.tensor.parallel import loss_parallel
-
-    return loss_parallel()
-
-
-def tracked(tracker, model, opt, batches: list, device: torch.device, dtype) -> dict[str, int]:
-    """The tracker's peak over two steps (the second has the optimizer's state), by part."""
-    with tracker:
-        for i in range(2):
-            step(model, opt, batches, device, dtype)
-            if i == 0:
-                tracker.reset_mod_stats()
-    return snapshot(tracker, device)
-
-
-def snapshot(tracker, device: torch.device) -> dict[str, int]:
-    """The tracker's peak on `device` in PARTS, and its total."""
-    peak = tracker.get_tracker_snapshot("peak")
-    snap = peak.get(device) or next(iter(peak.values()), {})
-    out = dict.fromkeys(PARTS, 0)
-    for key, n in snap.items():
-        name = getattr(key, "value", key)
-        for part, names in PARTS.items():
-            if name in names:
-                out[part] += int(n)
-    out["total"] = int(snap.get("Total", sum(out.values())))
-    return out
-
-
-def plain(spec: RunSpec, device: torch.device, batch: int) -> tuple[dict, nn.Module]:
-    """A step of the unwrapped model at `batch` samples per rank (torch, DDP, Horovod,
-    Lightning): DDP and Horovod wrap it without changing what a step holds on the device."""
-    dtype = DTYPES[spec.precision]
+def plain(spec: RunSpec, device: torch.device, keep: int | None, batch: int,
+          target: str) -> list[dict]:  # fmt: skip
+    """The phases of a step of the unwrapped model at `batch` samples per rank (torch, DDP,
+    Horovod, Lightning, DeepSpeed's micro-batch): DDP and Horovod wrap it without changing
+    what a step holds on the device."""
     with tensors():
-        net = fake_model(spec, device)
-        opt = make_optimizer(spec, net.parameters())
+        net = fake_model(spec, device, keep)
+        opt = trace_optimizer(spec, net.parameters(), target)
         batches = [fake_batch(spec, batch, device)]
         tracker = MemTracker()
         tracker.track_external(net, opt, *batches[0])
-        return tracked(tracker, net, opt, batches, device, dtype), net
+        return tracked(tracker, net, opt, batches, device, DTYPES[spec.precision])
 
 
-def grad_bytes(net: nn.Module) -> int:
-    return sum(p.numel() * p.element_size() for p in net.parameters() if p.requires_grad)
-
-
-def data_parallel(spec: RunSpec, device: torch.device) -> dict:
-    """torch, torch-dp, torch-ddp, lightning-ddp, horovod-torch(-elastic)."""
-    per_device = spec.per_worker_batch_size // spec.grad_accum  # one micro-batch's activations
+def per_device_batch(spec: RunSpec) -> int:
+    """One micro-batch's samples on a device (grad_accum of them make a step)."""
     if spec.strategy == "torch-dp":
-        per_device = max(1, spec.global_batch_size // spec.grad_accum // spec.workers)
-    parts, net = plain(spec, device, per_device)
-    extra = 0
+        return max(1, spec.global_batch_size // spec.grad_accum // spec.workers)
+    return spec.per_worker_batch_size // spec.grad_accum
+
+
+def data_parallel_extra(spec: RunSpec, param_bytes: int) -> int:
+    """What DDP, Horovod and DataParallel add to the plain step: DDP's buckets (a flat copy of
+    every gradient), Horovod's fusion buffer, DataParallel's gathered logits and their
+    gradient on its first device."""
     if spec.strategy in ("torch-ddp", "lightning-ddp"):
-        extra = grad_bytes(net)  # DDP's buckets: a flat copy of every gradient
-    elif spec.strategy.startswith("horovod-"):
-        extra = int(os.environ.get("HOROVOD_FUSION_THRESHOLD", HOROVOD_FUSION_BYTES))
-    elif spec.strategy == "torch-dp" and spec.workers > 1:
+        return param_bytes
+    if spec.strategy.startswith("horovod-"):
+        return int(os.environ.get("HOROVOD_FUSION_THRESHOLD", HOROVOD_FUSION_BYTES))
+    if spec.strategy == "torch-dp" and spec.workers > 1:
         info = imagesets.spec_info(spec.to_dict())
-        logits = (spec.global_batch_size - per_device) * info.num_classes * 4
-        extra = 2 * logits * (spec.seq_len or 1)  # the gathered logits and their gradient
-    parts["communication"] += extra
-    parts["total"] += extra
-    return parts
+        micro = spec.global_batch_size // spec.grad_accum
+        logits = (micro - per_device_batch(spec)) * info.num_classes * 4
+        return 2 * logits * (spec.seq_len or 1)
+    return 0
 
 
-def fsdp(spec: RunSpec, device: torch.device) -> dict:
+def fsdp(spec: RunSpec, device: torch.device, keep: int | None, target: str) -> list[dict]:
     """torch-fsdp: the runner's own sharding (`pytorch.shard`) on a fake world."""
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -255,26 +160,28 @@ def fsdp(spec: RunSpec, device: torch.device) -> dict:
     with fake_world(spec.world_size):
         mesh = init_device_mesh(device.type, (spec.world_size,))
         with tensors():
-            net = shard(fake_model(spec, device), DTYPES[spec.precision], False,
+            net = shard(fake_model(spec, device, keep), DTYPES[spec.precision], False,
                         spec.own_model, mesh=mesh)  # fmt: skip
-            opt = make_optimizer(spec, net.parameters())
+            opt = trace_optimizer(spec, net.parameters(), target)
             batches = [fake_batch(spec, spec.per_worker_batch_size // spec.grad_accum, device)]
             tracker = FSDPMemTracker(net, opt)
             tracker.track_inputs(batches[0])
             return tracked(tracker, net, opt, batches, device, None)
 
 
-def on_host(parts: dict) -> dict:
-    """torch-fsdp with offload params (CPUOffloadPolicy) on a GPU: the sharded parameters,
-    their gradients and the optimizer state live on the host, so the device's peak is the
-    rest: the gathered units (communication), activations and temporaries. (On CPU the host
-    is the device: nothing leaves the prediction.)"""
-    moved = sum(parts[k] or 0 for k in ("parameters", "gradients", "optimizer"))
-    return {**parts, "parameters": 0, "gradients": 0, "optimizer": 0,
-            "total": parts["total"] - moved}  # fmt: skip
+def on_host(phase: dict) -> dict:
+    """A phase of torch-fsdp with offload params (CPUOffloadPolicy) on a GPU: the sharded
+    parameters, their gradients and the optimizer state live on the host; the gathered units
+    (the parameters each unit runs with), activations and temporaries stay on the device.
+    (On CPU the host is the device: nothing leaves the prediction.)"""
+    params, grads = phase["sharded_parameters"], phase["sharded_gradients"]
+    return {**phase, "parameters": phase["parameters"] - params, "optimizer": 0,
+            "gradients": phase["gradients"] - grads,
+            "total": phase["total"] - params - grads - phase["optimizer"]}  # fmt: skip
 
 
-def tensor_parallel(spec: RunSpec, device: torch.device) -> dict:
+def tensor_parallel(spec: RunSpec, device: torch.device, keep: int | None,
+                    target: str) -> list[dict]:  # fmt: skip
     """torch-tp and torch-fsdp-tp: the runner's plan (`tp_plans.parallelize`) on a fake
     dp × tp mesh, FSDP over dp as the runner shards."""
     from torch.distributed.device_mesh import init_device_mesh
@@ -283,17 +190,20 @@ def tensor_parallel(spec: RunSpec, device: torch.device) -> dict:
     from trainscale.runners.torch.pytorch import shard
 
     dp = spec.world_size // spec.tp
+    dtype = DTYPES[spec.precision]
     with fake_world(spec.world_size):
         mesh = init_device_mesh(device.type, (dp, spec.tp), mesh_dim_names=("dp", "tp"))
+        # planned and sharded on the meta device, then materialised, as the runner does: the
+        # meshes' (real) tensors of ranks are read outside the fake mode
+        net = meta_model(spec, keep)
+        blocks = models.blocks(net, spec.own_model)
+        tp_plans.parallelize(net, mesh["tp"], blocks, spec.own_model, sequence_parallel=True)
+        if spec.strategy == "torch-fsdp-tp":
+            shard(net, dtype, False, spec.own_model, mesh=mesh["dp"])
+            dtype = None  # FSDP casts
         with tensors():
-            net = fake_model(spec, device)
-            blocks = models.blocks(net, spec.own_model)
-            tp_plans.parallelize(net, mesh["tp"], blocks, spec.own_model, sequence_parallel=True)
-            dtype = DTYPES[spec.precision]
-            if spec.strategy == "torch-fsdp-tp":
-                shard(net, dtype, False, spec.own_model, mesh=mesh["dp"])
-                dtype = None  # FSDP casts
-            opt = make_optimizer(spec, net.parameters())
+            to_empty(net, device)
+            opt = trace_optimizer(spec, net.parameters(), target)
             batches = [fake_batch(spec, spec.global_batch_size // dp // spec.grad_accum, device)]
             if spec.strategy == "torch-fsdp-tp":
                 tracker = FSDPMemTracker(net, opt)
@@ -304,7 +214,7 @@ def tensor_parallel(spec: RunSpec, device: torch.device) -> dict:
             return tracked(tracker, net, opt, batches, device, dtype)
 
 
-def pipeline(spec: RunSpec, device: torch.device) -> dict:
+def pipeline(spec: RunSpec, device: torch.device, target: str) -> dict:
     """torch-pipeline: each stage of the runner's split, traced with one micro-batch, its
     activations counted as many times as its schedule keeps micro-batches in flight (GPipe:
     all of them; 1F1B: stages − stage index); the stage with the largest peak."""
@@ -319,10 +229,10 @@ def pipeline(spec: RunSpec, device: torch.device) -> dict:
         x, y = fake_batch(spec, spec.global_batch_size // spec.microbatches, device)
         for rank, (lo, hi) in enumerate(bounds):
             stage = Stage(nn.Sequential(*blocks[lo:hi]), last=rank == stages - 1)
-            opt = make_optimizer(spec, stage.parameters())
+            opt = trace_optimizer(spec, stage.parameters(), target)
             tracker = MemTracker()
             tracker.track_external(stage, opt, x)
-            parts = tracked(tracker, stage, opt, [(x, y)], device, dtype)
+            parts = peak(tracked(tracker, stage, opt, [(x, y)], device, dtype))
             held = spec.microbatches if spec.pipeline_schedule == "gpipe" else stages - rank
             more = (max(1, min(held, spec.microbatches)) - 1) * parts["activations"]
             parts["activations"] += more
@@ -336,7 +246,7 @@ def pipeline(spec: RunSpec, device: torch.device) -> dict:
 
 
 class Stage(nn.Module):
-    """A pipeline stage as `step` drives it: its blocks, and for a stage before the last a
+    """A pipeline stage as the trace steps it: its blocks, and for a stage before the last a
     stand-in loss (the sum) of what it sends on, so its backward runs as the schedule's does."""
 
     def __init__(self, blocks: nn.Sequential, last: bool) -> None:
@@ -348,17 +258,22 @@ class Stage(nn.Module):
         return out if self.last else out.float().sum().reshape(1, 1)
 
 
-def deepspeed(spec: RunSpec, device: torch.device) -> dict:
-    """deepspeed-zero0..3: DeepSpeed's model-state estimate, as the runner records it, plus
-    the trace's activations and temporaries of one micro-batch."""
-    from trainscale.runners.torch.deepspeed_zero import zero_estimate_bytes
+def deepspeed(spec: RunSpec, phases: list[dict], net: nn.Module) -> dict:
+    """deepspeed-zero0..3: the model states and buckets of the run's ds_config, plus the
+    activations and temporaries of the plain micro-batch's phase that holds most of them."""
+    from trainscale.plan.deepspeed_config import ds_config, load_fragment
 
-    parts, net = plain(spec, device, spec.per_worker_batch_size // spec.grad_accum)
-    states = zero_estimate_bytes(spec, net)
-    out = {"parameters": None, "gradients": None, "optimizer": None, "model_states": states}
-    out.update(activations=parts["activations"], temporaries=parts["temporaries"],
-               communication=0)  # fmt: skip
-    out["total"] = states + parts["activations"] + parts["temporaries"]
+    params = models.param_count(net)
+    largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in net.modules())
+    config = ds_config(spec, load_fragment(spec.deepspeed_config))
+    states = memory_parts.zero_states(spec, config, params, largest)
+    step = max(phases, key=lambda p: p["activations"] + p["temporaries"])
+    out = {"parameters": None, "gradients": None, "optimizer": None,
+           "model_states": states["model_states"], "activations": step["activations"],
+           "temporaries": step["temporaries"], "communication": states["buckets"]}  # fmt: skip
+    out["total"] = sum(out[k] for k in ("model_states", "activations", "temporaries",
+                                        "communication"))  # fmt: skip
+    out["host_offload"] = states["host"]
     return out
 
 
@@ -366,46 +281,76 @@ def model_states(spec: RunSpec) -> dict:
     """TensorFlow and Keras: fp32 variables, their gradients and the optimizer's slots (Adam's
     two moments, SGD's momentum where it is on), counted on the PyTorch twin, whose parameter
     count the Keras model matches."""
-    info = imagesets.spec_info(spec.to_dict())
-    with torch.device("meta"):
-        n = models.param_count(models.build(spec.model, info.shape, info.num_classes,
-                                            spec.own_model))  # fmt: skip
-    slots = 2 if spec.optimizer in ("adam", "adamw") else int(spec.momentum > 0)
+    n = models.param_count(meta_model(spec))
+    slots = memory_parts.optimizer_state_bytes(spec) // 4
     parts = {"parameters": 4 * n, "gradients": 4 * n, "optimizer": 4 * n * slots,
              "activations": None, "temporaries": None, "communication": None}  # fmt: skip
     parts["total"] = 4 * n * (2 + slots)
     return parts
 
 
-def predict(spec: RunSpec, target: str) -> dict:
-    """The prediction of one run's peak per rank on `target` ("cuda" or "cpu")."""
+def traced(spec: RunSpec, target: str, scale: bool) -> dict:
+    """The peak parts of the step of a PyTorch-family run on `target` (its total among them)."""
+    device = trace_device(target)
+    if spec.strategy == "torch-pipeline":
+        return pipeline(spec, device, target)
+    if spec.strategy == "torch-fsdp":
+        phases = scaled_phases(lambda s, d, k: fsdp(s, d, k, target), spec, device, scale)
+        if target == "cuda" and spec.offload == "params":
+            phases = [on_host(p) for p in phases]
+        return peak(phases)
+    if spec.strategy in ("torch-tp", "torch-fsdp-tp"):
+        return peak(scaled_phases(lambda s, d, k: tensor_parallel(s, d, k, target), spec,
+                                  device, scale))  # fmt: skip
+    deep = spec.strategy.startswith("deepspeed-")
+    batch = per_device_batch(spec)
+    seen = json.dumps([{k: getattr(spec, k) for k in PLAIN_FIELDS}, batch, target, scale,
+                       faking()], sort_keys=True, default=str)  # fmt: skip
+    if seen not in _PLAIN:  # shared: DeepSpeed's cells of any stage and world, their replicas
+        _PLAIN[seen] = scaled_phases(lambda s, d, k: plain(s, d, k, batch, target), spec,
+                                     device, scale)  # fmt: skip
+    phases = [dict(p) for p in _PLAIN[seen]]
+    net = meta_model(spec)
+    if deep:
+        return deepspeed(spec, phases, net)
+    parts = peak(phases)
+    param_bytes = sum(p.numel() * p.element_size() for p in net.parameters() if p.requires_grad)
+    extra = data_parallel_extra(spec, param_bytes)
+    parts["communication"] += extra
+    parts["total"] += extra
+    return parts
+
+
+def predict(spec: RunSpec, target: str, scale: bool = True) -> dict:
+    """The prediction of one run's peak per rank on `target` ("cuda" or "cpu"). `scale`: a
+    model of many identical blocks traced at a few of them and scaled (False: whole)."""
     t0 = time.perf_counter()
     row = catalog.STRATEGIES[spec.strategy]
+    device = None
     if row.runtime == "tensorflow":
-        parts, method, device = model_states(spec), "model-states", None
+        parts, method = model_states(spec), "model-states"
     else:
         device = trace_device(target)
-        trace = {"torch-fsdp": fsdp, "torch-tp": tensor_parallel,
-                 "torch-fsdp-tp": tensor_parallel, "torch-pipeline": pipeline}.get(
-            spec.strategy, deepspeed if spec.strategy.startswith("deepspeed-") else data_parallel
-        )  # fmt: skip
-        # offload moves state off a GPU; on CPU the host is the device, and nothing moves.
-        # The optimizer is traced tensor by tensor whatever optimizer.fused says: the state it
-        # keeps is the same, and CPU's fused kernel on fake tensors allocates temporaries
-        # CUDA's fused kernel does not (docs/memory.md)
-        moving = dataclasses.replace(spec, fused=False)
-        if target != "cuda":
-            moving = dataclasses.replace(moving, offload="none")
-        parts, method = trace(moving, device), "traced"
-        if moving.strategy == "torch-fsdp" and moving.offload == "params":
-            parts = on_host(parts)
+        # offload moves state off a GPU; on CPU the host is the device, and nothing moves
+        moving = spec if target == "cuda" else dataclasses.replace(spec, offload="none")
+        parts, method = traced(moving, target, scale), "traced"
     total = parts.pop("total")
     stage = parts.pop("stage", None)
-    answer = {"total_bytes": total, "parts": parts, "method": method,
+    host_offload = parts.pop("host_offload", None)
+    for key in SHARDED:
+        parts.pop(key, None)
+    parts = {k: parts.get(k) for k in (*PARTS, *(["model_states"] if "model_states" in parts
+                                                  else []))}  # fmt: skip
+    gpu = memory_parts.gpu_parts(spec, target)
+    parts.update(gpu)
+    answer = {"total_bytes": total, "reserved_bytes": total + gpu["runtime"] + gpu["nccl"],
+              "parts": parts, "method": method,
               "traced_on": device.type if device is not None else None,
               "seconds": round(time.perf_counter() - t0, 3)}  # fmt: skip
     if stage is not None:
         answer["stage"] = stage
+    if host_offload is not None:
+        answer["host_offload_bytes"] = host_offload
     return answer
 
 

@@ -269,17 +269,19 @@ class Loop:
         return gpu if self.cuda else self.cpu.result()
 
     def gather(self) -> tuple[torch.Tensor, float | None, float | None, list]:
-        """Every rank's peaks (rows of PhasePeaks.finish), the mean utilisation and summed
-        energy over ranks (None where no rank measured one) and every rank's host name."""
+        """Every rank's peaks (rows of PhasePeaks.finish and gpu_held), the mean utilisation
+        and summed energy over ranks (None where no rank measured one) and every rank's host
+        name."""
         util, energy = self.usage()
         row = self.memory.finish() + [math.nan if v is None else v for v in (util, energy)]
+        row += self.memory.gpu_held()  # reserved, NVML process: NaN where not read
         rows = self.plugin.all_gather(torch.tensor(row, dtype=torch.float64, device=self.device))
         rows = rows.cpu()
         utils = [v for v in rows[:, 4].tolist() if not math.isnan(v)]
         energies = [None if math.isnan(v) else v for v in rows[:, 5].tolist()]
         devices = self.plugin.gather_object((metrics.hostname(), self.uuid))
         return (
-            rows[:, :4],
+            torch.cat([rows[:, :4], rows[:, 6:8]], dim=1),
             sum(utils) / len(utils) if utils else None,
             energy_once_per_device(energies, devices),
             [host for host, _ in devices],
@@ -314,7 +316,9 @@ class Loop:
         env.update(p.env_extra)
         memory = {"peak_host_rss_bytes": None, "peak_device_bytes": None, **p.extra_memory}
         if per_rank is not None:
-            memory.update(memory_block(per_rank.max(0).values.tolist(), cuda))
+            peaks = per_rank[:, :4].max(0).values.tolist()
+            held = per_rank[:, 4:6].nan_to_num(-1.0).max(0).values.tolist()  # NaN: not read
+            memory.update(memory_block(peaks, cuda, [v if v >= 0 else math.nan for v in held]))
             memory["per_rank_host_rss_bytes"] = [int(v) for v in per_rank[:, 0].tolist()]
             memory["per_rank_device_bytes"] = (
                 [int(v) for v in per_rank[:, 1].tolist()] if cuda else None

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from trainscale import data
 from trainscale.measure.classes import scores, token_scores
-from trainscale.measure.memory import PhasePeaks
+from trainscale.measure.memory import PhasePeaks, nvml_process_reader
 from trainscale.plan.matrix import RunSpec
 
 DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -63,12 +63,16 @@ def sync(device: torch.device) -> None:
 
 def phase_peaks(device: torch.device) -> PhasePeaks:
     """Training's and evaluation's peak memory apart: host RSS, and allocated device memory on
-    a GPU (torch's peak counter, reset with the host's at every evaluation's start and end)."""
+    a GPU (torch's peak counter, reset with the host's at every evaluation's start and end);
+    on a GPU also training's reserved peak and NVML's figure for the process."""
     if device.type != "cuda":
         return PhasePeaks()
+    uuid = torch.cuda.get_device_properties(device).uuid
     return PhasePeaks(
         lambda: torch.cuda.max_memory_allocated(device),
         lambda: torch.cuda.reset_peak_memory_stats(device),
+        lambda: torch.cuda.max_memory_reserved(device),
+        nvml_process_reader(device.index, uuid),
     )
 
 

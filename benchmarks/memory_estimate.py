@@ -1,6 +1,6 @@
 """How long does the memory pre-flight take, and how close are its predictions?
 
-1. Pre-flight time (trainscale.plan.memory) for a study's cells, cold (an empty cache: one
+1. Pre-flight time (trainscale.plan.preflight.memory) for a study's cells, cold (an empty cache: one
    child imports torch and traces every cell) and warm (every answer cached), alternating
    cold and warm over `--rounds`, min/median/max each. Targets for .test/gpt.yaml on the
    2-core machine: cold ≤ 60 s, warm ≤ 1 s.
@@ -49,7 +49,8 @@ sys.path.insert(0, str(ROOT / "workflow"))
 
 import yaml  # noqa: E402
 
-from trainscale.plan import check, matrix, memory, overlay  # noqa: E402
+from trainscale.plan import check, matrix, overlay  # noqa: E402
+from trainscale.plan.preflight import memory  # noqa: E402
 from trainscale.plan.runspec import RunSpec  # noqa: E402
 
 #: the H200 cells of issue 45: (strategy, model, measured bytes)

@@ -11,7 +11,7 @@ import yaml
 
 from trainscale.analysis import aggregate
 from trainscale.analysis.study import Study
-from trainscale.plan import check, matrix
+from trainscale.plan import check, machine, matrix
 
 from conftest import ROOT, shipped_studies_cwd, snakemake, validated
 
@@ -129,7 +129,7 @@ def test_config_checker_accepts_the_shipped_configs(capsys, tmp_path, monkeypatc
     assert len(summaries) == len(configs)  # one line each, then the keys it inherits
 
 
-@pytest.mark.skipif(matrix.gpu_count() > 0, reason="checks the CPU-only form")
+@pytest.mark.skipif(machine.gpu_count() > 0, reason="checks the CPU-only form")
 def test_more_workers_than_the_machine_has_stops_before_any_job(tmp_path):
     workers = (os.cpu_count() or 1) + 1
     cfg = config_file(
@@ -155,8 +155,8 @@ def test_capacity_problems_for_gpus():
         validated({"study": "g", "matrix": {**GOOD, "strategy": ["torch-ddp"], "workers": [4]}}),
         "cuda",
     )
-    assert matrix.capacity_problems(runs, "cuda", cpus=64, gpus=8) == []
-    (msg,) = matrix.capacity_problems(runs, "cuda", cpus=64, gpus=2)
+    assert machine.capacity_problems(runs, "cuda", cpus=64, gpus=8) == []
+    (msg,) = machine.capacity_problems(runs, "cuda", cpus=64, gpus=2)
     assert "matrix.workers [4]" in msg and "2 GPUs" in msg
 
 

@@ -56,7 +56,7 @@ def test_row_facts_are_consistent():
         assert s.one_process == (s.launcher == "single-process"), s.name
         assert not (s.one_process and s.multi_node), s.name
         assert not s.one_device or s.one_process, s.name
-        # tensor parallelism moves activations, modelled apart (comm_model.tp_traffic)
+        # tensor parallelism moves activations, modelled apart (comm_model.tp_bytes)
         tp = s.name in catalog.TENSOR_PARALLEL
         assert (s.volume_factor is None) == (s.collectives is None) or tp, s.name
         assert s.runtime in ("torch", "tensorflow"), s.name

@@ -8,9 +8,10 @@ import pytest
 
 from trainscale.launch.supervise import Environment, command
 from trainscale.measure import metrics
-from trainscale.plan import memory
+from trainscale.plan import fit
 from trainscale.plan.deepspeed_config import ds_config, load_fragment, merge
 from trainscale.plan.matrix import ConfigError, build_runs
+from trainscale.plan.preflight import memory
 
 import tap
 from conftest import launch, validated
@@ -146,7 +147,7 @@ def test_zero3_bf16_with_accumulation_and_a_fragment(tmp_path, monkeypatch):
     s = make("deepspeed-zero3", precision="bf16", grad_accum=2, deepspeed_config=str(frag))
     monkeypatch.chdir(tmp_path)  # the planner's cache and index
     check = memory.resolve({"memory": {"limit_gib": 0.001, "check": "warn"}}, "cpu")
-    _, _, predicted = memory.fit(check, [s], [], "cpu")
+    _, _, predicted = fit.within_limits(check, [s], [], "cpu")
     index = memory.write_index("t", predicted, [s])
     out, taps = tmp_path / "metrics.json", tmp_path / "tap"
     p = launch(s, out, **tap.env(taps), **{memory.INDEX_ENV: str(index)})

@@ -74,7 +74,7 @@ def test_every_training_path_is_a_run_the_matrix_builds():
 
 def test_a_driver_without_cuda_in_torch_fails_every_path(monkeypatch, tmp_path):
     """A GPU node where torch is a CPU build must not pass by finding nothing to check."""
-    monkeypatch.setattr(gpu_check.matrix, "gpu_count", lambda: 1)  # /proc/driver/nvidia/gpus
+    monkeypatch.setattr(gpu_check.machine, "gpu_count", lambda: 1)  # /proc/driver/nvidia/gpus
     results = gpu_check.check_all(
         list(gpu_check.CHECKS), gpu_check.Context(out=tmp_path), echo=lambda _: None
     )

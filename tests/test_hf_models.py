@@ -1,7 +1,7 @@
-"""Hugging Face causal LMs by their config (`matrix.model: hf:NAME`, trainscale.plan.hf_models,
-trainscale.models.hf): safe names in paths, the checks before any job (vocabulary, positions,
-heads over tp, no Keras twin), and a user's config.json trained through Snakemake under the
-PyTorch family, counting transformers' own parameters."""
+"""Hugging Face causal LMs by their config (`matrix.model: hf:NAME`,
+trainscale.plan.preflight.hf_models, trainscale.models.hf): safe names in paths, the checks before
+any job (vocabulary, positions, heads over tp, no Keras twin), and a user's config.json trained
+through Snakemake under the PyTorch family, counting transformers' own parameters."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import pytest
 import torch
 import yaml
 
-from trainscale.plan import hf_models
 from trainscale.plan.matrix import ConfigError, build_runs
+from trainscale.plan.preflight import hf_models
 
 import tap
 from conftest import reuse_deepspeed_ops, run_env, snakemake, study_records, validated

@@ -1,6 +1,7 @@
-"""Will it fit: each cell's memory per rank predicted before any job (trainscale.plan.memory,
-trainscale.runners.torch.memory_trace), its model states exact, its trace the real step's, the
-cells over config `memory:`'s limit dropped with the nearest that fit, and `trainscale fit`."""
+"""Will it fit: each cell's memory per rank predicted before any job
+(trainscale.plan.preflight.memory, trainscale.runners.torch.memory_trace), its model states exact,
+its trace the real step's, the cells over config `memory:`'s limit dropped with the nearest that
+fit, and `trainscale fit`."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ import torch
 import yaml
 
 from trainscale.models import torch_models as models
-from trainscale.plan import check, fit, memory
+from trainscale.plan import check, fit
 from trainscale.plan.matrix import build_runs
+from trainscale.plan.preflight import memory
 from trainscale.runners.torch import memory_steps, memory_trace
 
 from conftest import ROOT, base_config, load_yaml
@@ -80,7 +82,7 @@ def test_cells_over_the_limit_are_dropped_with_the_nearest_that_fit(tmp_path, mo
     assert need[("torch", 1, 8)] < over and need[("torch-fsdp", 2, 64)] < over
     limit = (over - 1) / 0.9 / 2**30  # torch at batch 64 just over limit × headroom
     check_ = memory.resolve({"memory": {"limit_gib": limit, "check": "drop"}}, "cpu")
-    kept, dropped, predicted = memory.fit(check_, runs, dropped, "cpu")
+    kept, dropped, predicted = fit.within_limits(check_, runs, dropped, "cpu")
     assert "predicting" not in capsys.readouterr().err  # every answer from the cache
     (why,) = [d.reason for d in dropped if d.reason.startswith("torch gpt-nano")]
     assert why.startswith(f"torch gpt-nano batch 64: needs {over / 2**30:.3g} GiB per rank, over")
@@ -91,7 +93,7 @@ def test_cells_over_the_limit_are_dropped_with_the_nearest_that_fit(tmp_path, mo
     assert set(predicted) == {r.path for r in runs}
     assert predicted[kept[0].path]["limit_bytes"] == int(limit * 2**30)
     warn = memory.resolve({"memory": {"limit_gib": limit, "check": "warn"}}, "cpu")
-    kept, _, _ = memory.fit(warn, runs, [], "cpu")
+    kept, _, _ = fit.within_limits(warn, runs, [], "cpu")
     assert len(kept) == len(runs) and "(memory.check: warn, kept)" in capsys.readouterr().err
 
 
@@ -138,7 +140,7 @@ def test_check_prints_each_cell_and_fit_finds_the_largest_batch(tmp_path, monkey
     assert f"{cell}: {need[8] / 2**30:.3g} GiB (traced)" in out
     study["memory"] = {"limit_gib": (need[16] + need[24]) / 2 / 0.9 / 2**30}
     path.write_text(yaml.safe_dump(study))
-    assert fit.main([str(path), "--max-batch", "32"]) == 0
+    assert check.fit_main([str(path), "--max-batch", "32"]) == 0
     out = capsys.readouterr()
     assert "torch-fsdp gpt-nano shakespeare at 2 workers: batch 16 (global)" in out.out
     assert "predicting" not in out.err  # the cache answered every probe

@@ -14,8 +14,10 @@ import textwrap
 import pytest
 import yaml
 
-from trainscale.plan import fit, memory, memory_key, memory_parts
+from trainscale.plan import fit
+from trainscale.plan.check import fit_main
 from trainscale.plan.matrix import build_runs
+from trainscale.plan.preflight import memory, memory_key, memory_parts
 from trainscale.runners.torch import memory_trace
 
 from conftest import PYTHON, ROOT, SNAKEMAKE, base_config, run_env
@@ -131,13 +133,13 @@ def test_the_replica_is_skipped_over_the_limit_with_the_reason(tmp_path, monkeyp
     spec = gpt_run(strategy=["deepspeed-zero2"], workers=[2])
     assert memory.replica_spec(spec).strategy == "torch"
     small = memory.resolve({"memory": {"limit_gib": 0.01, "check": "warn"}}, "cpu")
-    _, _, predicted = memory.fit(small, [spec], [], "cpu")
+    _, _, predicted = fit.within_limits(small, [spec], [], "cpu")
     p = predicted[spec.path]
     assert p["replica_bytes"] > 0 and p["host_bytes"] > 0
     why = memory.replica_skipped(p)
     assert why.startswith("not measured: its whole-model replica") and "no allocation" in why
     large = memory.resolve({"memory": {"limit_gib": 1000, "check": "warn"}}, "cpu")
-    assert memory.replica_skipped(memory.fit(large, [spec], [], "cpu")[2][spec.path]) is None
+    assert memory.replica_skipped(fit.within_limits(large, [spec], [], "cpu")[2][spec.path]) is None
     index = memory.write_index("t", predicted, [spec])
     monkeypatch.setenv(memory.INDEX_ENV, str(index))
     assert memory.recorded(spec)["replica_bytes"] == p["replica_bytes"]
@@ -147,7 +149,7 @@ def test_a_node_over_the_host_limit_is_dropped_with_the_reason(tmp_path, monkeyp
     monkeypatch.chdir(tmp_path)
     runs, dropped = build_runs(base_config(**{**GPT, "strategy": ["torch-ddp"], "workers": [1, 2]}))
     check = memory.resolve({"memory": {"host_limit_gib": 1.2}}, "cpu")  # check off: no trace
-    kept, dropped, predicted = memory.fit(check, runs, dropped, "cpu")
+    kept, dropped, predicted = fit.within_limits(check, runs, dropped, "cpu")
     assert {r.workers for r in kept} == {1}
     (why,) = [d.reason for d in dropped if "host memory" in d.reason]
     assert re.match(r"torch-ddp gpt-nano batch 8: its 2 ranks on a node need [\d.]+ GiB of host "
@@ -165,7 +167,7 @@ def test_a_dropped_cell_is_told_which_knob_fits_from_predictions(tmp_path, monke
     limit = need / 0.9 / GIB * 0.999
     check = memory.resolve({"memory": {"limit_gib": limit, "check": "drop"}}, "cpu")
     with pytest.raises(memory.ConfigError) as e:  # its one cell dropped
-        memory.fit(check, runs, dropped, "cpu", cfg)
+        fit.within_limits(check, runs, dropped, "cpu", cfg)
     why = str(e.value)
     assert "no cell of this model in the matrix fits; predicted under the limit: " in why, why
     assert re.search(r"batch 32 \([\d.]+ GiB\)", why), why
@@ -224,7 +226,7 @@ def test_fit_reports_a_probe_whose_trace_fails_with_its_error(tmp_path, monkeypa
                         "batch_size": [2]}, "memory": {"limit_gib": 1}}  # fmt: skip
     path = tmp_path / "study.yaml"
     path.write_text(yaml.safe_dump(study))
-    assert fit.main([str(path), "--max-batch", "4"]) == 1
+    assert fit_main([str(path), "--max-batch", "4"]) == 1
     out = capsys.readouterr().out
     assert "torch wide digits at 1 workers: batch 2 (global)" in out
     assert "larger not predicted: batch 3: RuntimeError: planted: no trace past 2" in out

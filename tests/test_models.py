@@ -52,7 +52,7 @@ def _fits(name: str, channels: int, side: int, batch: int = 2) -> bool:
 
 def test_models_match_the_config_schema() -> None:
     """The schema names every built model (matrix.model takes them, or a user's own model,
-    by a name pattern: trainscale.plan.own_models), and every one has a published size."""
+    by a name pattern: trainscale.plan.preflight.own_models), and every one has a published size."""
     schema = yaml.safe_load(SCHEMA.read_text())
     described = schema["properties"]["matrix"]["properties"]["model"]["items"]["description"]
     assert all(name in described for name in MODELS)

@@ -16,7 +16,8 @@ import dataclasses
 import pytest
 import torch
 
-from trainscale.plan.matrix import build_runs, visible_gpus
+from trainscale.plan.machine import visible_gpus
+from trainscale.plan.matrix import build_runs
 from trainscale.runners.torch.step_timer import StepTimer
 from trainscale.runners.torch.torch_parts import make_optimizer, optimizer_implementation
 
@@ -136,9 +137,9 @@ def test_cells_whose_ranks_would_share_a_gpu_are_dropped_with_the_reason():
 
 
 def test_visible_gpus_follow_cuda_visible_devices(monkeypatch):
-    from trainscale.plan import matrix
+    from trainscale.plan import machine
 
-    monkeypatch.setattr(matrix, "gpu_count", lambda: 8)
+    monkeypatch.setattr(machine, "gpu_count", lambda: 8)
     assert visible_gpus({}) == 8
     assert visible_gpus({"CUDA_VISIBLE_DEVICES": "3"}) == 1
     assert visible_gpus({"CUDA_VISIBLE_DEVICES": "0,1"}) == 2

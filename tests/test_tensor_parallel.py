@@ -5,11 +5,11 @@ weights and data (the plan in trainscale/runners/torch/tp_plans.py)."""
 import numpy as np
 import pytest
 
-from trainscale.analysis import tp_traffic
+from trainscale.analysis import comm_model
 from trainscale.measure import metrics
 from trainscale.plan import catalog
 from trainscale.plan.matrix import build_runs
-from trainscale.plan.own_models import OwnModel
+from trainscale.plan.runspec import OwnModel
 
 import tap
 from conftest import ROOT, launch, validated
@@ -244,11 +244,11 @@ def step_collectives(sequence_parallel: bool, checkpointing: str = "none") -> di
 
 
 def test_the_traffic_model_counts_the_collectives_the_plan_runs():
-    """comm_model's TP traffic (analysis/tp_traffic.py) is counted from the plan: DTensor's
+    """comm_model's TP traffic (analysis/comm_model.py) is counted from the plan: DTensor's
     CommDebugMode sees exactly those collectives in one training step of gpt-nano (4 layers),
     the logits never gathered."""
     for sp in (False, True):
-        assert step_collectives(sp) == tp_traffic.collectives_per_step(4, sp), sp
+        assert step_collectives(sp) == comm_model.collectives_per_step(4, sp), sp
 
 
 def test_a_ranks_traced_logits_are_its_share_of_the_vocabulary():

@@ -31,8 +31,10 @@ from trainscale.report import endnote as ts_endnote
 from trainscale.data import imagesets as ts_imagesets
 from trainscale.plan import check as ts_check
 from trainscale.plan import cluster as ts_cluster
+from trainscale.plan import fit as ts_fit
+from trainscale.plan import machine as ts_machine
 from trainscale.plan import matrix as ts_matrix
-from trainscale.plan import memory as ts_memory
+from trainscale.plan.preflight import memory as ts_memory
 from trainscale.plan import overlay as ts_overlay
 from trainscale.plan import prices as ts_prices
 
@@ -83,22 +85,24 @@ STUDY = config["study"]
 RESULTS = f"results/{STUDY}"
 DEEPSPEED_OPS = ".cache/torch_extensions/deepspeed-ops.done"
 DEEPSPEED_CPU_ADAM = ".cache/torch_extensions/deepspeed-cpu-adam.done"
-ACCELERATOR = ts_matrix.detect_accelerator(config["accelerator"])
+ACCELERATOR = ts_machine.detect_accelerator(config["accelerator"])
 # the GPUs of this machine, where it has some: a study is planned for the machine it is
 # planned on (as memory's limit is), and on a cluster each worker is given a GPU of its own
-GPUS_HERE = ts_matrix.visible_gpus() if ACCELERATOR == "cuda" else 0
+GPUS_HERE = ts_machine.visible_gpus() if ACCELERATOR == "cuda" else 0
 
 try:
     RUNS, DROPPED = ts_matrix.build_runs(config, ACCELERATOR, GPUS_HERE or None)
     # config `cost`: prices that cannot apply to what the study runs on stop it here
     _price_problem = ts_prices.check(
-        config, ACCELERATOR, ts_prices.gpu_names() if GPUS_HERE else []
+        config, ACCELERATOR, ts_machine.gpu_names() if GPUS_HERE else []
     )
     if _price_problem:
         raise ts_matrix.ConfigError(_price_problem)
     # will each cell fit? predicted before any job, cached; over the limit: dropped or warned
     MEMORY = ts_memory.resolve(config, ACCELERATOR)
-    RUNS, DROPPED, PREDICTED = ts_memory.fit(MEMORY, RUNS, DROPPED, ACCELERATOR, config)
+    RUNS, DROPPED, PREDICTED = ts_fit.within_limits(
+        MEMORY, RUNS, DROPPED, ACCELERATOR, config
+    )
 except ts_matrix.ConfigError as e:
     raise ValueError(f"config: {e}") from None
 # each run's launcher records its prediction from this study's index (its host bytes at
@@ -138,8 +142,8 @@ def check_local_capacity():
     no run may need more nodes, GPUs or cores than it has."""
     if workflow.executor_plugin is None or workflow.executor_plugin.name != "local":
         return
-    problems = ts_matrix.capacity_problems(
-        RUNS, ACCELERATOR, os.cpu_count() or 1, ts_matrix.visible_gpus()
+    problems = ts_machine.capacity_problems(
+        RUNS, ACCELERATOR, os.cpu_count() or 1, ts_machine.visible_gpus()
     ) + ts_cluster.local_problems(config)
     if problems:
         raise ValueError(
@@ -218,7 +222,7 @@ def job_resources(request, every_request=None):
 #: config `slurm`: --exclusive, the GPUs asked of a node, a constraint (with_options)
 SLURM_OPTIONS = config.get("slurm") or {}
 #: Every run's SLURM request (trainscale.launch.slurm.slurm_resources), made once per run:
-#: its memory per node from the planner's host bytes per rank (trainscale.plan.memory).
+#: its memory per node from the planner's host bytes per rank (trainscale.plan.preflight.memory).
 RUN_REQUESTS = {
     path: slurm_resources(r, ACCELERATOR, PREDICTED[path]["host_bytes"], SLURM_OPTIONS)
     for path, r in RUN_BY_PATH.items()

@@ -22,14 +22,17 @@ import trainscale
 
 
 class Command(NamedTuple):
-    module: str  # its `main(argv, prog) -> int` does the work
+    module: str  # its `main(argv, prog) -> int` (or `function`) does the work
     help: str
+    function: str = "main"
 
 
 COMMANDS: dict[str, Command] = {
     "check": Command("trainscale.plan.check", "check study config files; run nothing"),
     "fit": Command(
-        "trainscale.plan.fit", "the largest batch size that fits each cell's memory limit"
+        "trainscale.plan.check",
+        "the largest batch size that fits each cell's memory limit",
+        "fit_main",
     ),
     "report": Command(
         "trainscale.report.cli", "tables, figures and report.html from metrics files"
@@ -73,8 +76,9 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"unrecognized arguments: {' '.join(rest)}; give a COMMAND first")
         p.print_help()
         return 0
-    module = importlib.import_module(COMMANDS[args.command].module)
-    return module.main(rest, prog=f"trainscale {args.command}")
+    command = COMMANDS[args.command]
+    run = getattr(importlib.import_module(command.module), command.function)
+    return run(rest, prog=f"trainscale {args.command}")
 
 
 if __name__ == "__main__":

@@ -184,7 +184,7 @@ once (in `trainscale.analysis.cells` and, for communication.csv, `trainscale.ana
   activation traffic of one step over the tp group in all-reduce-equivalent bytes
   ((4L + 2.5)·A with sequence parallelism, (6L + 2)·A without, plus 3·b·T fp32 values for
   the loss on logits split by vocabulary; A = b·T·C activation bytes,
-  trainscale.analysis.tp_traffic) and S_dp the FSDP
+  trainscale.analysis.comm_model) and S_dp the FSDP
   gradient of params / tp × 4 bytes. B is read from the cell's benchmark at A bytes (and at
   S_dp); the tp group is smaller than the benchmark's world in torch-fsdp-tp (said in the
   row's note). TP's collectives cannot be switched off, so no exposed time is measured.

@@ -48,7 +48,7 @@ from trainscale.gpu.paths import (
     study,
     train,
 )
-from trainscale.plan import matrix
+from trainscale.plan import machine
 
 __all__ = [
     "BASE_STUDY",
@@ -97,7 +97,7 @@ class Result:
 def cuda_state() -> tuple[str, str]:
     """("cuda", versions) where torch sees a CUDA device; ("none", why) on a node without an
     NVIDIA driver; ("broken", why) on a node with a driver where torch sees no CUDA device."""
-    gpus = matrix.gpu_count()
+    gpus = machine.gpu_count()
     if not gpus and not shutil.which("nvidia-smi"):
         return "none", "no CUDA device"
     import torch

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from trainscale.launch import container
 from trainscale.launch.commands import Environment, tasks_per_node
-from trainscale.plan import memory_parts
+from trainscale.plan.preflight import memory_parts
 from trainscale.plan.runspec import RunSpec
 
 
@@ -210,7 +210,7 @@ def slurm_resources(
     options: Mapping | None = None,
 ) -> dict[str, int | str]:
     """The SLURM resources of a training run (see `slurm_request`); with `host_bytes` (the
-    planner's host memory per rank, trainscale.plan.memory) its memory per node: `mem_mb`
+    planner's host memory per rank, trainscale.plan.preflight.memory) its memory per node: `mem_mb`
     (sbatch --mem) = its ranks on a node × host_bytes, a margin over it and the launcher's
     process (memory_parts.slurm_mem_mb); and config `slurm`'s `options` (`with_options`). A
     `set-resources` of the profile still wins."""

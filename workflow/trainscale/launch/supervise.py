@@ -59,7 +59,7 @@ from trainscale.launch.slurm import (
     slurm_seconds,
 )
 from trainscale.measure import metrics, variables
-from trainscale.plan import memory
+from trainscale.plan.preflight import memory
 from trainscale.plan.runspec import RunSpec
 
 __all__ = [

@@ -1,5 +1,6 @@
 """Hugging Face causal LMs built from a config alone (`matrix.model: hf:NAME`,
-trainscale.plan.hf_models): the own-model builder and tensor-parallel plan trainscale gives them.
+trainscale.plan.preflight.hf_models): the own-model builder and tensor-parallel plan trainscale
+gives them.
 
 `AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=torch.float32)`
 builds any architecture transformers knows (Llama, Qwen2, Mistral, ...) with random weights

@@ -40,7 +40,7 @@ from trainscale.models import keras_gpt  # noqa: E402
 from trainscale.models.builders import VGG19_STAGES, Builders  # noqa: E402
 from trainscale.models.own import build_keras  # noqa: E402
 from trainscale.plan import catalog  # noqa: E402
-from trainscale.plan.own_models import OwnModel  # noqa: E402
+from trainscale.plan.runspec import OwnModel  # noqa: E402
 
 #: The models this module builds: the catalog's, in its order.
 MODELS: tuple[str, ...] = tuple(catalog.MODELS)

@@ -1,5 +1,5 @@
-"""The user's own models (config `models:`, trainscale.plan.own_models): their builders called
-with the keywords trainscale promises, in PyTorch and in Keras, and their blocks.
+"""The user's own models (config `models:`, trainscale.plan.preflight.own_models): their builders
+called with the keywords trainscale promises, in PyTorch and in Keras, and their blocks.
 
 The contract (docs/own-model.md): keywords only, `build(input_shape=(C, H, W), classes=K,
 **kwargs)` for images and `build(vocab_size=V, seq_len=T, **kwargs)` for tokens, returning a
@@ -14,7 +14,7 @@ import pkgutil
 import sys
 from collections.abc import Sequence
 
-from trainscale.plan.own_models import OwnModel
+from trainscale.plan.runspec import OwnModel
 
 
 def builder_call(input: str, shape: tuple[int, ...], classes: int) -> dict:

@@ -1,5 +1,5 @@
 """The pre-flight check of the user's own models, run in a child process by
-trainscale.plan.own_models before any job: `python -m trainscale.models.preflight REQUEST
+trainscale.plan.preflight.own_models before any job: `python -m trainscale.models.preflight REQUEST
 ANSWER` reads the request (a JSON file: `code` and each model's entry with the (shape, classes)
 pairs it will be built at) and writes the answer to the file ANSWER. Both are files of their
 own because the user's code may print, log or warn anywhere, at import, build or forward:
@@ -26,7 +26,7 @@ from torch import nn
 
 from trainscale.models.own import builder_call, model_blocks, submodule
 from trainscale.models.torch_models import fake_forward
-from trainscale.plan.own_models import pair_key
+from trainscale.plan.preflight.own_models import pair_key
 
 #: a twin's parameter count may differ from the PyTorch model's by this share at most
 TWIN_TOLERANCE = 0.01

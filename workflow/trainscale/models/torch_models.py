@@ -24,7 +24,7 @@ from trainscale.models.builders import VGG19_STAGES, Builders
 from trainscale.models.init import Gather, Init, initialise, to_empty
 from trainscale.models.own import build_torch, model_blocks, resolved
 from trainscale.plan import catalog
-from trainscale.plan.own_models import OwnModel
+from trainscale.plan.runspec import OwnModel
 
 #: The models this module builds: the catalog's, in its order.
 MODELS: tuple[str, ...] = tuple(catalog.MODELS)

@@ -1,8 +1,8 @@
 """`trainscale check CONFIG...`: a study's config checked before anything runs, for people: every
-place it breaks the schema, with the key as written in YAML and a likely fix; the user's own
-models built in a pre-flight child; the run set with the cells dropped and why; and, where
-config `memory:` asks for it, each cell's predicted memory per rank (trainscale.plan.memory).
-The workflow (rules/common.smk) runs the same checks before its first job.
+place it breaks the schema, with the key as written in YAML and a likely fix; the user's own models
+built in a pre-flight child; the run set with the cells dropped and why; and, where config `memory:`
+asks for it, each cell's predicted memory per rank (trainscale.plan.preflight.memory). The workflow
+(rules/common.smk) runs the same checks before its first job.
 """
 
 from __future__ import annotations
@@ -12,17 +12,17 @@ import sys
 from pathlib import Path
 
 from trainscale.data import imagecheck, names
-from trainscale.plan import catalog, cluster, hf_models, memory, own_models, prices
+from trainscale.plan import catalog, cluster, fit, prices
+from trainscale.plan.machine import detect_accelerator, gpu_names, visible_gpus
 from trainscale.plan.matrix import (
     CONFIG_SCHEMA,
     DEFAULT_SEQ_LEN,
     ConfigError,
     build_runs,
     data_shapes,
-    detect_accelerator,
     summary,
-    visible_gpus,
 )
+from trainscale.plan.preflight import hf_models, memory, own_models
 
 
 def config_problems(config: dict, schema: dict) -> list[str]:
@@ -178,12 +178,12 @@ def check_file(path: str | Path, base: Path | None = None, show_memory: bool = T
     try:
         gpus = visible_gpus() if accelerator == "cuda" else 0  # as the Snakefile plans
         runs, dropped = build_runs(config, accelerator, gpus or None)
-        if problem := prices.check(config, accelerator, prices.gpu_names() if gpus else []):
+        if problem := prices.check(config, accelerator, gpu_names() if gpus else []):
             raise ConfigError(problem)
         if not show_memory:
             config["memory"] = {**config.get("memory", {}), "check": "off"}
         check = memory.resolve(config, accelerator, show=show_memory)
-        runs, dropped, predicted = memory.fit(check, runs, dropped, accelerator, config)
+        runs, dropped, predicted = fit.within_limits(check, runs, dropped, accelerator, config)
     except ConfigError as e:
         return [f"{path}: {e}"]
     print(f"{path}: study {config['study']!r}: {summary(runs, dropped)}")
@@ -241,3 +241,52 @@ def main(argv: list[str] | None = None, prog: str = "trainscale check") -> int:
     for line in problems:
         print(line, file=sys.stderr)
     return 1 if problems else 0
+
+
+def fit_main(argv: list[str] | None = None, prog: str = "trainscale fit") -> int:
+    """`trainscale fit CONFIG`: the largest batch size whose predicted memory per rank fits config
+    `memory:` (its limit × headroom), per strategy × model × world size (trainscale.plan.fit)."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog=prog, description=fit_main.__doc__.split(": ", 1)[1])
+    p.add_argument("config", type=Path, metavar="CONFIG", help="a study config file")
+    p.add_argument("--base", type=Path, default=None, help="the config laid under it")
+    p.add_argument("--max-batch", type=int, default=4096, help="largest batch size tried")
+    args = p.parse_args(argv)
+    config, problems = load_config(args.config, args.base)
+    if problems:
+        print("\n".join(problems), file=sys.stderr)
+        return 1
+    config.pop("_inherited")
+    accelerator = detect_accelerator(config["accelerator"])
+    try:
+        config.setdefault("memory", {})
+        check = memory.resolve({"memory": {**config["memory"], "check": "drop"}}, accelerator)
+        runs, _ = build_runs(config, accelerator)
+        groups = {tuple(getattr(r, k) for k in fit.GROUP): r for r in runs if r.repeat == 0}
+        tried = {
+            g: fit.candidates(config, r, args.max_batch, accelerator) for g, r in groups.items()
+        }
+        best = fit.largest_fitting(tried, check.allowed_bytes, accelerator)
+    except ConfigError as e:
+        print(f"{args.config}: {e}", file=sys.stderr)
+        return 1
+    print(f"largest batch size per rank's memory, limit {check.describe()} ({check.source}):")
+    failed = False
+    for g, found in sorted(best.items(), key=lambda kv: tuple(map(str, kv[0]))):
+        r = groups[g]
+        cell = f"{r.strategy} {r.model} {r.dataset} at {r.world_size} workers" + (
+            f" (tp {r.tp})" if r.tp > 1 else ""
+        )  # fmt: skip
+        line = f"  {cell}: "
+        if found.run is not None:
+            line += f"batch {found.run.batch_size} ({r.batch_mode}), "
+            line += f"{found.need / memory.GIB:.3g} GiB"
+            line += f"; larger not predicted: {found.error}" if found.error else ""
+        elif found.error:
+            line += f"not predicted: {found.error}"
+        else:
+            line += "none of the batch sizes tried fits"
+        failed |= found.error is not None
+        print(line)
+    return 1 if failed else 0

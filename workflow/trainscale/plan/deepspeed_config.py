@@ -1,7 +1,7 @@
 """The ds_config of a DeepSpeed run (`deepspeed-zero0` … `3`): a pure function of its run spec
 and the user's fragment (config `deepspeed_config`), so the planner reads the same
 configuration the runner hands to `deepspeed.initialize` (its memory prediction counts the
-model states and buckets this configuration sizes; trainscale.plan.memory_parts)."""
+model states and buckets this configuration sizes; trainscale.plan.preflight.memory_parts)."""
 
 from __future__ import annotations
 

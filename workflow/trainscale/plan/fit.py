@@ -1,49 +1,252 @@
-"""`trainscale fit CONFIG`: for each strategy × model × world size of a study, the largest batch
-size whose predicted memory per rank fits config `memory:` (its limit × headroom).
+"""What fits: the cells of a study over config `memory:`'s limits dropped before any job with
+the reason, what would bring each under them, and `trainscale fit CONFIG`, the largest batch
+size that fits per strategy × model × world size.
 
-The batch sizes tried are those the study could run: powers of two and three times them, and
-the study's own `matrix.batch_size`, up to `--max-batch`, each kept only where the matrix's
-rules keep the cell (it splits over the workers, micro-batches and tensor-parallel groups, and
-an epoch holds a global batch). The need grows with the batch, so each cell is bisected over
-them with the estimator (trainscale.plan.memory), every cell's probe of a round in one child.
+The predictions are the estimator's (trainscale.plan.preflight.memory); this module asks it
+about cells the matrix's rules build (`one_cell`), so it sits above the matrix.
+
+- `within_limits`: the runs that fit, the dropped ones with the reason (the nearest cells of
+  the matrix that fit, and the knobs that would, each with its predicted GiB), and every run's
+  `memory.predicted` block.
+- The advice: the same cell with full activation checkpointing, with offload, on twice the
+  workers, and at smaller batches, each predicted as any cell is (a model of many identical
+  blocks is traced at a few of them and scaled, so the variants cost a few small traces).
+- `trainscale fit`: the batch sizes tried are those the study could run: powers of two and
+  three times them, and the study's own `matrix.batch_size`, up to `--max-batch`, each kept
+  only where the matrix's rules keep the cell (it splits over the workers, micro-batches and
+  tensor-parallel groups, and an epoch holds a global batch). The need grows with the batch,
+  so each cell is bisected over them, every cell's probe of a round in one child.
 """
 
 from __future__ import annotations
 
-import argparse
 import copy
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
-from trainscale.plan import memory
-from trainscale.plan.check import load_config
-from trainscale.plan.matrix import ConfigError, build_runs, detect_accelerator
-from trainscale.plan.runspec import RunSpec
+from trainscale.plan.matrix import ConfigError, build_runs
+from trainscale.plan.preflight import hf_models, memory, memory_parts
+from trainscale.plan.preflight.memory import GIB, Check, block, need, predict, replica_spec
+from trainscale.plan.runspec import MATRIX_KEYS, Dropped, RunSpec
+
+#: halvings of the batch tried by the advice
+HALVINGS = 3
+
+
+def within_limits(
+    check: Check, runs: list[RunSpec], dropped: list[Dropped], target: str,
+    config: dict | None = None,
+) -> tuple[list[RunSpec], list[Dropped], dict[str, dict]]:  # fmt: skip
+    """The runs that fit (all of them unless memory.check is drop and memory.host_limit_gib
+    is not exceeded), the dropped ones with the reason, and every run's `memory.predicted`
+    block by path (its host bytes at least: those need no trace). Nothing is traced when
+    memory.check is off. Each prediction is printed where the answer is read; `config`
+    (the study's) lets a reason say which knob would bring a cell under the limit."""
+    if not runs:
+        return runs, dropped, {}
+    answers: dict[str, dict] = {}
+    replicas: dict[str, dict] = {}
+    if check.mode != "off":
+        extra = {r.path: replica_spec(r) for r in runs}
+        extra = {p: s for p, s in extra.items() if s is not None}
+        found = predict([*runs, *extra.values()], target)
+        answers = {r.path: found[r.path] for r in runs}
+        replicas = {p: found[s.path] for p, s in extra.items()}
+    by_cell: dict[tuple, dict] = {}  # a cell's repeats share their prediction
+    for r in runs:
+        if r.cell not in by_cell:
+            by_cell[r.cell] = block(answers.get(r.path), check, r, target, replicas.get(r.path))
+    blocks = {r.path: by_cell[r.cell] for r in runs}
+    notes = [f"memory of {r.path} not predicted: {a['error']}" for r in runs
+             if "error" in (a := answers.get(r.path, {}))]  # fmt: skip
+    over: dict[str, str] = {}  # path -> why
+    seen: set = set()
+    for r in runs:
+        why = host_over(r, blocks[r.path]["host_bytes"], check)
+        if why and r.cell not in seen:
+            seen.add(r.cell)
+            over[r.path] = why
+        elif why:
+            over[r.path] = ""
+    allowed = check.allowed_bytes
+    if allowed is not None and check.mode != "off":
+        too_big = {r.path for r in runs if need(answers[r.path]) > allowed}
+        fits = [r for r in runs if r.path not in too_big and r.path not in over]
+        firsts = {}  # the first run of each cell over the limit
+        for r in runs:
+            if r.path in too_big and r.path not in over:
+                firsts.setdefault(r.cell, r)
+        advice = {}  # every cell's knobs predicted in one child
+        if config is not None and firsts:
+            advice = advise(config, list(firsts.values()), allowed, target)
+        for r in runs:
+            if r.path not in too_big or r.path in over:
+                continue
+            first = firsts[r.cell] is r
+            over[r.path] = over_reason(r, need(answers[r.path]), check, fits,
+                                       advice.get(r.path)) if first else ""  # fmt: skip
+    drop = check.mode != "warn"  # off: only the host limit, which drops
+    for r in runs:
+        if over.get(r.path):
+            if drop:
+                dropped.append(Dropped({k: getattr(r, k) for k in MATRIX_KEYS}, over[r.path]))
+            else:
+                notes.append(f"{over[r.path]} (memory.check: warn, kept)")
+    kept = [r for r in runs if r.path not in over] if drop else runs
+    for line in notes:
+        print(f"trainscale: memory: {line}", file=sys.stderr)
+    if not kept:
+        raise ConfigError(
+            f"memory: every cell is over {check.describe()} per device or its host limit: "
+            + "; ".join(d.reason for d in dropped[-3:])
+        )
+    return kept, dropped, blocks
+
+
+def host_over(r: RunSpec, host_bytes: int, check: Check) -> str | None:
+    """Why `r`'s ranks on a node do not fit memory.host_limit_gib (None: they do)."""
+    if check.host_limit_gib is None:
+        return None
+    mb = memory_parts.slurm_mem_mb(r, host_bytes)
+    if mb * 2**20 <= check.host_limit_gib * GIB:
+        return None
+    per_node = -(-r.processes // r.nodes)
+    return (
+        f"{r.strategy} {r.model} batch {r.batch_size}: its {per_node} ranks on a node need "
+        f"{mb * 2**20 / GIB:.3g} GiB of host memory ({host_bytes / GIB:.3g} GiB each, with the "
+        f"request's margin), over memory.host_limit_gib {check.host_limit_gib:g}"
+    )
+
+
+def over_reason(r: RunSpec, needed: int, check: Check, fits: list[RunSpec],
+                advice: str | None = None) -> str:  # fmt: skip
+    """Why `r` is dropped, the nearest cells of the matrix that fit and which knobs' predicted
+    needs are under the limit (`advice`, from `advise`)."""
+    why = (f"{r.strategy} {r.model} batch {r.batch_size}: needs {needed / GIB:.3g} GiB per "
+           f"rank, over {check.describe()}; {nearest(r, fits)}")  # fmt: skip
+    return why + (f"; {advice}" if advice else "")
+
+
+def nearest(r: RunSpec, fits: list[RunSpec]) -> str:
+    """The nearest fitting cells of the same model, data and precision: the largest smaller
+    batch of the same strategy and world, other strategies at the same batch and world, and
+    the same strategy on more workers."""
+    same = [o for o in fits if (o.model, o.dataset, o.seq_len, o.precision, o.batch_mode)
+            == (r.model, r.dataset, r.seq_len, r.precision, r.batch_mode)]  # fmt: skip
+    hints = []
+    smaller = [o.batch_size for o in same if o.strategy == r.strategy and o.batch_size
+               < r.batch_size and (o.world_size, o.tp) == (r.world_size, r.tp)]  # fmt: skip
+    if smaller:
+        hints.append(f"fits at batch {max(smaller)}")
+    others: dict[str, int] = {}  # another strategy -> the fewest workers it fits on
+    for o in same:
+        if o.strategy == r.strategy or o.batch_size != r.batch_size:
+            continue
+        if r.world_size <= o.world_size < others.get(o.strategy, 1 << 30):
+            others[o.strategy] = o.world_size
+    nearest_others = sorted(others.items(), key=lambda kv: (kv[1], kv[0]))[:2]
+    hints += [f"with {s} at {workers(n)}" for s, n in nearest_others]
+    wider = sorted({o.world_size for o in same if o.strategy == r.strategy
+                    and o.batch_size == r.batch_size and o.world_size > r.world_size})  # fmt: skip
+    if wider:
+        hints.append(f"at {workers(wider[0])}")
+    if not hints:
+        return "no cell of this model in the matrix fits"
+    text = ", or ".join(hints)
+    return text if text.startswith("fits") else "fits " + text
+
+
+def workers(n: int) -> str:
+    return f"{n} worker{'s' * (n != 1)}"
+
+
+# ----- the advice
+
+
+def one_cell(config: dict, r: RunSpec, accelerator: str, **changes) -> RunSpec | None:
+    """`r`'s cell with `changes`, as the study's rules build it; None where they refuse it
+    (a knob the strategy has not, a batch that does not split over the workers)."""
+    one = copy.deepcopy(hf_models.expand(config))
+    one["matrix"] = {k: [changes.get(k, getattr(r, k))] for k in MATRIX_KEYS}
+    if not r.seq_len:
+        del one["matrix"]["seq_len"]  # an image data set
+    one["faults"] = []
+    try:
+        runs, _ = build_runs(one, accelerator)
+    except (ConfigError, ValueError):
+        return None
+    return next((s for s in runs if s.repeat == 0), None)
+
+
+def variants(config: dict, r: RunSpec, accelerator: str) -> list[tuple[str, RunSpec]]:
+    """(what changes, the cell with it) for each knob the study's rules allow on `r`."""
+    tried = []
+    if r.activation_checkpointing != "full":
+        tried.append(("full activation checkpointing", {"activation_checkpointing": "full"}))
+    for mode in ("optimizer", "params"):
+        if r.offload != mode:
+            tried.append((f"offload {mode}", {"offload": mode}))
+    tried.append((f"{r.workers * 2} workers per node", {"workers": r.workers * 2}))
+    batch = r.batch_size
+    for _ in range(HALVINGS):
+        batch //= 2
+        if batch >= 1:
+            tried.append((f"batch {batch}", {"batch_size": batch}))
+    out = []
+    for what, changes in tried:
+        spec = one_cell(config, r, accelerator, **changes)
+        if spec is not None:
+            out.append((what, spec))
+    return out
+
+
+def advise(config: dict, cells: list[RunSpec], allowed: float, accelerator: str) -> dict[str, str]:
+    """{path: which knobs bring the cell under `allowed` bytes, each with its predicted GiB,
+    and those that do not (of the batches, the largest that fits, or the smallest tried)}
+    for each of `cells`, every variant predicted in one child."""
+    tried = {r.path: variants(config, r, accelerator) for r in cells}
+    every = {s.path: s for found in tried.values() for _, s in found}
+    answers = predict(list(every.values()), accelerator) if every else {}
+    return {r.path: said(tried[r.path], answers, allowed) for r in cells}
+
+
+def said(tried: list[tuple[str, RunSpec]], answers: dict, allowed: float) -> str:
+    """One cell's advice from its variants' answers."""
+    if not tried:
+        return "no knob of the matrix applies to it"
+    under, over, batch_seen = [], [], False
+    for what, spec in tried:
+        a = answers[spec.path]
+        if "error" in a:
+            over.append(f"{what} (not predicted: {a['error']})")
+            continue
+        text = f"{what} ({need(a) / GIB:.3g} GiB)"
+        is_batch = what.startswith("batch ")
+        if need(a) <= allowed:
+            if not (is_batch and batch_seen):
+                under.append(text)
+            batch_seen |= is_batch
+        elif not is_batch or spec is tried[-1][1]:
+            over.append(text)
+    out = "predicted under the limit: " + ", ".join(under) if under else (
+        "no single knob brings it under the limit as predicted"
+    )  # fmt: skip
+    return out + (f"; over it: {', '.join(over)}" if over else "")
+
+
+# ----- trainscale fit
+
 
 #: the keys that name a cell apart from its batch size
-GROUP = ("strategy", "model", "dataset", "seq_len", "batch_mode", "workers", "nodes", "tp",
-         "precision", "activation_checkpointing", "offload")  # fmt: skip
+GROUP = tuple(k for k in MATRIX_KEYS if k != "batch_size")
 
 
 def candidates(config: dict, template: RunSpec, max_batch: int, accelerator: str) -> list:
     """`template`'s cell at every batch size the study's rules accept, smallest first."""
     sizes = {b for k in range(20) for b in (2**k, 3 * 2**k) if b <= max_batch}
     sizes |= {b for b in config["matrix"]["batch_size"] if b <= max_batch}
-    one = copy.deepcopy(config)
-    one["matrix"] = {k: [getattr(template, k)] for k in (*GROUP, "scale")}
-    if not template.seq_len:
-        del one["matrix"]["seq_len"]  # an image data set
-    one["faults"] = []
-    out = []
-    for size in sorted(sizes):
-        one["matrix"]["batch_size"] = [size]
-        try:
-            runs, _ = build_runs(one, accelerator)
-        except ConfigError:  # the size does not split over the cell's workers
-            continue
-        out += [r for r in runs if r.repeat == 0]
-    return out
+    found = (one_cell(config, template, accelerator, batch_size=size) for size in sorted(sizes))
+    return [r for r in found if r is not None]
 
 
 @dataclass
@@ -81,47 +284,3 @@ def largest_fitting(tried: dict[tuple, list[RunSpec]], allowed: float, target: s
                 hi[g] = i
     return {g: Found(tried[g][lo[g]] if lo[g] >= 0 else None, need[g].get(lo[g]),
                      errors.get(g)) for g in tried}  # fmt: skip
-
-
-def main(argv: list[str] | None = None, prog: str = "trainscale fit") -> int:
-    """`trainscale fit CONFIG`: the largest batch size that fits, per strategy × model × world."""
-    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
-    p.add_argument("config", type=Path, metavar="CONFIG", help="a study config file")
-    p.add_argument("--base", type=Path, default=None, help="the config laid under it")
-    p.add_argument("--max-batch", type=int, default=4096, help="largest batch size tried")
-    args = p.parse_args(argv)
-    config, problems = load_config(args.config, args.base)
-    if problems:
-        print("\n".join(problems), file=sys.stderr)
-        return 1
-    config.pop("_inherited")
-    accelerator = detect_accelerator(config["accelerator"])
-    try:
-        config.setdefault("memory", {})
-        check = memory.resolve({"memory": {**config["memory"], "check": "drop"}}, accelerator)
-        runs, _ = build_runs(config, accelerator)
-        groups = {tuple(getattr(r, k) for k in GROUP): r for r in runs if r.repeat == 0}
-        tried = {g: candidates(config, r, args.max_batch, accelerator) for g, r in groups.items()}
-        best = largest_fitting(tried, check.allowed_bytes, accelerator)
-    except ConfigError as e:
-        print(f"{args.config}: {e}", file=sys.stderr)
-        return 1
-    print(f"largest batch size per rank's memory, limit {check.describe()} ({check.source}):")
-    failed = False
-    for g, found in sorted(best.items(), key=lambda kv: tuple(map(str, kv[0]))):
-        r = groups[g]
-        cell = f"{r.strategy} {r.model} {r.dataset} at {r.world_size} workers" + (
-            f" (tp {r.tp})" if r.tp > 1 else ""
-        )  # fmt: skip
-        line = f"  {cell}: "
-        if found.run is not None:
-            line += f"batch {found.run.batch_size} ({r.batch_mode}), "
-            line += f"{found.need / memory.GIB:.3g} GiB"
-            line += f"; larger not predicted: {found.error}" if found.error else ""
-        elif found.error:
-            line += f"not predicted: {found.error}"
-        else:
-            line += "none of the batch sizes tried fits"
-        failed |= found.error is not None
-        print(line)
-    return 1 if failed else 0

@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import itertools
 import math
-import os
 from collections import Counter
-from collections.abc import Mapping
 from pathlib import Path
 
 from trainscale import data
@@ -25,11 +23,10 @@ from trainscale.plan import (
     datafit,
     exclusions,
     faults,
-    hf_models,
     knobs,
-    own_models,
     speed_options,
 )
+from trainscale.plan.preflight import hf_models, own_models
 from trainscale.plan.runspec import (
     DIVERGE_LR,
     MATRIX_KEYS,
@@ -330,51 +327,6 @@ def summary(runs: list[RunSpec], dropped: list[Dropped]) -> str:
         parts = "; ".join(f"{n} × {r}" for r, n in reasons.most_common())
         line += f", {len(dropped)} combinations dropped ({parts})"
     return line
-
-
-def gpu_count() -> int:
-    """NVIDIA GPUs on this host, from the driver's /proc entries (no CUDA import)."""
-    gpus = Path("/proc/driver/nvidia/gpus")
-    return sum(1 for _ in gpus.iterdir()) if gpus.is_dir() else 0
-
-
-def visible_gpus(environ: Mapping[str, str] = os.environ) -> int:
-    """The GPUs this host's processes may use: its GPUs, fewer where CUDA_VISIBLE_DEVICES lists
-    fewer (an empty list: none), as CUDA itself counts them."""
-    have = gpu_count()
-    listed = environ.get("CUDA_VISIBLE_DEVICES")
-    if listed is None:
-        return have
-    return min(have, len([e for e in listed.split(",") if e.strip()]))
-
-
-def detect_accelerator(setting: str = "auto") -> str:
-    """Resolve config `accelerator`: 'auto' means 'cuda' when this host has NVIDIA GPUs."""
-    if setting != "auto":
-        return setting
-    return "cuda" if gpu_count() else "cpu"
-
-
-def capacity_problems(runs: list[RunSpec], accelerator: str, cpus: int, gpus: int) -> list[str]:
-    """What runs ask of this one machine that it does not have (for studies run here, not
-    through a cluster profile): several nodes, or more workers than GPUs or CPU cores (on CPU
-    a worker stands for a device and needs a core of its own)."""
-    problems = []
-    nodes = sorted({r.nodes for r in runs if r.nodes > 1})
-    if nodes:
-        problems.append(
-            f"matrix.nodes {nodes}: runs across nodes need a cluster; run with "
-            "--profile profiles/slurm (docs/slurm.md), or use nodes: [1] here"
-        )
-    have, unit = (gpus, "GPUs") if accelerator == "cuda" else (cpus, "CPU cores")
-    workers = sorted({r.workers for r in runs if r.workers > have})
-    if workers:
-        problems.append(
-            f"matrix.workers {workers}: this machine has {have} {unit}, and a worker needs one; "
-            f"use workers up to {have}, exclude those cells, or run on a cluster "
-            "(--profile profiles/slurm)"
-        )
-    return problems
 
 
 CONFIG_SCHEMA = Path(__file__).resolve().parents[2] / "schemas" / "config.schema.yaml"

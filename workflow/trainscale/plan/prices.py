@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 
 #: The price key of a CPU core-hour.
 CPU_KEY = "cpu-core"
@@ -58,17 +57,6 @@ class Prices:
             return keys[0], ""
         listed = ", ".join(repr(k) for k in sorted(keys))
         return None, f"several keys of cost.device_hour match the device {label!r}: {listed}"
-
-
-def gpu_names(root: Path = Path("/proc/driver/nvidia/gpus")) -> list[str]:
-    """The model names of this host's NVIDIA GPUs, from the driver's /proc entries (as
-    `trainscale.plan.matrix.gpu_count` counts them, without importing CUDA)."""
-    names = set()
-    for info in sorted(root.glob("*/information")) if root.is_dir() else []:
-        for line in info.read_text(errors="replace").splitlines():
-            if line.startswith("Model:"):
-                names.add(line.split(":", 1)[1].strip())
-    return sorted(names)
 
 
 def check(config: Mapping, accelerator: str, gpus: list[str]) -> str | None:

@@ -13,7 +13,6 @@ from dataclasses import MISSING, asdict, dataclass, fields
 
 from trainscale.data import imagesets, tokens
 from trainscale.plan import catalog
-from trainscale.plan.own_models import OwnModel
 
 #: Matrix keys in path order. `repeat` follows them in the path; the later axes are in it
 #: only away from their default (`OUT_OF_PATH`), so every run that does not use one keeps
@@ -63,6 +62,43 @@ class ConfigError(ValueError):
 #: first step: their loss explodes at once in every framework (fp32 Adam reaches ~1e21, SGD
 #: nan), so a study can show a diverged run beside healthy ones
 DIVERGE_LR = 1e6
+
+
+@dataclass(frozen=True)
+class OwnModel:
+    """One entry of `models:` as a run needs it (paths absolute), with the facts the pre-flight
+    check found: `block_count` (len of `blocks`, 0 without), `batchnorm` and `params` (at the
+    run's data set)."""
+
+    name: str
+    torch: str
+    keras: str | None
+    kwargs: str  # the builders' keyword arguments as JSON text (sorted keys): frozen, hashable
+    input: str
+    blocks: str | None
+    tp_plan: str | None
+    code: tuple[str, ...]
+    block_count: int = 0
+    batchnorm: bool = False
+    params: int = 0
+    init: str | None = None  # "module:callable": built on meta, initialised module by module
+    embedding: str | None = None  # module path of the token embedding (split by vocabulary)
+    head: str | None = None  # module path of the LM head (its logits split by vocabulary)
+
+    @property
+    def builder_kwargs(self) -> dict:
+        return json.loads(self.kwargs)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> OwnModel:
+        return cls(**{**d, "code": tuple(d.get("code", ()))})
+
+    def row(self) -> catalog.Model:
+        """The catalog row the matrix's constraints read (blocks that run the model end to end
+        bound the pipeline stages; any named blocks carry a tensor-parallel plan)."""
+        return catalog.Model(self.name, self.block_count, 1, self.batchnorm, self.params, (), 0,
+                     self.input, tp_plan=self.tp_plan is not None,
+                     named_blocks=self.blocks is not None)  # fmt: skip
 
 
 @dataclass(frozen=True)

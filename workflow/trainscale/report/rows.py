@@ -18,7 +18,8 @@ from trainscale.analysis.aggregate import Study, human, rate
 from trainscale.analysis.interval import REPEATS
 from trainscale.analysis.settle import resolves
 from trainscale.analysis.summary import failed_parts
-from trainscale.plan import catalog, hf_models
+from trainscale.plan import catalog
+from trainscale.plan.preflight import hf_models
 
 #: Rows of the scaling and communication tables in report.html at most (one per cell).
 MAX_CELLS = 500

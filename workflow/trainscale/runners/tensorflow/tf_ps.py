@@ -45,7 +45,8 @@ from trainscale.measure import divergence, metrics  # noqa: E402
 from trainscale.measure.memory import PhasePeaks, memory_block  # noqa: E402
 from trainscale.models import keras_models  # noqa: E402
 from trainscale.plan import catalog  # noqa: E402
-from trainscale.plan.matrix import RunSpec, gpu_count  # noqa: E402
+from trainscale.plan.machine import gpu_count  # noqa: E402
+from trainscale.plan.runspec import RunSpec  # noqa: E402
 from trainscale.runners import common  # noqa: E402
 from trainscale.runners.guarded import Parts  # noqa: E402
 from trainscale.runners.tensorflow import keras_flops  # noqa: E402

@@ -39,7 +39,7 @@ from torch.utils.checkpoint import (
 
 from trainscale.models import gpt
 from trainscale.models import torch_models as models
-from trainscale.plan.own_models import OwnModel
+from trainscale.plan.runspec import OwnModel
 
 _aten = torch.ops.aten
 #: the operations whose outputs `selective` keeps: matrix multiplies and attention, and

@@ -26,7 +26,7 @@ Definitions (the `communication` block of metrics.json):
 - skipped: why the step was not taken, no allocation tried (null where it was): the local
   replica where the planner's prediction of it (the `torch` cell at the micro-batch,
   memory.predicted.replica_bytes) beside what the run holds is over the device's limit
-  (trainscale.plan.memory.replica_skipped); `method` is then null.
+  (trainscale.plan.preflight.memory.replica_skipped); `method` is then null.
 """
 
 from __future__ import annotations
@@ -82,8 +82,9 @@ def block(
 
 def replica_skipped(spec) -> str | None:
     """Why a DeepSpeed or Horovod run does not build its local replica (None: it does): the
-    planner's prediction, recorded for this run (trainscale.plan.memory.replica_skipped)."""
-    from trainscale.plan import memory
+    planner's prediction, recorded for this run
+    (trainscale.plan.preflight.memory.replica_skipped)."""
+    from trainscale.plan.preflight import memory
 
     return memory.replica_skipped(memory.recorded(spec))
 

@@ -68,7 +68,8 @@ from torch.distributed._tools.mem_tracker import MemTracker
 from trainscale.data import imagesets
 from trainscale.models import torch_models as models
 from trainscale.models.init import to_empty
-from trainscale.plan import catalog, memory_parts
+from trainscale.plan import catalog
+from trainscale.plan.preflight import memory_parts
 from trainscale.plan.runspec import RunSpec
 from trainscale.runners.torch.memory_steps import (
     PARTS,

@@ -49,7 +49,7 @@ from torch.distributed.tensor.parallel import (
 )
 
 from trainscale.models.own import resolved, submodule
-from trainscale.plan.own_models import OwnModel
+from trainscale.plan.runspec import OwnModel
 
 
 def gpt_block_plan(sequence_parallel: bool) -> dict[str, ParallelStyle]:

@@ -1,10 +1,6 @@
-"""The catalog: one row of facts per strategy and per model, and the rules that follow from them.
-
-Every other module reads a strategy's or a model's facts here: the matrix (what may run), the
-launcher (how it starts), the runners (which module trains it), aggregation and prediction (its
-communication volume), the figures (its colour) and the config schema (its name). Adding a
-strategy is one `Strategy` row here plus its runner. It imports no framework and nothing of
-trainscale but its model rows (catalog_models), so the Snakefile and scripts load fast.
+"""The strategy rows: one `Strategy` of facts per distributed-training strategy (how it runs,
+launches, communicates and is drawn), and `why_not`, the rule that says which cells a strategy
+cannot run. Adding a strategy is one row here plus its runner.
 """
 
 from __future__ import annotations
@@ -12,15 +8,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from trainscale.plan.catalog_cell import Cell
-from trainscale.plan.catalog_models import MODELS, Model, model  # noqa: F401  (the model rows)
-from trainscale.plan.catalog_rules import (  # noqa: F401  (pipeline_batch: the split)
+from trainscale.plan.catalog.cell import Cell
+from trainscale.plan.catalog.rules import (
     PIPELINE_PRECISIONS,
     PS_PRECISIONS,
     arrays_only,
     lightning_data,
     lightning_fp16,
-    pipeline_batch,
     pipeline_microbatches,
     pipeline_precision,
     pipeline_schedule,
@@ -28,10 +22,7 @@ from trainscale.plan.catalog_rules import (  # noqa: F401  (pipeline_batch: the 
     ps_precision,
     ps_tokens,
 )
-from trainscale.plan.catalog_tp import (  # noqa: F401  (the tensor-parallel rules)
-    TENSOR_PARALLEL,
-    data_replicas,
-    tp_batch,
+from trainscale.plan.catalog.tp import (
     tp_degree,
     tp_model,
     tp_precision,
@@ -39,7 +30,7 @@ from trainscale.plan.catalog_tp import (  # noqa: F401  (the tensor-parallel rul
 )
 
 #: A constraint: the reason a user reads when `cell` cannot run, or None when it can.
-Constraint = Callable[[Cell], "str | None"]  # (catalog_rules.Constraint, with Cell resolved)
+Constraint = Callable[[Cell], "str | None"]  # (rules.Constraint, with Cell resolved)
 
 
 @dataclass(frozen=True)

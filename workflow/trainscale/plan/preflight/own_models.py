@@ -21,53 +21,15 @@ import importlib.machinery
 import json
 import os
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
-from trainscale.plan import child
-from trainscale.plan.catalog_models import Model
+from trainscale.plan.preflight import child
+from trainscale.plan.runspec import OwnModel
 
 #: where pre-flight answers are kept, under the directory Snakemake runs in
 CACHE = Path(".cache") / "trainscale" / "own-models"
 #: the pre-flight child builds every model on the meta device: seconds, not minutes
 TIMEOUT_SECONDS = 600
-
-
-@dataclass(frozen=True)
-class OwnModel:
-    """One entry of `models:` as a run needs it (paths absolute), with the facts the pre-flight
-    check found: `block_count` (len of `blocks`, 0 without), `batchnorm` and `params` (at the
-    run's data set)."""
-
-    name: str
-    torch: str
-    keras: str | None
-    kwargs: str  # the builders' keyword arguments as JSON text (sorted keys): frozen, hashable
-    input: str
-    blocks: str | None
-    tp_plan: str | None
-    code: tuple[str, ...]
-    block_count: int = 0
-    batchnorm: bool = False
-    params: int = 0
-    init: str | None = None  # "module:callable": built on meta, initialised module by module
-    embedding: str | None = None  # module path of the token embedding (split by vocabulary)
-    head: str | None = None  # module path of the LM head (its logits split by vocabulary)
-
-    @property
-    def builder_kwargs(self) -> dict:
-        return json.loads(self.kwargs)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> OwnModel:
-        return cls(**{**d, "code": tuple(d.get("code", ()))})
-
-    def row(self) -> Model:
-        """The catalog row the matrix's constraints read (blocks that run the model end to end
-        bound the pipeline stages; any named blocks carry a tensor-parallel plan)."""
-        return Model(self.name, self.block_count, 1, self.batchnorm, self.params, (), 0,
-                     self.input, tp_plan=self.tp_plan is not None,
-                     named_blocks=self.blocks is not None)  # fmt: skip
 
 
 class OwnModelError(ValueError):
@@ -141,7 +103,7 @@ def check(config: dict, shapes: dict[str, list[tuple]]) -> dict:
 
 
 def _ask_child(request: dict, path: Path, log: Path, own: list[str]) -> dict:
-    """The pre-flight child's answer (trainscale.plan.child: what the user's code prints,
+    """The pre-flight child's answer (trainscale.plan.preflight.child: what the user's code prints,
     logs or warns goes to `log`, never into it), cached at `path` when clean."""
     answer, why = child.ask("trainscale.models.preflight", request, log, request["code"],
                             TIMEOUT_SECONDS)  # fmt: skip

@@ -22,7 +22,7 @@ from pathlib import Path
 
 PREFIX = "hf:"
 #: configs that ship with trainscale, by stem
-SHIPPED = Path(__file__).resolve().parent.parent / "models" / "hf_configs"
+SHIPPED = Path(__file__).resolve().parents[2] / "models" / "hf_configs"
 BUILDER = "trainscale.models.hf:build"
 TP_PLAN = "trainscale.models.hf:tp_plan"
 INIT = "trainscale.models.hf:init_module"

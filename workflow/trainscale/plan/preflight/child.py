@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 #: the package's folder, first on the child's import path
-WORKFLOW = Path(__file__).resolve().parents[2]
+WORKFLOW = Path(__file__).resolve().parents[3]
 
 
 def ask(module: str, request: dict, log: Path, paths: list[str], timeout: float):

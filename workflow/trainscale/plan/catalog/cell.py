@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainscale.plan.catalog_models import MODELS, Model
+from trainscale.plan.catalog.models import MODELS, Model
 
 
 @dataclass(frozen=True)

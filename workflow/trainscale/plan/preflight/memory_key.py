@@ -1,9 +1,8 @@
-"""The cache key of a memory prediction (trainscale.plan.memory): everything that decides the
-answer, and nothing else. The run spec's fields that change memory, the target and where the
-trace runs, every trainscale module the estimator imports (read from the source by grimp, so
-an edit to any of them, or to a module added later, predicts again), the versions of the
-libraries it traces through, a DeepSpeed fragment's text, and the user's model sources.
-Imports no torch.
+"""The cache key of a memory prediction (trainscale.plan.preflight.memory): everything that decides
+the answer, and nothing else. The run spec's fields that change memory, the target and where the
+trace runs, every trainscale module the estimator imports (read from the source by grimp, so an edit
+to any of them, or to a module added later, predicts again), the versions of the libraries it traces
+through, a DeepSpeed fragment's text, and the user's model sources. Imports no torch.
 """
 
 from __future__ import annotations
@@ -14,10 +13,11 @@ import json
 from importlib import metadata
 from pathlib import Path
 
-from trainscale.plan import child
+from trainscale.plan.machine import visible_gpus
+from trainscale.plan.preflight import child
 from trainscale.plan.runspec import RunSpec
 
-WORKFLOW = Path(__file__).resolve().parents[2]
+WORKFLOW = Path(__file__).resolve().parents[3]
 #: the estimator: it and every trainscale module it imports decide an answer (trace_modules)
 TRACE_MODULE = "trainscale.runners.torch.memory_trace"
 #: the libraries whose versions decide an answer
@@ -86,8 +86,6 @@ def versions() -> dict[str, str | None]:
 def traced_on(target: str) -> str:
     """Where the child traces a run for `target`: on fake CUDA tensors where a GPU is here,
     else on fake CPU tensors (memory_trace.trace_device), as NVML sees it, without torch."""
-    from trainscale.plan.matrix import visible_gpus
-
     return "cuda" if target == "cuda" and visible_gpus() else "cpu"
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from trainscale.plan.catalog_cell import Cell
+    from trainscale.plan.catalog.cell import Cell
 
 #: The tensor-parallel strategies: the only ones that take a matrix `tp` above 1.
 TENSOR_PARALLEL = ("torch-tp", "torch-fsdp-tp")

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from trainscale.plan.catalog_cell import Cell
+    from trainscale.plan.catalog.cell import Cell
 
 #: A constraint: the reason a user reads when `cell` cannot run, or None when it can.
 Constraint = Callable[["Cell"], "str | None"]

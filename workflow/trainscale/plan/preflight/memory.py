@@ -12,8 +12,8 @@ fragment's text, and the user's model sources. A failing answer is never cached;
 written whole or not at all. The child is given a request file and an answer file: what a
 user's model prints goes to its log, never into the answer.
 
-Each rank's host memory (`host_bytes`) is predicted for every cell whatever memory.check says:
-it is arithmetic on the build and the parameter count (trainscale.plan.memory_parts), and the
+Each rank's host memory (`host_bytes`) is predicted for every cell whatever memory.check says: it is
+arithmetic on the build and the parameter count (trainscale.plan.preflight.memory_parts), and the
 SLURM request follows it. A DeepSpeed or Horovod cell's whole-model replica (the exposed-
 communication step, trainscale.runners.torch.exposed) is predicted as the `torch` cell at its
 micro-batch (`replica_bytes`); the runner skips that step where it would not fit.
@@ -41,11 +41,11 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainscale.plan import child, memory_advice, memory_key, memory_parts
-from trainscale.plan.runspec import MATRIX_KEYS, ConfigError, Dropped, RunSpec
+from trainscale.plan.preflight import child, memory_key, memory_parts
+from trainscale.plan.runspec import ConfigError, RunSpec
 
 CACHE = Path(".cache") / "trainscale" / "memory"
-WORKFLOW = Path(__file__).resolve().parents[2]
+WORKFLOW = Path(__file__).resolve().parents[3]
 #: bumped when the method changes, so older cached answers are not read
 VERSION = 3
 GIB = 2**30
@@ -151,7 +151,7 @@ def predict(runs: list[RunSpec], target: str) -> dict[str, dict]:
 
 
 def _ask_child(asked: dict[str, dict], target: str) -> dict[str, dict]:
-    """The estimate of every cell in `asked` from one child (trainscale.plan.child)."""
+    """The estimate of every cell in `asked` from one child (trainscale.plan.preflight.child)."""
     log = CACHE / "last-estimate.log"
     own = {c for d in asked.values() if d.get("own_model") for c in d["own_model"]["code"]}
     print(f"trainscale: predicting the memory of {len(asked)} cells (log: {log})", file=sys.stderr)
@@ -225,130 +225,6 @@ def replica_skipped(predicted: dict | None) -> str | None:
     )
 
 
-def fit(
-    check: Check, runs: list[RunSpec], dropped: list[Dropped], target: str,
-    config: dict | None = None,
-) -> tuple[list[RunSpec], list[Dropped], dict[str, dict]]:  # fmt: skip
-    """The runs that fit (all of them unless memory.check is drop and memory.host_limit_gib
-    is not exceeded), the dropped ones with the reason, and every run's `memory.predicted`
-    block by path (its host bytes at least: those need no trace). Nothing is traced when
-    memory.check is off. Each prediction is printed where the answer is read; `config`
-    (the study's) lets a reason say which knob would bring a cell under the limit."""
-    if not runs:
-        return runs, dropped, {}
-    answers: dict[str, dict] = {}
-    replicas: dict[str, dict] = {}
-    if check.mode != "off":
-        extra = {r.path: replica_spec(r) for r in runs}
-        extra = {p: s for p, s in extra.items() if s is not None}
-        found = predict([*runs, *extra.values()], target)
-        answers = {r.path: found[r.path] for r in runs}
-        replicas = {p: found[s.path] for p, s in extra.items()}
-    by_cell: dict[tuple, dict] = {}  # a cell's repeats share their prediction
-    for r in runs:
-        if r.cell not in by_cell:
-            by_cell[r.cell] = block(answers.get(r.path), check, r, target, replicas.get(r.path))
-    blocks = {r.path: by_cell[r.cell] for r in runs}
-    notes = [f"memory of {r.path} not predicted: {a['error']}" for r in runs
-             if "error" in (a := answers.get(r.path, {}))]  # fmt: skip
-    over: dict[str, str] = {}  # path -> why
-    seen: set = set()
-    for r in runs:
-        why = host_over(r, blocks[r.path]["host_bytes"], check)
-        if why and r.cell not in seen:
-            seen.add(r.cell)
-            over[r.path] = why
-        elif why:
-            over[r.path] = ""
-    allowed = check.allowed_bytes
-    if allowed is not None and check.mode != "off":
-        too_big = {r.path for r in runs if need(answers[r.path]) > allowed}
-        fits = [r for r in runs if r.path not in too_big and r.path not in over]
-        firsts = {}  # the first run of each cell over the limit
-        for r in runs:
-            if r.path in too_big and r.path not in over:
-                firsts.setdefault(r.cell, r)
-        advice = {}  # every cell's knobs predicted in one child
-        if config is not None and firsts:
-            advice = memory_advice.advice(config, list(firsts.values()), allowed, target,
-                                          predict, need)  # fmt: skip
-        for r in runs:
-            if r.path not in too_big or r.path in over:
-                continue
-            first = firsts[r.cell] is r
-            over[r.path] = over_reason(r, need(answers[r.path]), check, fits,
-                                       advice.get(r.path)) if first else ""  # fmt: skip
-    drop = check.mode != "warn"  # off: only the host limit, which drops
-    for r in runs:
-        if over.get(r.path):
-            if drop:
-                dropped.append(Dropped({k: getattr(r, k) for k in MATRIX_KEYS}, over[r.path]))
-            else:
-                notes.append(f"{over[r.path]} (memory.check: warn, kept)")
-    kept = [r for r in runs if r.path not in over] if drop else runs
-    for line in notes:
-        print(f"trainscale: memory: {line}", file=sys.stderr)
-    if not kept:
-        raise ConfigError(
-            f"memory: every cell is over {check.describe()} per device or its host limit: "
-            + "; ".join(d.reason for d in dropped[-3:])
-        )
-    return kept, dropped, blocks
-
-
-def host_over(r: RunSpec, host_bytes: int, check: Check) -> str | None:
-    """Why `r`'s ranks on a node do not fit memory.host_limit_gib (None: they do)."""
-    if check.host_limit_gib is None:
-        return None
-    mb = memory_parts.slurm_mem_mb(r, host_bytes)
-    if mb * 2**20 <= check.host_limit_gib * GIB:
-        return None
-    per_node = -(-r.processes // r.nodes)
-    return (
-        f"{r.strategy} {r.model} batch {r.batch_size}: its {per_node} ranks on a node need "
-        f"{mb * 2**20 / GIB:.3g} GiB of host memory ({host_bytes / GIB:.3g} GiB each, with the "
-        f"request's margin), over memory.host_limit_gib {check.host_limit_gib:g}"
-    )
-
-
-def over_reason(r: RunSpec, needed: int, check: Check, fits: list[RunSpec],
-                advice: str | None = None) -> str:  # fmt: skip
-    """Why `r` is dropped, the nearest cells of the matrix that fit and which knobs' predicted
-    needs are under the limit (`advice`, memory_advice)."""
-    why = (f"{r.strategy} {r.model} batch {r.batch_size}: needs {needed / GIB:.3g} GiB per "
-           f"rank, over {check.describe()}; {nearest(r, fits)}")  # fmt: skip
-    return why + (f"; {advice}" if advice else "")
-
-
-def nearest(r: RunSpec, fits: list[RunSpec]) -> str:
-    """The nearest fitting cells of the same model, data and precision: the largest smaller
-    batch of the same strategy and world, other strategies at the same batch and world, and
-    the same strategy on more workers."""
-    same = [o for o in fits if (o.model, o.dataset, o.seq_len, o.precision, o.batch_mode)
-            == (r.model, r.dataset, r.seq_len, r.precision, r.batch_mode)]  # fmt: skip
-    hints = []
-    smaller = [o.batch_size for o in same if o.strategy == r.strategy and o.batch_size
-               < r.batch_size and (o.world_size, o.tp) == (r.world_size, r.tp)]  # fmt: skip
-    if smaller:
-        hints.append(f"fits at batch {max(smaller)}")
-    others: dict[str, int] = {}  # another strategy -> the fewest workers it fits on
-    for o in same:
-        if o.strategy == r.strategy or o.batch_size != r.batch_size:
-            continue
-        if r.world_size <= o.world_size < others.get(o.strategy, 1 << 30):
-            others[o.strategy] = o.world_size
-    nearest_others = sorted(others.items(), key=lambda kv: (kv[1], kv[0]))[:2]
-    hints += [f"with {s} at {workers(n)}" for s, n in nearest_others]
-    wider = sorted({o.world_size for o in same if o.strategy == r.strategy
-                    and o.batch_size == r.batch_size and o.world_size > r.world_size})  # fmt: skip
-    if wider:
-        hints.append(f"at {workers(wider[0])}")
-    if not hints:
-        return "no cell of this model in the matrix fits"
-    text = ", or ".join(hints)
-    return text if text.startswith("fits") else "fits " + text
-
-
 #: the environment variable that tells a run's launcher where the study's predictions are
 INDEX_ENV = "TRAINSCALE_MEMORY_INDEX"
 
@@ -384,7 +260,3 @@ def recorded(spec: RunSpec) -> dict | None:
     except (OSError, ValueError):
         return None
     return entry["predicted"] if entry and entry["spec"] == digest(spec) else None
-
-
-def workers(n: int) -> str:
-    return f"{n} worker{'s' * (n != 1)}"

@@ -143,13 +143,14 @@ def _schema_types() -> dict[str, str]:
 
 
 def runs_types(columns: Iterable[str]) -> dict[str, str]:
-    """The dtype of each runs column the schema or RunSpec types (framework versions are text)."""
+    """The dtype of each runs column the schema or RunSpec types (framework versions, the ranks'
+    variables and the container, null or its image and digest, are text)."""
     known = _schema_types()
     out = {}
     for c in columns:
         if c in known:
             out[c] = known[c]
-        elif c.startswith(("env.frameworks.", "env.variables.")):
+        elif c.startswith(("env.frameworks.", "env.variables.", "env.container")):
             out[c] = "str"
     return out
 

@@ -2,6 +2,7 @@
 
     trainscale check CONFIG...        check a study file before any job runs
     trainscale fit CONFIG             the largest batch size that fits, per cell
+    trainscale tune CONFIG            the fastest cells without the whole grid
     trainscale report --runs-dir D --out O
     trainscale compare BASE NEW       exit 1 on a regression
     ...                               `trainscale --help` lists them all
@@ -30,6 +31,9 @@ COMMANDS: dict[str, Command] = {
     "check": Command("trainscale.plan.check", "check study config files; run nothing"),
     "fit": Command(
         "trainscale.plan.fit", "the largest batch size that fits each cell's memory limit"
+    ),
+    "tune": Command(
+        "trainscale.tune.cli", "the fastest or cheapest cells without the whole grid (snakemake)"
     ),
     "report": Command(
         "trainscale.report.cli", "tables, figures and report.html from metrics files"

@@ -72,19 +72,25 @@ def figure(space: dict, rounds: list[dict]) -> str:
     order = sorted(
         last, key=lambda c: (last[c]["panel"], -len(seen[c]), -(last[c]["score"] or -math.inf))
     )
-    n = len(order)
+    rows: list[tuple[float, str]] = []  # (y, cell), a header row above each panel's cells
+    panels: list[tuple[float, str]] = []
+    for cell in order:
+        y = len(rows) + len(panels)
+        if not panels or panels[-1][1] != last[cell]["panel"]:
+            panels.append((y, last[cell]["panel"]))
+            y += 1
+        rows.append((y, cell))
+    n = len(rows) + len(panels)
     import matplotlib as mpl
 
     with mpl.rc_context(theme()):
         fig = Figure(figsize=(8.5, max(2.6, 0.2 * n + 1.3)))
         ax = fig.add_subplot()
-        panel = None
-        for y, cell in enumerate(order):
+        for y, panel in panels:
+            ax.axhline(y - 0.5, color=".6", lw=0.6)
+            ax.text(0.55, y, panel, ha="left", va="center", fontsize=7, color=".3")
+        for y, cell in rows:
             c = last[cell]
-            if c["panel"] != panel:
-                panel = c["panel"]
-                ax.axhline(y - 0.5, color=".6", lw=0.6)
-                ax.text(len(rounds) + 0.45, y - 0.35, panel, ha="right", va="top", fontsize=7)
             colour = STRATEGY_COLOURS.get(c["values"]["strategy"], (0.4, 0.4, 0.4))
             ax.plot(seen[cell], [y] * len(seen[cell]), "-", color=colour, lw=2, alpha=0.8)
             marker, mark, _ = ENDS[how_ended(c)]
@@ -97,8 +103,8 @@ def figure(space: dict, rounds: list[dict]) -> str:
                 mfc="none" if marker == "o" else mark,
             )
         ax.set_yticks(
-            range(n),
-            [label(last[c]["values"], keys) for c in order] if n <= 150 else [],
+            [y for y, _ in rows],
+            [label(last[c]["values"], keys) for _, c in rows] if len(rows) <= 150 else [],
             fontsize=6.5,
         )
         ax.set_ylim(n - 0.5, -0.6)

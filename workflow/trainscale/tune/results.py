@@ -67,7 +67,7 @@ def best_config(config: dict, cells: list[dict]) -> dict:
     have no seq_len)."""
     out = {k: copy.deepcopy(v) for k, v in config.items() if k not in LEFT_OUT}
     out["study"] = f"{config['study']}-best"
-    values = {k: sorted({c["values"][k] for c in cells}, key=str) for k in MATRIX_KEYS}
+    values = {k: sorted({c["values"][k] for c in cells}) for k in MATRIX_KEYS}
     tokens = {c["values"]["dataset"] for c in cells if c["values"]["seq_len"]}
     lengths = sorted({c["values"]["seq_len"] for c in cells if c["values"]["seq_len"]})
     matrix = {k: v for k, v in values.items() if k != "seq_len"}

@@ -153,14 +153,16 @@ def test_a_budget_below_round_one_stops_before_any_job():
 # the elimination rule
 
 
-def simulated_rounds(cells: int, true: np.ndarray, repeats: int, seed: int) -> list:
-    """`decide` on TUNES simulated round-1 panels of `cells` cells (true log throughputs
+def simulated_rounds(
+    cells: int, true: np.ndarray, repeats: int, seed: int, tunes: int = TUNES
+) -> list:
+    """`decide` on `tunes` simulated round-1 panels of `cells` cells (true log throughputs
     `true`, `repeats` runs of one steady epoch of the default steps, the default noise)."""
     rng = np.random.default_rng(seed)
     steps = np.full(cells, space.Settings().steps_per_epoch)
-    f = interval.fit(*simulate(rng, TUNES, steps, true, repeats, 1), np.zeros(cells, int))
+    f = interval.fit(*simulate(rng, tunes, steps, true, repeats, 1), np.zeros(cells, int))
     out = []
-    for i in range(TUNES):
+    for i in range(tunes):
         cols = pd.DataFrame({k: v[i] for k, v in f.columns().items()})
         cols = cols.assign(panel="p", n=f.n[i], logical=False, statuses="", score=f.ybar[i])
         out.append(rule.decide(cols, 1, space.Settings().eta))
@@ -196,7 +198,7 @@ def test_equal_cells_both_go_on():
 def test_the_halving_keeps_at_most_a_share_of_the_cells():
     """Nine equal cells: none is slower, at most ceil(9 / 3) = 3 go on, the best estimates,
     and the others are stopped as the halving's, with reasons that say so."""
-    (d,) = simulated_rounds(9, np.zeros(9), 2, seed=9)[:1]
+    (d,) = simulated_rounds(9, np.zeros(9), 2, seed=9, tunes=1)
     going = d[d["decision"] == "go on"]
     assert len(going) <= 3 and going["score"].min() >= d[d["decision"] == "stopped"]["score"].max()
     assert d[d["decision"] == "stopped"]["reason"].str.contains("successive halving").any()
@@ -235,6 +237,23 @@ def test_rounds_on_synthetic_records_stop_the_slower_and_end_with_a_winning_set(
     assert (ok["ci_low"] < ok["estimate"]).all() and (ok["estimate"] < ok["ci_high"]).all()
     cost = results.costs(s.to_json(), [one, two])
     assert cost["runs"] == 11 and cost["grid_runs"] == 6 and cost["grid_worker_hours"] > 0
+
+
+def test_the_cost_objective_compares_every_n_of_a_model_in_one_panel():
+    """objective cost: one panel over N = 1 and 2. The same global batch at the same step time
+    on 2 workers costs twice the device-time per sample: stopped as costlier, N = 1 wins.
+    With prices the estimate is money per million samples, without them device-hours."""
+    for cost, unit in (({"device_hour": {"cpu-core": 0.04}}, "cost per million samples"),
+                       ({}, "device-hours per million samples")):  # fmt: skip
+        cfg = study("torch-ddp", matrix={"workers": [1, 2]}, tune={"objective": "cost"},
+                    cost=cost)  # fmt: skip
+        s = plan(cfg)
+        assert len({tuple(c["panel"]) for c in s.to_json()["cells"]}) == 1
+        one, _ = run_round(s, 1, {"torch-ddp": 1.0}, np.random.default_rng(1))
+        by_n = {c["world_size"]: c for c in one["cells"]}
+        assert by_n[1]["unit"] == by_n[2]["unit"] == unit
+        assert by_n[2]["estimate"] == pytest.approx(2 * by_n[1]["estimate"], rel=0.15)
+        assert by_n[2]["decision"] == "stopped" and by_n[1]["decision"] == "best"
 
 
 # --------------------------------------------------------------------------------------------
@@ -315,6 +334,8 @@ def test_a_real_tune_writes_its_rounds_table_winners_and_report(tuned):
     assert files and rounds == list(range(1, len(rounds) + 1))
     recs = [metrics.read(f) for f in files]  # valid against the metrics schema
     assert all(r["spec"]["evaluate"] is False and r["test"]["accuracy"] is None for r in recs)
+    ok = [r for r in recs if r["status"] == "ok"]  # each with its cell's memory prediction
+    assert all(r["memory"]["predicted"]["total_bytes"] > 0 for r in ok)
     assert all(e["test_accuracy"] is None for r in recs for e in r["epochs"])
     (failed,) = [r for r in recs if r["status"] != "ok"]
     assert failed["spec"]["strategy"] == "torch-ddp" and failed["spec"]["repeat"] == 1

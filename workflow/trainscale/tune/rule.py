@@ -184,7 +184,7 @@ def over_budget(
     if settings.max_runs is not None and runs + more > settings.max_runs:
         return (
             f"budget: round {round}'s {more} runs would pass tune.max_runs "
-            f"{settings.max_runs} ({runs} run so far)"
+            f"{settings.max_runs} ({runs} run{'s' * (runs != 1)} so far)"
         )
     if settings.max_worker_hours is None:
         return None

@@ -286,7 +286,7 @@ def test_the_budget_ends_the_tune_before_a_round_it_cannot_pay_for(budget):
 # best.yaml
 
 
-def test_best_yaml_is_a_study_of_exactly_the_winning_set():
+def test_best_yaml_is_a_study_of_exactly_the_winning_set(tmp_path):
     """Winners that are not a product of values (2 strategies × 2 batch sizes × 2 worker
     counts, 3 of the 8 cells): best.yaml, laid over config.yaml as --configfile lays it,
     plans exactly those cells, under study <study>-best."""
@@ -301,6 +301,9 @@ def test_best_yaml_is_a_study_of_exactly_the_winning_set():
     base = yaml.safe_load(overlay.BASE_CONFIG.read_text())
     planned, _ = build_runs(validated(overlay.overlay(base, best)), "cpu")
     assert sorted({space.cell_of(r.path) for r in planned}) == sorted(chosen)
+    nobody = tmp_path / "best.yaml"
+    results.write_best(nobody, cfg, [], "tune.csv")
+    assert "found no winner" in nobody.read_text() and yaml.safe_load(nobody.read_text()) is None
 
 
 def test_trainscale_tune_runs_snakemake_tune_with_the_study():
@@ -317,13 +320,17 @@ def test_trainscale_tune_runs_snakemake_tune_with_the_study():
 @pytest.fixture(scope="module")
 def tuned(tmp_path_factory) -> dict:
     """`trainscale tune .test/tune.yaml --cores 2` in a fresh directory: two cells of one
-    panel, torch-ddp's repeat 1 made to fail."""
+    panel, torch-ddp's repeat 1 made to fail, and a budget of round 1's 6 runs (more rounds
+    run in tests/test_slurm.py's tune)."""
     work = tmp_path_factory.mktemp("tune")
-    cfg = ROOT / ".test" / "tune.yaml"
-    p = subprocess.run([PYTHON, "-m", "trainscale", "tune", str(cfg), "--cores", "2"], cwd=work,
-                       env=run_env(), capture_output=True, text=True, timeout=900)  # fmt: skip
+    cfg = load_yaml(ROOT / ".test" / "tune.yaml")
+    cfg["tune"]["max_runs"] = 6
+    (work / "study.yaml").write_text(yaml.safe_dump(cfg))
+    p = subprocess.run([PYTHON, "-m", "trainscale", "tune", "study.yaml", "--cores", "2"],
+                       cwd=work, env=run_env(), capture_output=True, text=True,
+                       timeout=900)  # fmt: skip
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    return {"work": work, "out": work / "results" / load_yaml(cfg)["study"] / "tune"}
+    return {"work": work, "out": work / "results" / cfg["study"] / "tune"}
 
 
 @pytest.mark.slow
@@ -345,7 +352,7 @@ def test_a_real_tune_writes_its_rounds_table_winners_and_report(tuned):
     assert (csv["decision"] == "best").any()
     assert csv["round"].max() == rounds[-1] and (csv["round"] == 0).sum() == 2
     last = json.loads((out / f"round~{rounds[-1]}" / "round.json").read_text())
-    assert last["done"] and not last["next"]
+    assert last["done"] and not last["next"] and last["spent_runs"] <= 6 == len(recs)
     page = (out / "report.html").read_text()
     assert "data:image/png;base64," in page and "torch-ddp" in page and 'src="http' not in page
     assert "Failed runs" in page and "repeat~1" in page

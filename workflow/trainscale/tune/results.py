@@ -89,7 +89,14 @@ def best_config(config: dict, cells: list[dict]) -> dict:
 
 
 def write_best(path: str | Path, config: dict, cells: list[dict], csv: str) -> None:
-    """best.yaml, with a header that says what it is and how to run it."""
+    """best.yaml, with a header that says what it is and how to run it; where no cell won
+    (every run failed), a file that says so and sets nothing to run."""
+    if not cells:
+        Path(path).write_text(
+            f"# trainscale tune of study {config['study']!r} found no winner: no cell had an ok "
+            f"run ({csv} says why).\n# There is nothing to benchmark.\n"
+        )
+        return
     text = yaml.safe_dump(best_config(config, cells), sort_keys=False, allow_unicode=True)
     header = (
         f"# The winning set of trainscale tune of study {config['study']!r} ({csv}): the\n"

@@ -22,7 +22,7 @@ not tell apart from it (scaling.csv `could_be_fastest`). The bar (issue 62): in 
 3 seeds the set holds the fastest or a cell not told apart, at 35 % of the grid's
 worker-seconds or less. The load average is printed with every phase: run it alone.
 
-    .venv/bin/python benchmarks/tune_vs_grid.py [--scale 300] [--seeds 3] [--repeats 3]
+    .venv/bin/python benchmarks/tune_vs_grid.py [--scale 500] [--seeds 3] [--repeats 3]
         [--cores N] [--work DIR]
     # a smoke check at tiny settings (two strategies, minutes):
     .venv/bin/python benchmarks/tune_vs_grid.py --strategies torch-ddp,torch-fsdp \\
@@ -146,7 +146,7 @@ def main() -> None:
     p.add_argument("--strategies", default=",".join(base["matrix"]["strategy"]))
     p.add_argument("--batch-sizes", default="64,256")
     p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--scale", type=int, default=300, help="digits replicated this many times")
+    p.add_argument("--scale", type=int, default=500, help="digits replicated this many times")
     p.add_argument("--epochs", type=int, default=3, help="the grid's epochs (1 warm-up)")
     p.add_argument("--repeats", type=int, default=3, help="the grid's repeats")
     p.add_argument("--seeds", type=int, default=3, help="tunes, one per seed")

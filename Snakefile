@@ -19,6 +19,7 @@ include: "workflow/rules/aggregate.smk"
 include: "workflow/rules/collectives.smk"
 include: "workflow/rules/predict.smk"
 include: "workflow/rules/report.smk"
+include: "workflow/rules/tune.smk"
 
 
 rule all:

@@ -377,3 +377,30 @@ def test_a_run_whose_supervisor_was_killed_is_recorded_from_sacct_next_time(clus
     log = next((work / "logs" / "ci-killed" / "runs").rglob("*.log")).read_text()
     assert "recorded status 'failed' from sacct" in log and "launching" not in log, log
     assert (work / "results" / "ci-killed" / "report.html").exists()
+
+
+def test_a_tune_runs_its_rounds_as_slurm_jobs(cluster, tmp_path):
+    """`snakemake tune --profile slurm` (.test/tune.yaml, docs/tune.md): every tune run is a
+    SLURM job of its own, the failed one recorded as such; each round's checkpoint runs where
+    Snakemake runs, and a later round's jobs are submitted after it has read the round before
+    (a DAG that grows with the data: a tune on the cluster's queue)."""
+    t0 = time.perf_counter()
+    p = profile_run(tmp_path, "tune", "--profile", "profiles/slurm", "--configfile",
+                    str(ROOT / ".test" / "tune.yaml"), *FAST)  # fmt: skip
+    print(f"tune through SLURM: {time.perf_counter() - t0:.1f} s")
+    assert p.returncode == 0, p.stderr[-5000:]
+    out = tmp_path / "results" / "ci-tune" / "tune"
+    assert (out / "tune.csv").stat().st_size and (out / "best.yaml").stat().st_size
+    by_round: dict[int, list[dict]] = {}
+    for f in out.glob("round~*/runs/**/metrics.json"):
+        by_round.setdefault(int(f.relative_to(out).parts[0].split("~")[1]), []).append(
+            metrics.read(f)
+        )
+    ids = {r: [int(rec["env"]["slurm_job_id"]) for rec in recs] for r, recs in by_round.items()}
+    assert len(ids[1]) == 6 and len({i for v in ids.values() for i in v}) == sum(
+        map(len, ids.values())
+    )
+    assert [rec["status"] for rec in by_round[1]].count("failed") == 1
+    for r in sorted(ids)[1:]:
+        assert min(ids[r]) > max(ids[r - 1]), ids
+    assert sorted(ids) == list(range(1, len(ids) + 1))

@@ -176,15 +176,32 @@ def run_spec_json(wildcards):
     return run_of(wildcards).to_json()
 
 
-@per_job
-def run_threads(wildcards):
+def threads_of(spec):
     """Cores one run occupies on its node: workers × (threads_per_worker + loader_workers),
     plus threads_per_worker for each process beside the workers (tf-ps: servers, chief).
     """
-    spec = run_of(wildcards)
     servers = spec.processes - spec.world_size
     return spec.workers * (spec.threads_per_worker + spec.loader_workers) + (
         servers * spec.threads_per_worker
+    )
+
+
+@per_job
+def run_threads(wildcards):
+    return threads_of(run_of(wildcards))
+
+
+def launch_command(on_failure, env=""):
+    """The shell command of a job that trains one run (rules train and tune_train): the
+    launcher, given the run's spec and where its record goes (`env`: variables set before
+    it). The study-wide values are written into it here, not as {params.*} fields: Snakemake
+    formats every job's command three times in a dry-run (a large study's, thousands of
+    jobs, paid for each field).
+    """
+    return (
+        f"{env}python -m trainscale.launch --spec {{params.spec:q}} --out {{output.metrics:q}}"
+        f" --on-failure {on_failure} --retry-lost-runs {config['retry_lost_runs']}"
+        " > {log:q} 2>&1"
     )
 
 
@@ -267,9 +284,13 @@ def check_targets():
     return [f"{RESULTS}/check/{path}.txt" for path in shapes.values()]
 
 
+def conda_env_of(spec):
+    return f"../../envs/{spec.framework}.yaml"
+
+
 @per_job
 def run_conda_env(wildcards):
-    return f"../../envs/{run_of(wildcards).framework}.yaml"
+    return conda_env_of(run_of(wildcards))
 
 
 def files_needed(spec):

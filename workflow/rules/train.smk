@@ -15,12 +15,7 @@ rule train:
         on_failure=config["on_failure"],  # params as well: a change re-runs the runs
         retry_lost=config["retry_lost_runs"],
     shell:
-        # the two study-wide values are written into the command here, not as {params.*}
-        # fields: Snakemake formats every job's command three times in a dry-run (a large
-        # study's, thousands of jobs, paid for each field)
-        "python -m trainscale.launch --spec {params.spec:q} --out {output.metrics:q}"
-        f" --on-failure {config['on_failure']} --retry-lost-runs {config['retry_lost_runs']}"
-        " > {log:q} 2>&1"
+        launch_command(config["on_failure"])
 
 
 # `snakemake check --profile slurm`: what each task of each allocation shape sees (host,

@@ -2,6 +2,7 @@
 
     trainscale check CONFIG...        check a study file before any job runs
     trainscale fit CONFIG             the largest batch size that fits, per cell
+    trainscale tune CONFIG            the fastest cells without the whole grid
     trainscale report --runs-dir D --out O
     trainscale compare BASE NEW       exit 1 on a regression
     ...                               `trainscale --help` lists them all
@@ -33,6 +34,9 @@ COMMANDS: dict[str, Command] = {
         "trainscale.plan.check",
         "the largest batch size that fits each cell's memory limit",
         "fit_main",
+    ),
+    "tune": Command(
+        "trainscale.tune.cli", "the fastest or cheapest cells without the whole grid (snakemake)"
     ),
     "report": Command(
         "trainscale.report.cli", "tables, figures and report.html from metrics files"

@@ -5,11 +5,10 @@ JSON, a self-contained HTML page in the study report's style, and the rows of th
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 from trainscale.analysis.aggregate import human
-from trainscale.report.html import REPORTS, TEMPLATE, templates
+from trainscale.report.html import stylesheet, templates
 
 PAGE = "compare.html.j2"
 #: How each --ci is named where the comparison is shown.
@@ -173,13 +172,6 @@ def section(result: dict | None, error: str | None = None) -> dict | None:
     }
 
 
-def report_style() -> str:
-    """The study report's stylesheet, read from its template: the pages never drift apart."""
-    page = (REPORTS / TEMPLATE).read_text()
-    found = re.search(r"<style>(.*?)</style>", page, re.S)
-    return found.group(1) if found else ""
-
-
 def render_html(result: dict) -> str:
     env = templates()
     from trainscale.compare import references
@@ -188,7 +180,7 @@ def render_html(result: dict) -> str:
 
     doc = references.__doc__ if result["mode"] == "reference" else compare.__doc__
     return env.get_template(PAGE).render(
-        style=report_style(),
+        style=stylesheet(),
         compared=section(result),
         result=result,
         definitions=report.definitions(doc)[1],

@@ -167,6 +167,7 @@ class RunSpec:
     activation_checkpointing: str = "none"  # none | full | selective (plan.knobs)
     offload: str = "none"  # none | optimizer | params (plan.knobs)
     fused: bool | str = "auto"  # config optimizer.fused: auto | true | false (PyTorch family)
+    evaluate: bool = True  # score the test set (False: `trainscale tune`'s runs time steps only)
 
     @property
     def processes(self) -> int:

@@ -4,7 +4,8 @@ files that exist and are up to date.
 A run of part of the workflow (`--until train`, or one target) builds only some outputs; a
 message naming `summary.txt` that was never built, or one left from an earlier run that no
 longer covers every run, sends the reader to a file that is not the answer. A study output
-counts as built when it exists and is no older than the newest run's metrics.json.
+counts as built when it exists and is no older than the newest run's metrics.json. A tune's
+page is named where it exists (and a study that only tuned is not told to build the rest).
 """
 
 from __future__ import annotations
@@ -43,7 +44,10 @@ def message(study: str, results: str | Path) -> str:
     if n_runs:
         lines.append(f"  runs:     {n_runs} × {results}/runs/**/metrics.json")
     lines += [f"  {label + ':':<9} {path}" for label, path in fresh]
-    if stale:
+    tune = Path(results) / "tune" / "report.html"  # `snakemake tune` (trainscale tune)
+    if tune.exists():
+        lines.append(f"  {'tune:':<9} {tune} (tune.csv, best.yaml beside it)")
+    if stale and (n_runs or not tune.exists()):
         names = ", ".join(p.name for p in stale)
         lines.append(
             f"  not built, or older than the runs: {names} (`snakemake` with no target builds them)"

@@ -13,6 +13,7 @@ in summary.txt, never counted, and never stop the rest.
 from __future__ import annotations
 
 import base64
+import re
 import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -242,6 +243,14 @@ def templates() -> Environment:
 
 def render_html(ctx: dict) -> str:
     return templates().get_template(TEMPLATE).render(**ctx)
+
+
+def stylesheet() -> str:
+    """The study report's stylesheet, read from its template, for the other pages trainscale
+    writes (a comparison, a tune): the pages never drift apart."""
+    page = (REPORTS / TEMPLATE).read_text()
+    found = re.search(r"<style>(.*?)</style>", page, re.S)
+    return found.group(1) if found else ""
 
 
 def write_html(

@@ -64,9 +64,10 @@ def steps_per_epoch(
 
 def evaluates(spec: RunSpec, synthetic: bool, epoch: int) -> bool:
     """Whether the test set is scored after `epoch`: never on synthetic data (random labels,
-    accuracy means nothing), else after every epoch when time-to-accuracy is asked for
+    accuracy means nothing) nor in a run whose spec says `evaluate: false` (a tune's: it times
+    steps only), else after every epoch when time-to-accuracy is asked for
     (`target_accuracy`), and after the last one."""
-    if synthetic:
+    if synthetic or not spec.evaluate:
         return False
     return spec.target_accuracy is not None or epoch == spec.epochs
 

@@ -1,0 +1,369 @@
+"""`trainscale tune` (trainscale.tune, workflow/rules/tune.smk, docs/tune.md): round 0's search
+space, the elimination rule on simulated cells and on synthetic records at the default noise,
+the budget, a failed run, best.yaml as a study, and one real tune of two cells through the
+workflow and the `trainscale tune` command."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import subprocess
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+from test_interval import PHI, SIGMA_A, STEP_CV, simulate
+
+from trainscale.analysis import interval
+from trainscale.measure import metrics, steptimes
+from trainscale.plan import overlay
+from trainscale.plan.matrix import build_runs
+from trainscale.plan.runspec import ConfigError
+from trainscale.runners.common import evaluates
+from trainscale.tune import cli, results, rule, space
+from trainscale.tune.space import MATRIX_KEYS
+
+from conftest import PYTHON, ROOT, load_yaml, run_env, snakemake, validated
+
+#: Simulated tunes per elimination check: a rate near 95 % known to about ±1 point.
+TUNES = 400
+TWENTY = math.log(0.8)  # a cell 20 % slower
+
+
+def study(*strategies: str, **extra) -> dict:
+    """A validated study of `strategies` on one worker, seed-small on digits."""
+    m = {"strategy": list(strategies), "model": ["seed-small"], "dataset": ["digits"],
+         "workers": [1], "batch_size": [64]}  # fmt: skip
+    m.update(extra.pop("matrix", {}))
+    return validated({"study": "t", "repeats": 2, "matrix": m, **extra})
+
+
+def plan(cfg: dict, predicted: dict | None = None) -> space.Space:
+    runs, dropped = build_runs(cfg, "cpu")
+    return space.plan(cfg, runs, dropped, predicted or {})
+
+
+# --------------------------------------------------------------------------------------------
+# synthetic records: AR(1) step times at the default noise of tests/test_interval.py
+
+
+def record(spec, speed: float, rng: np.random.Generator, status: str = "ok") -> dict:
+    """A valid record of `spec` whose steady steps take 10 ms / `speed`, times a run effect
+    N(0, SIGMA_A²) and per-step noise of CV in STEP_CV, lag-1 correlation PHI (the warm-up
+    epoch three times slower); 3 s of set-up. A `status` other than ok: a failed run's record.
+    """
+    if status != "ok":
+        launch = {"command": None, "mode": "local", "exit_code": 1}
+        return metrics.failure_record(spec.to_dict(), status, "injected", "", 4.0, launch)
+    a, cv = rng.standard_normal() * SIGMA_A, rng.uniform(*STEP_CV)
+    steps, epochs = spec.steps_per_epoch, []
+    for e in range(spec.epochs):
+        z = np.empty(steps)
+        z[0] = rng.standard_normal()
+        for i in range(1, steps):
+            z[i] = PHI * z[i - 1] + rng.standard_normal() * math.sqrt(1 - PHI**2)
+        t = 0.01 / speed * np.exp(-a + cv * z - cv * cv / 2) * (3 if e == 0 else 1)
+        seconds, samples = float(t.sum()), steps * spec.global_batch_size
+        epochs.append({"epoch": e + 1, "seconds": seconds, "samples": samples, "steps": steps,
+                       "samples_per_second": samples / seconds, "train_loss": 1.0,
+                       "step_seconds_p50": float(np.median(t)),
+                       "step_seconds_p95": float(np.percentile(t, 95)),
+                       "step_batch_means": steptimes.batch_means(list(t)),
+                       "test_accuracy": None, "test_loss": None})  # fmt: skip
+    rec = metrics.ok_record(spec.to_dict(), epochs, None)
+    rec["wall_seconds"] = sum(e["seconds"] for e in epochs) + 3.0
+    rec["device"] = {"kind": "cpu", "name": "cpu", "count": 1, "logical": False,
+                     "utilization_mean": None, "energy_joules": None}  # fmt: skip
+    rec["data"] = {"train_samples": 1437, "test_samples": 360}
+    return rec
+
+
+def run_round(s: space.Space, round: int, speeds: dict, rng, previous=None, records=None,
+              failing=()) -> tuple[dict, list]:  # fmt: skip
+    """Round `round` of the tune `s` on synthetic records (the cells' `speeds` by strategy;
+    the runs of `failing` fail): its result and every record so far."""
+    records = list(records or [])
+    cells = previous["next"] if previous else list(s.cells)
+    for cell in cells:
+        for path in s.run_paths(cell, round):
+            spec = s.spec(round, path)
+            status = "failed" if path in failing else "ok"
+            out = f"results/t/tune/round~{round}/runs/{path}/metrics.json"
+            records.append((round, out, record(spec, speeds[spec.strategy], rng, status)))
+    plan_json = json.loads(json.dumps(s.to_json()))
+    return rule.round_result(plan_json, round, records, previous), records
+
+
+def by_strategy(result: dict) -> dict[str, dict]:
+    return {c["values"]["strategy"]: c for c in result["cells"]}
+
+
+# --------------------------------------------------------------------------------------------
+# round 0 and the runs of each round
+
+
+def test_round_zero_drops_what_the_memory_model_says_will_not_fit():
+    """A cell predicted over limit × headroom is dropped with its reason even where
+    memory.check: warn keeps it in the study; the others are tried and say what was
+    predicted; the matrix's own drops are listed beside it."""
+    cfg = study("torch-ddp", "torch-fsdp", matrix={"workers": [1, 2]},
+                memory={"check": "warn", "limit_gib": 1})  # fmt: skip
+    runs, dropped = build_runs(cfg, "cpu")
+    limit = {"limit_bytes": 2**30, "headroom": 0.9, "method": "traced", "error": None}
+    predicted = {r.path: {**limit, "total_bytes": 2**31 if r.strategy == "torch-fsdp" and
+                          r.workers == 1 else 2**28} for r in runs}  # fmt: skip
+    s = space.plan(cfg, runs, dropped, predicted)
+    assert sorted(c.split("/")[0] for c in s.cells) == ["strategy~torch-ddp"] * 2 + [
+        "strategy~torch-fsdp"]  # fmt: skip
+    (over,) = [d for d in s.dropped if "memory" in d.reason]
+    assert over.values["strategy"] == "torch-fsdp" and over.values["workers"] == 1
+    assert "predicted 2 GiB per rank, allowed 0.9 GiB" in over.reason
+    assert all("predicted 0.25 GiB" in why for why in s.kept.values())
+    rows = results.table(s.to_json(), [])
+    assert set(rows["decision"]) == {"go on", "stopped"} and (rows["round"] == 0).all()
+
+
+def test_round_one_runs_every_cell_twice_with_more_where_cells_are_few():
+    """Two runs a cell in round 1; three where the tune has fewer than 4 cells (the pooled
+    run-to-run variance then has at least interval.MIN_DF = 4 degrees of freedom); each later
+    round one more repeat, eta times the steady epochs, no evaluation."""
+    four = plan(study("torch", "torch-ddp", "torch-fsdp", "lightning-ddp"))
+    two = plan(study("torch", "torch-ddp"))
+    assert (four.first_repeats, two.first_repeats) == (2, 3)
+    cell = next(iter(two.cells))
+    assert two.run_paths(cell, 1) == [f"{cell}/repeat~{r}" for r in range(3)]
+    r2 = two.spec(2, f"{cell}/repeat~3")
+    assert (r2.epochs, r2.steps_per_epoch, r2.evaluate, r2.seed) == (4, 40, False, 3)
+    assert r2.path == f"{cell}/repeat~3" and two.spec(1, f"{cell}/repeat~0").epochs == 2
+    with pytest.raises(ValueError, match="not a run of round 1"):
+        two.spec(1, f"{cell}/repeat~3")
+    assert not evaluates(r2, synthetic=False, epoch=r2.epochs)
+    assert evaluates(two.cells[cell], synthetic=False, epoch=two.cells[cell].epochs)
+
+
+def test_a_budget_below_round_one_stops_before_any_job():
+    cfg = study("torch", "torch-ddp", tune={"max_runs": 5})
+    with pytest.raises(ConfigError, match=r"tune.max_runs 5: round 1 runs each of the 2 cells 3"):
+        plan(cfg)
+
+
+# --------------------------------------------------------------------------------------------
+# the elimination rule
+
+
+def simulated_rounds(
+    cells: int, true: np.ndarray, repeats: int, seed: int, tunes: int = TUNES
+) -> list:
+    """`decide` on `tunes` simulated round-1 panels of `cells` cells (true log throughputs
+    `true`, `repeats` runs of one steady epoch of the default steps, the default noise)."""
+    rng = np.random.default_rng(seed)
+    steps = np.full(cells, space.Settings().steps_per_epoch)
+    f = interval.fit(*simulate(rng, tunes, steps, true, repeats, 1), np.zeros(cells, int))
+    out = []
+    for i in range(tunes):
+        cols = pd.DataFrame({k: v[i] for k, v in f.columns().items()})
+        cols = cols.assign(panel="p", n=f.n[i], logical=False, statuses="", score=f.ybar[i])
+        out.append(rule.decide(cols, 1, space.Settings().eta))
+    return out
+
+
+@pytest.mark.parametrize("cells", [2, 8])
+def test_round_one_stops_a_cell_20_percent_slower_at_the_default_noise(cells):
+    """Round 1 at its own repeats (3 runs a cell for 2 cells, 2 for 8) and the default
+    steps, at the default noise (run-to-run spread SIGMA_A, steps' CV STEP_CV, lag-1
+    correlation PHI): a cell 20 % slower than the others is stopped as slower in at least
+    95 % of TUNES simulated tunes (printed)."""
+    repeats = 3 if cells == 2 else 2
+    true = np.where(np.arange(cells) == 1, TWENTY, 0.0)
+    decided = simulated_rounds(cells, true, repeats, seed=20 + cells)
+    slower = np.mean([d.iloc[1]["reason"].startswith("slower") for d in decided])
+    print(f"{cells} cells: the 20 % slower one stopped as slower in {slower:.3f} of tunes")
+    assert slower >= 0.95
+    assert all(d.iloc[1]["decision"] == "stopped" for d in decided if d.iloc[1]["reason"]
+               .startswith("slower"))  # fmt: skip
+
+
+def test_equal_cells_both_go_on():
+    """Two equally fast cells (round 1, 3 runs each, default noise): both go on in at least
+    95 % of TUNES simulated tunes (the comparison with the best calls one slower in at most
+    5 %; the halving keeps 2)."""
+    decided = simulated_rounds(2, np.zeros(2), 3, seed=2)
+    both = np.mean([(d["decision"] == "go on").all() for d in decided])
+    print(f"equal cells: both go on in {both:.3f} of tunes")
+    assert both >= 0.95 - 2.33 * math.sqrt(0.05 * 0.95 / TUNES)
+
+
+def test_the_halving_keeps_at_most_a_share_of_the_cells():
+    """Nine equal cells: none is slower, at most ceil(9 / 3) = 3 go on, the best estimates,
+    and the others are stopped as the halving's, with reasons that say so."""
+    (d,) = simulated_rounds(9, np.zeros(9), 2, seed=9, tunes=1)
+    going = d[d["decision"] == "go on"]
+    assert len(going) <= 3 and going["score"].min() >= d[d["decision"] == "stopped"]["score"].max()
+    assert d[d["decision"] == "stopped"]["reason"].str.contains("successive halving").any()
+
+
+def test_rounds_on_synthetic_records_stop_the_slower_and_end_with_a_winning_set(tmp_path):
+    """Three cells' synthetic records through the round's code (records -> estimates ->
+    decisions): torch-fsdp, 20 % slower, is stopped in round 1; torch-ddp and lightning-ddp,
+    equally fast, go on, though one of lightning-ddp's runs failed; round 2 adds a run each
+    and ends the tune with its winning set. tune.csv has every cell of every round, and
+    best.yaml is a study of exactly the winners."""
+    s = plan(study("torch-ddp", "torch-fsdp", "lightning-ddp"))
+    rng = np.random.default_rng(3)
+    speeds = {"torch-ddp": 1.0, "lightning-ddp": 1.0, "torch-fsdp": 0.8}
+    failing = [p for c in s.cells for p in s.run_paths(c, 1) if "lightning" in p][:1]
+    one, records = run_round(s, 1, speeds, rng, failing=failing)
+    cells = by_strategy(one)
+    assert cells["torch-fsdp"]["decision"] == "stopped"
+    assert cells["torch-fsdp"]["reason"].startswith("slower than the panel's best")
+    assert {cells[k]["decision"] for k in ("torch-ddp", "lightning-ddp")} == {"go on"}
+    assert cells["lightning-ddp"]["ok"] == 2 and cells["lightning-ddp"]["runs"] == 3
+    assert one["failed"] == [{"cell": failing[0].rsplit("/repeat~")[0], "repeat": 0,
+                              "status": "failed", "error": "injected"}]  # fmt: skip
+    assert one["runs"] == 9 and one["done"] is None and len(one["next"]) == 2
+    two, _ = run_round(s, 2, speeds, rng, one, records)
+    assert two["done"] and two["runs"] == 2 and not two["next"]
+    assert {c["decision"] for c in two["cells"]} <= {"best", "stopped"}
+    winners = results.winners([one, two])
+    assert winners and {c["values"]["strategy"] for c in winners} <= {"torch-ddp", "lightning-ddp"}
+    csv = results.table(s.to_json(), [one, two])
+    assert list(csv.columns[:17]) == ["round", *MATRIX_KEYS]
+    assert {"estimate", "ci_low", "ci_high", "decision", "reason"} <= set(csv.columns)
+    assert csv.groupby("round").size().to_dict() == {0: 3, 1: 3, 2: 2}
+    assert set(csv["decision"]) <= {"go on", "stopped", "best"}
+    ok = csv[csv["round"] > 0]
+    assert (ok["ci_low"] < ok["estimate"]).all() and (ok["estimate"] < ok["ci_high"]).all()
+    cost = results.costs(s.to_json(), [one, two])
+    assert cost["runs"] == 11 and cost["grid_runs"] == 6 and cost["grid_worker_hours"] > 0
+
+
+def test_the_cost_objective_compares_every_n_of_a_model_in_one_panel():
+    """objective cost: one panel over N = 1 and 2. The same global batch at the same step time
+    on 2 workers costs twice the device-time per sample: stopped as costlier, N = 1 wins.
+    With prices the estimate is money per million samples, without them device-hours."""
+    for cost, unit in (({"device_hour": {"cpu-core": 0.04}}, "cost per million samples"),
+                       ({}, "device-hours per million samples")):  # fmt: skip
+        cfg = study("torch-ddp", matrix={"workers": [1, 2]}, tune={"objective": "cost"},
+                    cost=cost)  # fmt: skip
+        s = plan(cfg)
+        assert len({tuple(c["panel"]) for c in s.to_json()["cells"]}) == 1
+        one, _ = run_round(s, 1, {"torch-ddp": 1.0}, np.random.default_rng(1))
+        by_n = {c["world_size"]: c for c in one["cells"]}
+        assert by_n[1]["unit"] == by_n[2]["unit"] == unit
+        assert by_n[2]["estimate"] == pytest.approx(2 * by_n[1]["estimate"], rel=0.15)
+        assert by_n[2]["decision"] == "stopped" and by_n[1]["decision"] == "best"
+
+
+# --------------------------------------------------------------------------------------------
+# the budget
+
+
+@pytest.mark.parametrize("budget", ["max_runs", "max_worker_hours"])
+def test_the_budget_ends_the_tune_before_a_round_it_cannot_pay_for(budget):
+    """Six equal cells: round 1 leaves some going on; a budget that round 1 fits but round
+    2 would pass ends the tune after round 1, the cells going on then are the winning set,
+    and what was spent stays within the budget."""
+    strategies = ("torch", "torch-ddp", "torch-fsdp", "lightning-ddp", "deepspeed-zero0",
+                  "horovod-torch")  # fmt: skip
+    first, _ = run_round(plan(study(*strategies)), 1, dict.fromkeys(strategies, 1.0),
+                         np.random.default_rng(6))  # fmt: skip
+    assert first["next"] and first["runs"] == 12
+    spent = first["spent_worker_seconds"] / 3600
+    limit = {"max_runs": 13, "max_worker_hours": spent * 1.01}[budget]
+    s = plan(study(*strategies, tune={budget: limit}))
+    capped, _ = run_round(s, 1, dict.fromkeys(strategies, 1.0), np.random.default_rng(6))
+    assert not capped["next"] and capped["done"].startswith("budget: round 2")
+    assert f"tune.{budget}" in capped["done"]
+    assert {c["decision"] for c in capped["cells"]} <= {"best", "stopped"}
+    assert [c["cell"] for c in capped["cells"] if c["decision"] == "best"] == first["next"]
+    assert capped["spent_runs"] <= s.settings.max_runs if budget == "max_runs" else (
+        capped["spent_worker_seconds"] / 3600 <= limit)  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------------
+# best.yaml
+
+
+def test_best_yaml_is_a_study_of_exactly_the_winning_set(tmp_path):
+    """Winners that are not a product of values (2 strategies × 2 batch sizes × 2 worker
+    counts, 3 of the 8 cells): best.yaml, laid over config.yaml as --configfile lays it,
+    plans exactly those cells, under study <study>-best."""
+    cfg = study("torch-ddp", "torch-fsdp", matrix={"batch_size": [64, 128], "workers": [1, 2]})
+    runs, _ = build_runs(cfg, "cpu")
+    cells = {space.cell_of(r.path): r for r in runs}
+    chosen = [c for c in cells if ("ddp" in c and "64" in c and "workers~1" in c)
+              or ("fsdp" in c and "128" in c)]  # fmt: skip
+    winners = [{"values": {k: getattr(cells[c], k) for k in MATRIX_KEYS}} for c in chosen]
+    best = results.best_config(copy.deepcopy(cfg), winners)
+    assert best["study"] == "t-best" and "faults" not in best
+    base = yaml.safe_load(overlay.BASE_CONFIG.read_text())
+    planned, _ = build_runs(validated(overlay.overlay(base, best)), "cpu")
+    assert sorted({space.cell_of(r.path) for r in planned}) == sorted(chosen)
+    nobody = tmp_path / "best.yaml"
+    results.write_best(nobody, cfg, [], "tune.csv")
+    assert "found no winner" in nobody.read_text() and yaml.safe_load(nobody.read_text()) is None
+
+
+def test_trainscale_tune_runs_snakemake_tune_with_the_study():
+    cmd = cli.command("s.yaml", ["--cores", "2"], here=ROOT)
+    assert cmd[1:] == ["-m", "snakemake", "tune", "--configfile", "s.yaml", "--cores", "2"]
+    away = cli.command("s.yaml", ["-n"], here=ROOT / "docs")
+    assert away[4:6] == ["--snakefile", str(ROOT / "Snakefile")]
+
+
+# --------------------------------------------------------------------------------------------
+# a real tune through the workflow
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory) -> dict:
+    """`trainscale tune .test/tune.yaml --cores 2` in a fresh directory: two cells of one
+    panel, torch-ddp's repeat 1 made to fail, and a budget of round 1's 6 runs (more rounds
+    run in tests/test_slurm.py's tune)."""
+    work = tmp_path_factory.mktemp("tune")
+    cfg = load_yaml(ROOT / ".test" / "tune.yaml")
+    cfg["tune"]["max_runs"] = 6
+    (work / "study.yaml").write_text(yaml.safe_dump(cfg))
+    p = subprocess.run([PYTHON, "-m", "trainscale", "tune", "study.yaml", "--cores", "2"],
+                       cwd=work, env=run_env(), capture_output=True, text=True,
+                       timeout=900)  # fmt: skip
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    return {"work": work, "out": work / "results" / cfg["study"] / "tune"}
+
+
+@pytest.mark.slow
+def test_a_real_tune_writes_its_rounds_table_winners_and_report(tuned):
+    out = tuned["out"]
+    files = sorted(out.glob("round~*/runs/**/metrics.json"))
+    rounds = sorted(json.loads(p.read_text())["round"] for p in out.glob("round~*/round.json"))
+    assert files and rounds == list(range(1, len(rounds) + 1))
+    recs = [metrics.read(f) for f in files]  # valid against the metrics schema
+    assert all(r["spec"]["evaluate"] is False and r["test"]["accuracy"] is None for r in recs)
+    ok = [r for r in recs if r["status"] == "ok"]  # each with its cell's memory prediction
+    assert all(r["memory"]["predicted"]["total_bytes"] > 0 for r in ok)
+    assert all(e["test_accuracy"] is None for r in recs for e in r["epochs"])
+    (failed,) = [r for r in recs if r["status"] != "ok"]
+    assert failed["spec"]["strategy"] == "torch-ddp" and failed["spec"]["repeat"] == 1
+    csv = pd.read_csv(out / "tune.csv")
+    assert list(csv.columns[:17]) == ["round", *MATRIX_KEYS]
+    assert set(csv["decision"]) <= {"go on", "stopped", "best"}
+    assert (csv["decision"] == "best").any()
+    assert csv["round"].max() == rounds[-1] and (csv["round"] == 0).sum() == 2
+    last = json.loads((out / f"round~{rounds[-1]}" / "round.json").read_text())
+    assert last["done"] and not last["next"] and last["spent_runs"] <= 6 == len(recs)
+    page = (out / "report.html").read_text()
+    assert "data:image/png;base64," in page and "torch-ddp" in page and 'src="http' not in page
+    assert "Failed runs" in page and "repeat~1" in page
+
+
+@pytest.mark.slow
+def test_best_yaml_of_a_real_tune_plans_as_a_study(tuned):
+    best = load_yaml(tuned["out"] / "best.yaml")
+    assert best["study"] == "ci-tune-best"
+    p = snakemake(tuned["work"], "-n", "--configfile", str(tuned["out"] / "best.yaml"))
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    planned = {line.split("strategy~")[1].split("/")[0] for line in p.stdout.splitlines()
+               if "results/ci-tune-best/runs/strategy~" in line}  # fmt: skip
+    assert planned == set(best["matrix"]["strategy"])

@@ -60,7 +60,7 @@ dryrun: $(STAMP) bytecode
 # The SLURM tests run after them, alone: their jobs have 1-minute time limits, which a run
 # beside another test's training could exceed.
 PYTEST_WORKERS ?= 2
-ALONE := tests/test_slurm.py
+ALONE := tests/test_slurm.py tests/test_slurm_containers.py
 pytest: $(STAMP) $(HOROVOD) bytecode
 	$(BIN)/python -m pytest -q -rs --durations=25 -n $(PYTEST_WORKERS) --dist loadgroup \
 	  $(addprefix --ignore=,$(ALONE)) $(PYTEST_ARGS)

@@ -58,9 +58,11 @@ dryrun: $(STAMP) bytecode
 # Two pytest-xdist workers: the suite's runs leave one of 2 cores idle half the time (process
 # starts, imports, Snakemake's bookkeeping). A study's tests stay in one worker (loadgroup).
 # The SLURM tests run after them, alone: their jobs have 1-minute time limits, which a run
-# beside another test's training could exceed.
+# beside another test's training could exceed. So do the compare tests: their planted 2x
+# slowdown must stand out of 2 repeats' run-to-run spread, which beside another test's training
+# reached a factor of 1.5 (a 95% CI of [0.43, 2.31] on a copy).
 PYTEST_WORKERS ?= 2
-ALONE := tests/test_slurm.py tests/test_slurm_containers.py
+ALONE := tests/test_slurm.py tests/test_slurm_containers.py tests/test_compare.py
 pytest: $(STAMP) $(HOROVOD) bytecode
 	$(BIN)/python -m pytest -q -rs --durations=25 -n $(PYTEST_WORKERS) --dist loadgroup \
 	  $(addprefix --ignore=,$(ALONE)) $(PYTEST_ARGS)

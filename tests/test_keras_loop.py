@@ -26,10 +26,13 @@ EXTRA = {"horovod-keras": {"horovod"}, "horovod-keras-elastic": {"horovod"}}
 
 def keys(d: dict, prefix: str = "") -> set[str]:
     """Every key path of a record (`memory.peak_host_rss_bytes`), lists' items left out, and
-    the names inside the spec, the framework versions and the variables the ranks saw (each
-    launcher sets its own: HOROVOD_* under horovodrun, TF_CONFIG under MultiWorker)."""
+    the names inside the spec, the framework versions, the variables the ranks saw (each
+    launcher sets its own: HOROVOD_* under horovodrun) and the planner's prediction (absent
+    where the run was launched outside a study, as the elastic runs are)."""
     out = set()
     for k, v in d.items():
+        if prefix + k == "memory.predicted":
+            continue
         out.add(prefix + k)
         if isinstance(v, dict) and k not in ("spec", "frameworks", "variables"):
             out |= keys(v, f"{prefix}{k}.")

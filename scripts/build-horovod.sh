@@ -95,9 +95,9 @@ if [[ -z "$wheel" ]]; then
   fi
   # compile jobs: every core this process may use (nproc follows taskset, cgroups and SLURM),
   # or HOROVOD_BUILD_JOBS (the workflow's `horovod` rule passes its threads); no more than
-  # MemAvailable / 1.5 GiB, the most one g++ on Horovod's TensorFlow ops was seen to hold
+  # MemAvailable / 2.5 GiB: one g++ on Horovod's TensorFlow ops was seen holding 2.3 GiB
   jobs=${HOROVOD_BUILD_JOBS:-$(nproc)}
-  by_memory=$(awk '/^MemAvailable:/ {print int($2 / 1572864)}' /proc/meminfo 2>/dev/null || true)
+  by_memory=$(awk '/^MemAvailable:/ {print int($2 / 2621440)}' /proc/meminfo 2>/dev/null || true)
   if [[ -n "$by_memory" ]] && ((by_memory < jobs)); then jobs=$((by_memory > 0 ? by_memory : 1)); fi
   say "compiling with $jobs jobs"
   start=$SECONDS

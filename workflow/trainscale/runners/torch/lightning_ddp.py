@@ -164,11 +164,13 @@ class LightningRun:
             torch.cuda.set_device(self.device)
         self.tokens = spec.seq_len > 0  # windows of token ids, next-token targets
         self.feed = self.token_data() if self.tokens else self.image_data()
+        self.rec.timeline.ends("data")  # the set-up's phases, for the record's timeline
         torch.manual_seed(spec.seed)  # the same fresh initial weights as torch-ddp's
         self.net = models.build(spec.model, self.info.shape, self.info.num_classes, spec.own_model,
                                 seed=spec.seed)  # fmt: skip
         checkpointing.apply(self.net, spec.own_model, spec.activation_checkpointing)
         self.net.to(self.device, memory_format=memory_format(spec))
+        self.rec.timeline.ends("model")
         uuid = torch.cuda.get_device_properties(self.device).uuid if self.cuda else None
         self.uuid = str(uuid) if uuid is not None else None  # which GPU's counter it reads
         reader = metrics.GpuMonitor.nvml_reader(self.device.index, uuid) if self.cuda else None
@@ -176,7 +178,7 @@ class LightningRun:
         self.memory: PhasePeaks = phase_peaks(self.device)
         self.test = {"accuracy": None, "loss": None}
         #: evaluation and the measurements after training: each may fail, the run goes on
-        self.parts = Parts(spec, self.rec.warnings, agree=_every_rank)
+        self.parts = Parts(spec, self.rec.warnings, _every_rank, self.rec.timeline)
 
     def image_data(self) -> DataLoader:
         """The in-memory arrays on the device and torch-ddp's order of them, as a DataLoader of

@@ -14,11 +14,13 @@ sys.path.insert(0, str(Path(workflow.basedir) / "workflow"))
 # launcher's attempts and metrics modules, a tenth of a second of every Snakemake start)
 from trainscale.launch.commands import job_environment
 from trainscale.launch.slurm import SLURM_RESOURCE_KEYS, slurm_request, slurm_resources
+from trainscale.launch import progress as ts_progress
 
 os.environ.update(job_environment(Path(workflow.basedir) / "workflow", sys.executable))
 
 import yaml
 from snakemake.common import overwrite_function_params
+from snakemake.logging import logger as snakemake_logger
 from snakemake.settings.types import DeploymentMethod
 
 from trainscale import data as ts_data
@@ -114,6 +116,15 @@ else:
 #: Every run by its path; the paths are made here once (RunSpec.path builds one each time) and
 #: everything below that needs them iterates this.
 RUN_BY_PATH = {r.path: r for r in RUNS}
+# While the study runs, one line per finished run: its cell (the matrix keys that vary here),
+# status, throughput and time, the runs left and an estimate of the time left
+# (trainscale.launch.progress; it reads the records Snakemake's finished jobs wrote).
+if workflow.is_main_process:
+    ts_progress.watch(
+        snakemake_logger,
+        lambda wildcards: f"{RESULTS}/runs/{wildcards['run']}/metrics.json",
+        ts_progress.varying(RUNS, [*config["matrix"], "repeat"]),
+    )
 print(
     f"trainscale: study {STUDY!r}: {ts_matrix.summary(RUNS, DROPPED)}", file=sys.stderr
 )

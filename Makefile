@@ -15,17 +15,20 @@ NO_SLURM := $(if $(SLURM_JOB_ID),,SLURM_CONF=$(CURDIR)/scripts/slurm-offline.con
 
 .PHONY: run test setup horovod bytecode lint dryrun pytest bench gpu-check clean slurm-profile slurm-start slurm-stop
 
-run: $(STAMP) $(HOROVOD) bytecode
+# Horovod is built by the workflow's `horovod` rule, only where the study has a Horovod cell and
+# the venv lacks it, with every core and before any run (workflow/rules/train.smk).
+run: $(STAMP) bytecode
 	$(NO_SLURM) $(BIN)/snakemake
 
 test: $(STAMP) $(HOROVOD) lint dryrun pytest
 
-# Pinned environment in .venv/ (torch==2.13.0 comes from the local CPU wheel; pip caches the rest).
-setup: $(STAMP) $(HOROVOD) bytecode
-$(STAMP): requirements.txt pyproject.toml
-	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	DS_BUILD_OPS=0 $(BIN)/pip install --disable-pip-version-check -q -r requirements.txt
-	$(BIN)/pip install --disable-pip-version-check -q --no-deps -e .
+# Pinned environment in .venv/: installed by uv where it can, pip otherwise, with the same pins
+# and pip's own find-links/constraints (torch==2.13.0 comes from the local CPU wheel); see
+# scripts/install-requirements.sh. Horovod is not part of it: `make horovod`, or the workflow
+# builds it for a study that has a Horovod cell.
+setup: $(STAMP) bytecode
+$(STAMP): requirements.txt pyproject.toml scripts/install-requirements.sh
+	PYTHON=$(PY) scripts/install-requirements.sh $(VENV)
 	touch $@
 
 # The package's bytecode, written now: where PYTHONDONTWRITEBYTECODE is set (many containers,
@@ -34,8 +37,9 @@ $(STAMP): requirements.txt pyproject.toml
 bytecode: $(STAMP)
 	$(BIN)/python -m compileall -q workflow/trainscale
 
-# Horovod 0.28.1 built from its sdist with the project's edits (about 3 min; the wheel is cached
-# in .cache/horovod, so a rebuild of .venv only reinstalls it). See scripts/build-horovod.sh.
+# Horovod 0.28.1 built from its sdist with the project's edits, on every core (about 7 min on 2;
+# the wheel is cached in .cache/horovod, so a rebuild of .venv only reinstalls it). The tests
+# need it; `make run` leaves it to the workflow. See scripts/build-horovod.sh.
 horovod: $(HOROVOD)
 $(HOROVOD): $(STAMP) scripts/build-horovod.sh
 	scripts/build-horovod.sh $(BIN)/python

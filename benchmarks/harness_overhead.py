@@ -37,17 +37,32 @@ load average is printed with every line).
     .venv/bin/python benchmarks/harness_overhead.py [--rounds 5] [--workers 2]
         [--rows torch-ddp,deepspeed-zero2,horovod-torch,tf-mirrored,lightning-ddp]
         [--model seed-small] [--dataset digits] [--scale 64] [--epochs 3]
+
+`--breakdown`: where each run's time goes, from Snakemake's job start to its record, per
+framework family and strategy. It runs a study through Snakemake as a user does
+(`--configfile FILE`, e.g. config.yaml, `make run`'s showcase; default
+benchmarks/breakdown.yaml, one cell of each family) in a scratch directory, or reads one
+already run (`--existing DIR`, e.g. this checkout after `make run`), and prints from the
+records' `timeline` blocks (trainscale/measure/timeline.py) and Snakemake's job metadata the
+mean seconds per run of each of PHASES, then the study's elapsed time beside its runs' own
+wall (Σ `wall_seconds`), each rule's job time and the time no job ran:
+
+    .venv/bin/python benchmarks/harness_overhead.py --breakdown [--configfile config.yaml]
+        [--cores 2] [--existing DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
+from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -61,6 +76,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 
 from trainscale.launch.supervise import LAUNCHERS, detect, supervise, worker_env  # noqa: E402
 from trainscale.measure import metrics  # noqa: E402
+from trainscale.plan.catalog import STRATEGIES  # noqa: E402
 from trainscale.plan.matrix import RunSpec  # noqa: E402
 
 T = TypeVar("T")
@@ -184,6 +200,178 @@ def spread(xs: list[float]) -> float:
     return max(xs) / min(xs)
 
 
+# --- --breakdown: a study through Snakemake, each run's time by phase -----------------------
+
+SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
+#: the phases of a run, in order: Snakemake's job start to the supervisor's process; the
+#: supervisor's imports to the launcher's start; the launcher to rank 0's process; its imports
+#: to the Recorder; the set-up's phases (runners mark them: Timeline.ends); the timed epochs;
+#: evaluation and exposed communication (its no-sync steps), then the other measurements after
+#: training (memory, flops, framework: runners/guarded.py); what else the loop did inside
+#: wall_seconds; the record assembled to on disk; the workers' and launcher's exit; the
+#: supervisor's stamp (its rewrite of the record, Snakemake's end of the job)
+PHASES = ["job start", "supervisor", "launcher", "imports", "rendezvous", "data", "model",
+          "other set-up", "epochs", "evaluation", "communication", "measurements", "loop rest",
+          "record", "exit", "stamp"]  # fmt: skip
+
+
+def run_study(work: Path, study: Path, cores: int, *targets: str) -> float:
+    """`snakemake` of `study` in `work` as a user runs it (SLURM's start-up wait off, as
+    `make run` has it); its wall seconds."""
+    env = {**os.environ, "SLURM_CONF": str(ROOT / "scripts" / "slurm-offline.conf")}
+    cmd = [SNAKEMAKE, "-s", str(ROOT / "Snakefile"), "--directory", str(work),
+           "--configfile", str(study), "--cores", str(cores), *targets]  # fmt: skip
+    t0 = time.perf_counter()
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    seconds = time.perf_counter() - t0
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    return seconds
+
+
+def job_metadata(work: Path) -> dict[str, dict]:
+    """Snakemake's record of each output it made in `work`, by output path: its rule, job
+    start (`starttime`) and the output's last write (`endtime`), in Unix seconds."""
+    out = {}
+    top = work / ".snakemake" / "metadata"
+    for path in top.rglob("*") if top.is_dir() else []:
+        if path.is_file() and not path.name.startswith("@"):
+            parts = path.relative_to(top).parts  # long keys are split into "@"-led folders
+            key = "".join(p.removeprefix("@") for p in parts)
+            try:
+                out[base64.urlsafe_b64decode(key).decode()] = json.loads(path.read_text())
+            except ValueError:
+                continue
+    return out
+
+
+def phases(rec: dict, job: dict | None) -> dict[str, float | None]:
+    """A run's seconds in each of PHASES, from its record's timeline and its job's metadata
+    (None where either lacks the moment a phase needs)."""
+    t = rec.get("timeline") or {}
+
+    def between(a: float | None, b: float | None) -> float | None:
+        return None if a is None or b is None else max(b - a, 0.0)
+
+    set_up, parts = t.get("set_up") or {}, dict(t.get("parts") or {})
+    evaluation, communication = parts.pop("evaluation", 0.0), parts.pop("communication", 0.0)
+    epochs = sum(e["seconds"] for e in rec["epochs"])
+    inside = (rec.get("setup_seconds") or 0) + epochs + evaluation + communication
+    wall = rec.get("wall_seconds")
+    return {
+        "job start": between(job and job.get("starttime"), t.get("supervisor_start_unix")),
+        "supervisor": between(t.get("supervisor_start_unix"), t.get("launched_unix")),
+        "launcher": between(t.get("launched_unix"), t.get("worker_start_unix")),
+        "imports": between(t.get("worker_start_unix"), t.get("recorder_unix")),
+        "rendezvous": set_up.get("rendezvous"),
+        "data": set_up.get("data"),
+        "model": set_up.get("model"),
+        "other set-up": set_up.get("other"),
+        "epochs": epochs,
+        "evaluation": evaluation,
+        "communication": communication,
+        "measurements": sum(parts.values()),
+        "loop rest": None if wall is None else max(wall - inside - sum(parts.values()), 0.0),
+        "record": between(t.get("record_unix"), t.get("written_unix")),
+        "exit": between(t.get("written_unix"), t.get("exited_unix")),
+        "stamp": between(t.get("exited_unix"), job and job.get("endtime")),
+    }
+
+
+def mean(xs: list[float | None]) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return sum(xs) / len(xs) if xs else None
+
+
+def breakdown(work: Path, elapsed: float | None, since: float = 0.0) -> None:
+    """Print each family's and strategy's mean seconds per phase, then the study's totals."""
+    jobs = {k: v for k, v in job_metadata(work).items() if (v.get("starttime") or 0) >= since}
+    runs = []
+    for out, job in jobs.items():
+        if job.get("rule") == "train" and (work / out).exists():
+            rec = metrics.read(work / out)
+            runs.append((rec, phases(rec, job), job))
+    if not runs:
+        raise SystemExit(f"no train jobs with records in {work}/.snakemake/metadata")
+    groups: dict[str, list[dict]] = defaultdict(list)
+    for rec, ph, _ in runs:
+        strategy = rec["spec"]["strategy"]
+        groups[f"{STRATEGIES[strategy].framework} (family)"].append(ph)
+        groups[f"  {strategy}"].append(ph)
+    names = sorted(groups, key=family_first)
+    width = max(len(g) for g in names)
+    print(f"mean seconds per run, by phase ({len(runs)} runs); 'own' = wall_seconds / job")
+    print(f"{'':<{width}} {'runs':>4} " + " ".join(f"{ph[:9]:>9}" for ph in PHASES)
+          + f" {'job':>7} {'own':>5}")  # fmt: skip
+    for g in names:
+        rows = groups[g]
+        cells = [mean([r[ph] for r in rows]) for ph in PHASES]
+        total = sum(c for c in cells if c is not None)
+        own = sum(c or 0 for c, ph in zip(cells, PHASES, strict=True) if ph in OWN) / total
+        print(f"{g:<{width}} {len(rows):>4} "
+              + " ".join("        -" if c is None else f"{c:>9.2f}" for c in cells)
+              + f" {total:>7.1f} {own:>5.0%}")  # fmt: skip
+    own_wall = sum(rec["wall_seconds"] or 0 for rec, _, _ in runs)
+    job_seconds = sum(j["endtime"] - j["starttime"] for _, _, j in runs)
+    span = max(j["endtime"] for j in jobs.values()) - min(j["starttime"] for j in jobs.values())
+    whole = elapsed if elapsed is not None else span
+    how = "snakemake's wall" if elapsed is not None else "first job start to last output"
+    print()
+    print(
+        f"study: {whole:.0f} s elapsed ({how}); the runs' own wall (Σ wall_seconds) "
+        f"{own_wall:.0f} s = {own_wall / whole:.0%} of it; their jobs Σ {job_seconds:.0f} s"
+    )
+    # a job has a record per output, each with the job's start and log: one span per job
+    spans: dict[tuple, tuple[float, float]] = {}
+    for out, j in jobs.items():
+        key = (j.get("rule") or "?", *(j.get("log") or [out]))
+        start, end = spans.get(key, (j["starttime"], j["endtime"]))
+        spans[key] = (min(start, j["starttime"]), max(end, j["endtime"]))
+    by_rule: dict[str, list[float]] = defaultdict(list)
+    for (rule, *_), (start, end) in spans.items():
+        by_rule[rule].append(end - start)
+    print("jobs by rule (Σ seconds, count): " + ", ".join(
+        f"{rule} {sum(xs):.0f} s ×{len(xs)}" for rule, xs in sorted(
+            by_rule.items(), key=lambda kv: -sum(kv[1]))))  # fmt: skip
+    busy, last = 0.0, float("-inf")  # the union of the jobs' spans
+    for start, end in sorted(spans.values()):
+        busy += max(end - max(start, last), 0.0)
+        last = max(last, end)
+    print(f"no job running for {whole - busy:.0f} s of the {whole:.0f} s (Snakemake's start and "
+          "its bookkeeping between jobs; the last job's end to snakemake's exit)")  # fmt: skip
+
+
+#: the phases inside the run's own wall_seconds (from the Recorder to the record)
+OWN = {"rendezvous", "data", "model", "other set-up", "epochs", "evaluation", "communication",
+       "measurements", "loop rest"}  # fmt: skip
+
+
+def family_first(group: str) -> tuple:
+    """Each family's row, then its strategies' rows."""
+    name = group.strip()
+    if name.endswith("(family)"):
+        return (name.split()[0], "")
+    return (STRATEGIES[name].framework, name)
+
+
+def breakdown_main(a: argparse.Namespace) -> None:
+    if a.existing:
+        breakdown(Path(a.existing).resolve(), None)
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(a.workdir or tmp).resolve()
+        work.mkdir(parents=True, exist_ok=True)
+        study = Path(a.configfile or ROOT / "benchmarks" / "breakdown.yaml").resolve()
+        for shared in ("data", ".cache"):  # the data sets and the built ops, as in the checkout
+            if not (work / shared).exists():
+                (work / shared).symlink_to(ROOT / shared, target_is_directory=True)
+        print(f"{study.name} through snakemake --cores {a.cores} in {work}; load average "
+              f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs", flush=True)  # fmt: skip
+        since = time.time()
+        elapsed = run_study(work, study, a.cores)
+        breakdown(work, elapsed, since)
+    print(f"load average at end {os.getloadavg()[0]:.1f}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="seed-small")
@@ -198,7 +386,15 @@ def main() -> None:
         help=f"comma-separated strategies (default: all of {', '.join(BASELINES)})",
     )  # fmt: skip
     p.add_argument("--strategy", choices=sorted(BASELINES), help="one row (same as --rows X)")
+    p.add_argument("--breakdown", action="store_true", help="each run's time by phase")
+    p.add_argument("--configfile", help="--breakdown: the study (default breakdown.yaml)")
+    p.add_argument("--cores", type=int, default=2, help="--breakdown: snakemake --cores")
+    p.add_argument("--existing", help="--breakdown: read a directory snakemake ran in")
+    p.add_argument("--workdir", help="--breakdown: run there and keep it (default: a scratch dir)")
     a = p.parse_args()
+    if a.breakdown:
+        breakdown_main(a)
+        return
     rows = [a.strategy] if a.strategy else [r for r in a.rows.split(",") if r]
     unknown = sorted(set(rows) - set(BASELINES))
     if unknown:

@@ -8,11 +8,20 @@ CPU), beside trainscale's `torch` runner through the real launcher, at the same 
 process, gpt-micro's 6 layers, 6 heads, width 384, context 256, batch 8, vocabulary 50,304
 (bench.py's random ids; synthetic-tokens here), fp32, no compile, AdamW, `--threads` threads
 each. Both time 20 steps after 10 of warm-up (the runner: 3 epochs of 10 steps, epoch 1 its
-warm-up). Rounds alternate which side goes first; it prints each side's tokens/s
-min/median/max and the ratio trainscale / nanoGPT (the bar: a median of at least 1.0).
+warm-up).
+
+trainscale's side runs two ways (`--paths`): `launcher`, the RunSpec below through the real
+supervisor (`python -m trainscale.launch`'s `supervise`, in this process), and `workflow`,
+the same run as a user runs it: a study file (STUDY) through `snakemake --cores THREADS` in
+a scratch directory, the tokens/s of the record it writes. After the first workflow round it
+prints every field where the study's run differs from the launcher's RunSpec (none
+expected). Each round runs every side once, the order rotated from round to round; it prints
+each side's tokens/s min/median/max and each path's ratio to nanoGPT (the bar: a median of
+at least 1.0).
 
     git clone https://github.com/karpathy/nanoGPT /somewhere/nanoGPT   # once, anywhere
     .venv/bin/python benchmarks/peer_nanogpt.py /somewhere/nanoGPT [--rounds 3] [--threads 2]
+        [--paths launcher,workflow]
 """
 
 from __future__ import annotations
@@ -32,8 +41,10 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
     filter(None, [str(ROOT / "workflow"), os.environ.get("PYTHONPATH")])
 )
 
-from harness_overhead import in_order, runner_record, spread  # noqa: E402
+import yaml  # noqa: E402
+from harness_overhead import run_study, runner_record, spread  # noqa: E402
 
+from trainscale.measure import metrics  # noqa: E402
 from trainscale.plan.catalog import MODELS  # noqa: E402
 from trainscale.plan.matrix import RunSpec  # noqa: E402
 
@@ -53,6 +64,37 @@ def spec(threads: int) -> RunSpec:
         timeout_minutes=60, target_accuracy=None, data_dir="data", steps_per_epoch=STEPS,
         seq_len=SEQ_LEN,
     )  # fmt: skip
+
+
+def study(threads: int) -> dict:
+    """The workflow path's study file: `spec`'s run, as a user writes it."""
+    return {
+        "study": "peer-nanogpt", "epochs": 3, "steps_per_epoch": STEPS, "repeats": 1, "seed": 0,
+        "threads_per_worker": threads, "timeout_minutes": 60, "target_accuracy": None,
+        "optimizer": {"name": "adamw", "lr": 1e-4, "betas": [0.9, 0.95], "eps": 1e-8,
+                      "weight_decay": 0.01},
+        "matrix": {"strategy": ["torch"], "model": [MODEL], "dataset": ["synthetic-tokens"],
+                   "seq_len": [SEQ_LEN], "batch_size": [BATCH], "workers": [1],
+                   "precision": ["fp32"]},
+    }  # fmt: skip
+
+
+def workflow(tmp: Path, threads: int, i: int) -> dict:
+    """STUDY through `snakemake --cores THREADS` in a new directory: the run's record."""
+    work = tmp / f"workflow-{i}"
+    work.mkdir()
+    (work / "study.yaml").write_text(yaml.safe_dump(study(threads), sort_keys=False))
+    run_study(work, work / "study.yaml", threads)
+    (record,) = work.glob("results/peer-nanogpt/runs/**/metrics.json")
+    return metrics.read(record)
+
+
+def differences(ours: dict, theirs: dict) -> list[str]:
+    """The fields where the workflow's run spec differs from the launcher's (study aside)."""
+    keys = sorted((set(ours) | set(theirs)) - {"study"})
+    return [
+        f"{k}: {theirs.get(k)!r} -> {ours.get(k)!r}" for k in keys if ours.get(k) != theirs.get(k)
+    ]
 
 
 def nanogpt(checkout: str, threads: int) -> dict:
@@ -77,7 +119,11 @@ def main() -> None:
     p.add_argument("nanogpt", help="a checkout of github.com/karpathy/nanoGPT")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=2, help="CPU threads of each side")
+    p.add_argument("--paths", default="launcher,workflow", help="trainscale's sides")
     a = p.parse_args()
+    paths = [x for x in a.paths.split(",") if x]
+    if not paths or not set(paths) <= {"launcher", "workflow"}:
+        p.error("--paths: launcher, workflow or both (comma-separated)")
     s = spec(a.threads)
     print(
         f"{MODEL} shape {MODELS[MODEL].gpt}, context {SEQ_LEN}, batch {BATCH}, fp32, "
@@ -85,30 +131,38 @@ def main() -> None:
         f"{os.cpu_count()} CPUs",
         flush=True,
     )
-    ours, theirs, ratios = [], [], []
+    sides = [*paths, "nanoGPT"]
+    rates: dict[str, list[float]] = {side: [] for side in sides}
     with tempfile.TemporaryDirectory() as tmp:
+        run = {
+            "launcher": lambda i: runner_record(s, Path(tmp)),
+            "workflow": lambda i: workflow(Path(tmp), a.threads, i),
+            "nanoGPT": lambda i: nanogpt(a.nanogpt, a.threads),
+        }
         for i in range(a.rounds):
-            rec, peer = in_order(
-                i, lambda: runner_record(s, Path(tmp)), lambda: nanogpt(a.nanogpt, a.threads)
-            )
-            x, y = rec["tokens_per_second"], peer["tokens_per_second"]
-            ours.append(x)
-            theirs.append(y)
-            ratios.append(x / y)
-            first = "trainscale" if i % 2 == 0 else "nanoGPT"
+            order = sides[i % len(sides) :] + sides[: i % len(sides)]  # who goes first rotates
+            got = {side: run[side](i) for side in order}
+            if i == 0 and "workflow" in got:
+                diff = differences(got["workflow"]["spec"], s.to_dict())
+                print("workflow's run spec vs the launcher's: " + ("; ".join(diff) or "the same"))
+            for side in sides:
+                rates[side].append(got[side]["tokens_per_second"])
             print(
-                f"round {i + 1}: trainscale {x:.1f} tokens/s, nanoGPT {y:.1f} tokens/s, ratio "
-                f"{x / y:.3f} ({first} first; load {os.getloadavg()[0]:.1f})",
+                f"round {i + 1} ({', '.join(order)}): "
+                + ", ".join(f"{side} {rates[side][-1]:.1f}" for side in sides)
+                + f" tokens/s (load {os.getloadavg()[0]:.1f})",
                 flush=True,
             )
     print(f"\n{'side':<12}{'min':>9} {'median':>9} {'max':>9} {'spread':>8}")
-    for name, xs in (("trainscale", ours), ("nanoGPT", theirs)):
-        print(f"{name:<12}{trio(xs)} {spread(xs):>8.3f}")
-    med = statistics.median(ratios)
-    print(
-        f"ratio trainscale/nanoGPT: min {min(ratios):.3f}, median {med:.3f}, max "
-        f"{max(ratios):.3f} ({'meets' if med >= 1.0 else 'below'} the 1.0 bar)"
-    )
+    for side in sides:
+        print(f"{side:<12}{trio(rates[side])} {spread(rates[side]):>8.3f}")
+    for path in paths:
+        ratios = [x / y for x, y in zip(rates[path], rates["nanoGPT"], strict=True)]
+        med = statistics.median(ratios)
+        print(
+            f"ratio trainscale ({path}) / nanoGPT: min {min(ratios):.3f}, median {med:.3f}, max "
+            f"{max(ratios):.3f} ({'meets' if med >= 1.0 else 'below'} the 1.0 bar)"
+        )
     print(f"load average at end {os.getloadavg()[0]:.1f}")
 
 

@@ -93,10 +93,17 @@ if [[ -z "$wheel" ]]; then
     ln -s "$nccl_lib/libnccl.so.2" "$work/nccl/libnccl.so"
     export HOROVOD_NCCL_LIB="$work/nccl" HOROVOD_NCCL_INCLUDE="$nccl_lib/../include"
   fi
+  # compile jobs: every core this process may use (nproc follows taskset, cgroups and SLURM),
+  # or HOROVOD_BUILD_JOBS (the workflow's `horovod` rule passes its threads); no more than
+  # MemAvailable / 2.5 GiB: one g++ on Horovod's TensorFlow ops was seen holding 2.3 GiB
+  jobs=${HOROVOD_BUILD_JOBS:-$(nproc)}
+  by_memory=$(awk '/^MemAvailable:/ {print int($2 / 2621440)}' /proc/meminfo 2>/dev/null || true)
+  if [[ -n "$by_memory" ]] && ((by_memory < jobs)); then jobs=$((by_memory > 0 ? by_memory : 1)); fi
+  say "compiling with $jobs jobs"
   start=$SECONDS
   # --no-build-isolation: build against this environment's torch and TensorFlow (an isolated
   # build would download its own, and the ops must match the ones they load into)
-  MAKEFLAGS=${MAKEFLAGS:--j2} "$PYTHON" -m pip wheel --disable-pip-version-check -q \
+  MAKEFLAGS=-j$jobs "$PYTHON" -m pip wheel --disable-pip-version-check -q \
     --no-deps --no-build-isolation -w "$dir" "$src"
   wheel=$(ls "$dir"/horovod-"$HOROVOD_VERSION"-*.whl | head -1)
   echo "$((SECONDS - start))" >"$dir/build-seconds"

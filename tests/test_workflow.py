@@ -1,12 +1,14 @@
 """The workflow as a user runs it: snakemake dry-runs, bad configs, and a real small study."""
 
 import csv
+import re
 from pathlib import Path
 
 import pytest
 import yaml
 
 from trainscale.measure import metrics
+from trainscale.runners.guarded import PARTS
 
 from conftest import ROOT, snakemake
 
@@ -115,6 +117,24 @@ def test_real_study_through_snakemake(torch_study):
     assert all(float(r["predicted_peak_bytes"]) > 0 and r["memory_error"] == "" for r in rows)
     assert all(float(r["predicted_peak_bytes"]) > 0 for r in scaling)
     assert "predicted peak per rank" in (results / "report.html").read_text()
+    # where each run's time went: the supervisor's and rank 0's moments in order, the set-up's
+    # phases adding up to setup_seconds, each measurement after training timed
+    for r in recs:
+        t, eps = r["timeline"], 0.05  # a process's start is known to the kernel's 10 ms tick
+        started = t["supervisor_start_unix"]
+        assert started - eps <= t["launched_unix"] <= t["worker_start_unix"] + eps
+        assert t["worker_start_unix"] <= t["recorder_unix"] <= t["record_unix"]
+        assert t["record_unix"] <= t["written_unix"] + eps <= t["exited_unix"] + 2 * eps
+        assert set(t["set_up"]) == {"rendezvous", "data", "model", "other"}
+        assert abs(sum(t["set_up"].values()) - r["setup_seconds"]) < 0.01
+        assert {"evaluation", "memory", "flops"} <= set(t["parts"]) <= set(PARTS)
+    assert not any(c.startswith("timeline") for c in rows[0])  # not a table's column
+    # one progress line per finished run, from Snakemake's side (trainscale.launch.progress)
+    lines = [ln for ln in torch_study["output"].splitlines() if ln.startswith("trainscale: [")]
+    assert [ln.split("]")[0] for ln in lines] == [f"trainscale: [{i}/3" for i in (1, 2, 3)]
+    assert all(re.search(r"\] ok torch(-ddp)? workers=[12]: [0-9,]+ samples/s, job ", ln)
+               for ln in lines), lines  # fmt: skip
+    assert "to go, about" in lines[0] and lines[-1].endswith("; 0 to go")
     # nothing to do the second time: every result is kept
     again = snakemake(
         work, "--cores", "2", "-n", "--configfile", str(ROOT / ".test" / "config.yaml")

@@ -1,4 +1,5 @@
 import gc
+import importlib.util
 import inspect
 import os
 import sys
@@ -20,11 +21,14 @@ from trainscale.launch.slurm import (
     slurm_resources,
     with_options,
 )
+from trainscale.launch import progress as ts_progress
 
 os.environ.update(job_environment(Path(workflow.basedir) / "workflow", sys.executable))
 
 import yaml
 from snakemake.common import overwrite_function_params
+from snakemake.logging import logger as snakemake_logger
+from snakemake.settings.types import DeploymentMethod
 
 from trainscale import data as ts_data
 from trainscale.report import endnote as ts_endnote
@@ -85,6 +89,22 @@ STUDY = config["study"]
 RESULTS = f"results/{STUDY}"
 DEEPSPEED_OPS = ".cache/torch_extensions/deepspeed-ops.done"
 DEEPSPEED_CPU_ADAM = ".cache/torch_extensions/deepspeed-cpu-adam.done"
+#: The build jobs (Horovod, DeepSpeed's ops) take every core of this machine and go first: a
+#: compiler beside a timed run would slow its steps, and nothing is timed while they build.
+#: (Locally Snakemake gives a job at most --cores; under SLURM the builds ask for their own.)
+BUILD_THREADS = len(os.sched_getaffinity(0))
+BUILD_PRIORITY = 100
+#: Horovod has no wheel that loads into this torch and TensorFlow (scripts/build-horovod.sh):
+#: the `horovod` rule builds it into the Python that runs the jobs (this one), and writes the
+#: stamp `make horovod` writes. Horovod runs wait for it only where that Python lacks Horovod
+#: and no conda env brings it (envs/horovod.yaml builds it when conda creates the env).
+HOROVOD_STAMP = os.path.relpath(Path(sys.prefix) / ".horovod")
+if HOROVOD_STAMP.startswith(".."):
+    HOROVOD_STAMP = str(Path(sys.prefix) / ".horovod")
+HOROVOD_TO_BUILD = (
+    DeploymentMethod.CONDA not in workflow.deployment_settings.deployment_method
+    and importlib.util.find_spec("horovod") is None
+)
 ACCELERATOR = ts_machine.detect_accelerator(config["accelerator"])
 # the GPUs of this machine, where it has some: a study is planned for the machine it is
 # planned on (as memory's limit is), and on a cluster each worker is given a GPU of its own
@@ -115,6 +135,15 @@ else:
 #: Every run by its path; the paths are made here once (RunSpec.path builds one each time) and
 #: everything below that needs them iterates this.
 RUN_BY_PATH = {r.path: r for r in RUNS}
+# While the study runs, one line per finished run: its cell (the matrix keys that vary here),
+# status, throughput and time, the runs left and an estimate of the time left
+# (trainscale.launch.progress; it reads the records Snakemake's finished jobs wrote).
+if workflow.is_main_process:
+    ts_progress.watch(
+        snakemake_logger,
+        lambda wildcards: f"{RESULTS}/runs/{wildcards['run']}/metrics.json",
+        ts_progress.varying(RUNS, [*config["matrix"], "repeat"]),
+    )
 print(
     f"trainscale: study {STUDY!r}: {ts_matrix.summary(RUNS, DROPPED)}", file=sys.stderr
 )
@@ -294,13 +323,15 @@ def run_conda_env(wildcards):
 
 
 def files_needed(spec):
-    """Files a run needs: its real dataset's files (fetched by the `download_*` rules), and for
-    DeepSpeed the once-built ops (CPU Adam too where it offloads) and the user's ds_config
+    """Files a run needs: its real dataset's files (fetched by the `download_*` rules), for
+    Horovod its build where it is missing, and for DeepSpeed the once-built ops (CPU Adam too where it offloads) and the user's ds_config
     fragment."""
     files = [
         str(Path(spec.data_dir) / f)
         for f in ts_imagesets.spec_info(spec.to_dict()).files
     ]
+    if spec.framework == "horovod" and HOROVOD_TO_BUILD:
+        files.append(HOROVOD_STAMP)
     if spec.framework == "deepspeed":
         files.append(DEEPSPEED_OPS)
         if spec.offload != "none":  # DeepSpeed's CPU Adam steps the offloaded optimizer

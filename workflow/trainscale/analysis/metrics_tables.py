@@ -56,6 +56,10 @@ LEAD = [
 ]
 
 
+#: record blocks that are not runs.csv columns: epochs (epochs.csv), and the run's timeline
+#: (where its time went outside the epochs: benchmarks/harness_overhead.py --breakdown)
+NOT_FLATTENED = ("epochs", "timeline")
+
 #: epochs.csv: one row per (run, epoch).
 EPOCH_FIELDS = [
     "seconds",
@@ -129,6 +133,8 @@ def _schema_types() -> dict[str, str]:
 
     walk(schema, "", True)
     out.pop("epochs", None)  # its own table
+    for col in [c for c in out if c.startswith("timeline.")]:
+        del out[col]  # not a table's: benchmarks/harness_overhead.py --breakdown reads it
     for f in dataclasses.fields(RunSpec):
         hint, col = str(f.type), f"spec.{f.name}"
         if col in out or hint.startswith(("Fault", "tuple")):
@@ -344,7 +350,7 @@ def runs_frame(records: list[dict]) -> pd.DataFrame:
     rows = []
     for rec in records:
         epochs = rec["epochs"]
-        flat = _flatten({k: v for k, v in rec.items() if k != "epochs"})
+        flat = _flatten({k: v for k, v in rec.items() if k not in NOT_FLATTENED})
         flat["epochs_done"] = len(epochs)
         flat["train_loss_last"] = epochs[-1]["train_loss"] if epochs else None
         flat["samples_trained"] = sum(e["samples"] for e in epochs) if epochs else None

@@ -59,6 +59,7 @@ from trainscale.launch.slurm import (
     slurm_seconds,
 )
 from trainscale.measure import metrics, variables
+from trainscale.measure.timeline import process_start_unix
 from trainscale.plan.preflight import memory
 from trainscale.plan.runspec import RunSpec
 
@@ -226,6 +227,8 @@ def supervise(
     cmdline = shlex.join(argv)
     print(f"trainscale: {spec.path}\ntrainscale: launching: {cmdline}", flush=True)
     start_utc, t0 = metrics.utc_now(), time.perf_counter()
+    #: the supervisor's moments in the record's timeline (trainscale.measure.timeline)
+    times = {"supervisor_start_unix": process_start_unix(), "launched_unix": time.time()}
     kills_before = oom_kills()
     launch = {"command": cmdline, "mode": env.mode, "exit_code": None}
     child_env = {**os.environ, "TRAINSCALE_LAUNCH": json.dumps(launch), "PYTHONUNBUFFERED": "1"}
@@ -257,7 +260,7 @@ def supervise(
         rec = metrics.failure_record(
             spec.to_dict(), "failed", error, start_utc, time.perf_counter() - t0, launch
         )
-        metrics.write(out, stamp(rec, spec, attempt, env, image, given))
+        metrics.write(out, stamp(rec, spec, attempt, env, image, given, times))
 
     _end_with_us(proc, cancelled)
     pump = threading.Thread(target=_pump, args=(proc.stdout, sys.stdout, tail), daemon=True)
@@ -265,10 +268,12 @@ def supervise(
     timed_out = outlived(proc, limit)
     if timed_out:
         _kill_group(proc, grace)
+    times["exited_unix"] = time.time()
     pump.join(timeout=5)
     launch["exit_code"] = proc.returncode
     if out.exists():
         try:
+            times["written_unix"] = out.stat().st_mtime
             rec = metrics.read(out)
             if proc.returncode:
                 print(
@@ -276,7 +281,7 @@ def supervise(
                     f"(status {rec['status']} kept)",
                     flush=True,
                 )
-            metrics.write(out, stamp(rec, spec, attempt, env, image))
+            metrics.write(out, stamp(rec, spec, attempt, env, image, times=times))
             return rec["status"]
         except metrics.MetricsError as e:
             tail.append(f"metrics written by the run are invalid: {e}\n")
@@ -299,7 +304,7 @@ def supervise(
     rec = metrics.failure_record(
         spec.to_dict(), status, error, start_utc, time.perf_counter() - t0, launch
     )
-    metrics.write(out, stamp(rec, spec, attempt, env, image, given))
+    metrics.write(out, stamp(rec, spec, attempt, env, image, given, times))
     print(f"trainscale: recorded status {status!r} in {out}", flush=True)
     return status
 
@@ -311,14 +316,18 @@ def stamp(
     env: Environment,
     image: dict | None = None,
     given: dict[str, str] | None = None,
+    times: dict | None = None,
 ) -> dict:
     """What only the supervisor knows, added to `spec`'s record: the attempt it was, how often
     SLURM requeued its job (null outside SLURM), the memory the planner predicted, the
-    container the run entered (`image`: launch.container.describe), and for a record written
-    in the run's place the variables its ranks were `given`."""
+    container the run entered (`image`: launch.container.describe), for a record written in
+    the run's place the variables its ranks were `given`, and its moments in the record's
+    `timeline` (`times`)."""
     rec["env"]["container"] = image
     if given is not None:
         rec["env"]["variables"] = given
+    if times:
+        rec["timeline"] = {**rec.get("timeline", {}), **times}
     rec["env"]["attempts"] = attempt
     rec["env"]["slurm_restarts"] = (env.restarts or 0) if env.mode == "slurm" else None
     predicted = memory.recorded(spec)

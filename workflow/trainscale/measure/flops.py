@@ -40,6 +40,7 @@ import re
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 #: Dense peak FLOP/s per device by precision, from each vendor's datasheet (no sparsity).
 #: Matched against the device name (torch.cuda.get_device_name) in order, first match wins.
@@ -116,21 +117,32 @@ def peaks_dir(run_path: str, out: str | Path) -> Path:
     return (runs.parent if at_home else out.parent) / "peaks"
 
 
-def measured_peak(cache_dir: Path, host: str, key: str, measure: Callable[[], float]) -> float:
-    """The GEMM peak of this host for `key` (device, dtype and threads), measured once and
-    kept in `cache_dir` (beside the study): the runs of a study on one host share it. A lock
-    keeps two runs from timing at once, which would halve both."""
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    path = cache_dir / f"{host}.json"
-    with open(cache_dir / f".{host}.lock", "w") as lock:
+def kept(path: Path, key: str, compute: Callable[[], Any]) -> Any:
+    """compute() for `key`, worked out once and kept in the JSON file `path` (beside the
+    study): the runs of a study share it. A lock keeps two runs from computing at once (two
+    GEMM timings side by side would halve both). Nothing is kept where compute() raises."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.parent / f".{path.stem}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         known = json.loads(path.read_text()) if path.exists() else {}
         if key not in known:
-            known[key] = measure()
+            known[key] = compute()
             tmp = path.with_suffix(".tmp")
             tmp.write_text(json.dumps(known, indent=1, sort_keys=True))
             tmp.replace(path)
-    return float(known[key])
+    return known[key]
+
+
+def measured_peak(cache_dir: Path, host: str, key: str, measure: Callable[[], float]) -> float:
+    """The GEMM peak of this host for `key` (device, dtype and threads), measured once and
+    kept in `cache_dir` (beside the study): the runs of a study on one host share it."""
+    return float(kept(cache_dir / f"{host}.json", key, measure))
+
+
+def cpu_key(name: str, precision: str, threads: int) -> str:
+    """The measured-peak key of a CPU at `threads` threads (a worker's threads_per_worker):
+    shared by every framework's runs on the host (they all time PyTorch's GEMM)."""
+    return f"cpu:{name}:{precision}:threads={threads}"
 
 
 def peak(gpu_name: str | None, precision: str, key: str, cache_dir: Path, host: str,

@@ -77,7 +77,7 @@ import yaml
 
 import trainscale
 from trainscale.data import imagesets
-from trainscale.measure import classes, datawait, divergence, flops, variables
+from trainscale.measure import classes, datawait, divergence, flops, timeline, variables
 from trainscale.measure.device_usage import (  # noqa: F401  (runners call metrics.GpuMonitor)
     GpuMonitor,
 )
@@ -295,6 +295,8 @@ class Recorder:
 
     def __init__(self, spec: dict) -> None:
         self.spec = spec
+        #: where the run's time goes outside its epochs (the record's `timeline`)
+        self.timeline = timeline.Timeline()
         self.t0 = time.perf_counter()
         self.start_utc = utc_now()
         self.setup_seconds: float | None = None
@@ -311,6 +313,7 @@ class Recorder:
         return self.losses.diverged is not None
 
     def training_starts(self) -> None:
+        self.timeline.ends("other")  # what the runner did not name (timeline.ends)
         self.setup_seconds = time.perf_counter() - self.t0
 
     def epoch(
@@ -349,6 +352,7 @@ class Recorder:
         rec = ok_record(self.spec, self.epochs, self.spec.get("target_accuracy"))
         rec["setup_seconds"] = self.setup_seconds
         rec["wall_seconds"] = time.perf_counter() - self.t0
+        rec["timeline"] = self.timeline.block()
         rec.update(parts)
         rec["warnings"] = list(self.warnings)
         rec["data"] = {**imagesets.data_block(self.spec), **rec["data"]}  # format, input_shape

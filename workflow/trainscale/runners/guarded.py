@@ -21,10 +21,12 @@ rank, as a failure of the measurement's own code does.
 
 from __future__ import annotations
 
+import time
 import traceback
 from collections.abc import Callable
 from typing import TypeVar
 
+from trainscale.measure.timeline import Timeline
 from trainscale.plan.runspec import RunSpec
 
 #: the parts, by the name a record's `warnings` and config `faults[].part` give them:
@@ -51,17 +53,20 @@ class Parts:
     record carries: metrics.Recorder.warnings).
 
     agree(error) -> every rank's error (None where its part went well), gathered on every
-    rank; None where the run has one process (or the part runs on one rank only)."""
+    rank; None where the run has one process (or the part runs on one rank only).
+    `timeline`: where each part's seconds are summed (the Recorder's: the record's timeline)."""
 
     def __init__(
         self,
         spec: RunSpec,
         warnings: list[dict],
         agree: Callable[[str | None], list[str | None]] | None = None,
+        timeline: Timeline | None = None,
     ) -> None:
         self.spec = spec
         self.warnings = warnings
         self.agree = agree
+        self.timeline = timeline
 
     def failed(self, part: str) -> bool:
         return any(w["part"] == part for w in self.warnings)
@@ -72,7 +77,7 @@ class Parts:
         rank of a `collective` part calls this; others may be called on one rank alone."""
         if part not in PARTS:
             raise ValueError(f"Parts.run: unknown part {part!r}; one of {', '.join(PARTS)}")
-        value, error = None, None
+        value, error, start = None, None, time.perf_counter()
         try:
             planted(self.spec, part, epoch)
             value = measure()
@@ -81,6 +86,8 @@ class Parts:
             print(f"trainscale: {part} failed after training; its figures stay null:", flush=True)
             traceback.print_exc()
         errors = self.agree(error) if collective and self.agree is not None else [error]
+        if self.timeline is not None:
+            self.timeline.part(part, time.perf_counter() - start)
         ranks = [rank for rank, e in enumerate(errors) if e]
         if not ranks:
             return value

@@ -3,14 +3,18 @@
 Keras has no FLOP counter of its own that counts a training step the way PyTorch's does, and
 every Keras model here has a PyTorch twin with the same layers and parameter count
 (trainscale.models.keras_models, keras_gpt), so a Keras run takes its twin's count:
-`method` says "torch twin: flop_counter". Where torch cannot be imported (the conda env of
-the TensorFlow runs has none) the count is null and `method` says why. The peak is the
-datasheet's for a GPU in the table, else a matrix multiply timed with TensorFlow on this
-host at the run's threads and dtype.
+`method` says "torch twin: flop_counter". Importing torch into a TensorFlow process costs
+seconds, so the count of a catalogue model is made once per study and kept beside it, with
+the measured peaks (`flops.kept`); a user's model is counted in every run. Where torch
+cannot be imported (the conda env of the TensorFlow runs has none) the count is null and
+`method` says why. The peak is the datasheet's for a GPU in the table, else a matrix multiply
+timed on this host at the run's threads and dtype (PyTorch's, as the torch runs time it,
+where torch imports; TensorFlow's otherwise).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 
@@ -22,31 +26,45 @@ from trainscale.plan.runspec import RunSpec
 TF_DTYPES = {"fp32": tf.float32, "bf16": tf.bfloat16, "fp16": tf.float16}
 
 
-def _twin_count(spec: RunSpec, shape: tuple[int, ...], classes: int) -> dict:
+def _twin_count(spec: RunSpec, shape: tuple[int, ...], classes: int, kept: Path) -> dict:
     """The torch twin's `per_sample` (and a GPT's `analytic_per_sample`), counted as the torch
-    runners count it (trainscale.runners.torch.flop_count.count); `method` says so."""
-    try:
+    runners count it (trainscale.runners.torch.flop_count.count); `method` says so. A
+    catalogue model's count is kept in the file `kept`: the study's other runs read it."""
+
+    def count() -> dict:
         from trainscale.runners.torch import flop_count
+
+        block = flop_count.count(spec, shape, classes)
+        return {**block, "method": f"torch twin: {block['method']}"}
+
+    try:
+        if spec.own_model is not None:  # the user's code: counted as it is now
+            return count()
+        key = f"{spec.model}:{list(shape)}:{classes}:{spec.activation_checkpointing}"
+        return flops.kept(kept, key, count)
     except ImportError as e:  # no torch in this environment
         why = f"not counted: the torch twin cannot be imported here ({e})"
         return {"per_sample": None, "method": why}
-    block = flop_count.count(spec, shape, classes)
-    return {**block, "method": f"torch twin: {block['method']}"}
+
+
+def _torch_gemm(precision: str, threads: int) -> float:
+    from trainscale.runners.torch import flop_count
+
+    return flop_count.cpu_gemm(precision, threads)
 
 
 def _cpu_gemm(spec: RunSpec) -> tuple[str, object]:
     """The key and the timing function of a CPU's peak at the run's threads per worker: the
     torch runs' own (the same key and GEMM, so every framework's MFU on this host has one
-    denominator) where torch imports, else TensorFlow's matrix multiply at the process's
-    threads, scaled to threads_per_worker."""
+    denominator; torch imported only where the peak is not kept yet) where torch is
+    installed, else TensorFlow's matrix multiply at the process's threads, scaled to
+    threads_per_worker."""
     name, threads = metrics.cpu_name(), spec.threads_per_worker
-    try:
-        from trainscale.runners.torch import flop_count
-    except ImportError:
+    if importlib.util.find_spec("torch") is None:
         process = tf.config.threading.get_intra_op_parallelism_threads() or os.cpu_count()
         key = f"cpu:{name}:{spec.precision}:threads={threads}:tf"
         return key, lambda: _tf_gemm(spec) * threads / process
-    return flop_count.cpu_key(name, spec.precision, threads), lambda: flop_count.cpu_gemm(
+    return flops.cpu_key(name, spec.precision, threads), lambda: _torch_gemm(
         spec.precision, threads
     )
 
@@ -67,10 +85,10 @@ def counted(spec: RunSpec, shape: tuple[int, ...], classes: int, gpu_name: str |
         key, gemm = f"cuda:{name}:{spec.precision}:tf", lambda: _tf_gemm(spec)
     else:
         key, gemm = _cpu_gemm(spec)
-    peak, source = flops.peak(gpu_name, spec.precision, key, flops.peaks_dir(spec.path, out),
-                              metrics.hostname(), gemm)  # fmt: skip
+    kept = flops.peaks_dir(spec.path, out)
+    peak, source = flops.peak(gpu_name, spec.precision, key, kept, metrics.hostname(), gemm)
     return {
-        **_twin_count(spec, shape, classes),
+        **_twin_count(spec, shape, classes, kept / "twin-counts.json"),
         "peak_per_second": peak * devices,
         "peak_source": source,
         "peak_device": name,

@@ -354,6 +354,7 @@ def run(plugin: KerasStrategy, out: str) -> None:
     if not p.trains:
         plugin.teardown()
         return
+    rec.timeline.ends("rendezvous")  # the set-up's phases, for the record's timeline
     keras.mixed_precision.set_global_policy(POLICIES[spec.precision])
     keras.utils.set_random_seed(spec.seed)  # same fresh initial weights on every worker, repeat
 
@@ -379,14 +380,16 @@ def run(plugin: KerasStrategy, out: str) -> None:
         info = imagesets.spec_info(spec.to_dict())
         train_samples, test_samples = (imagesets.count(spec.image_source, s) for s in SPLITS)
         dataset, steps = plugin.image_train(p)
+    rec.timeline.ends("data")
     model = build_model(plugin, info)
     waits = TimedTrainFunction.install(model)
+    rec.timeline.ends("model")
 
     synthetic = info.synthetic
     test: dict[str, float | None] = {"accuracy": None, "loss": None}
     memory = phase_peaks(p.gpu, p.replicas)
     # evaluation and the measurements after training: each may fail, the run goes on
-    parts = Parts(spec, rec.warnings, agree=lambda error: every_worker(plugin, p.rank, error))
+    parts = Parts(spec, rec.warnings, lambda e: every_worker(plugin, p.rank, e), rec.timeline)
 
     def scores() -> dict:
         memory.evaluation_starts()

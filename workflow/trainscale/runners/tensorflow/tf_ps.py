@@ -295,6 +295,7 @@ def main(spec: RunSpec, out: str) -> None:
     coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
     keras.mixed_precision.set_global_policy(POLICIES[spec.precision])
     keras.utils.set_random_seed(spec.seed)
+    rec.timeline.ends("rendezvous")  # the set-up's phases, for the record's timeline
 
     arrays = data.load(spec.dataset, spec.data_dir, seed=spec.seed, samples=spec.samples)
     train_x, test_x = nhwc(arrays.train_x), nhwc(arrays.test_x)
@@ -304,6 +305,7 @@ def main(spec: RunSpec, out: str) -> None:
     )
     common.check_steps(steps, spec.path, train_samples, spec.global_batch_size)
     worker_steps = steps * spec.world_size  # each one worker's batch: the same samples
+    rec.timeline.ends("data")
 
     with strategy.scope():
         model = keras_models.build(
@@ -314,6 +316,7 @@ def main(spec: RunSpec, out: str) -> None:
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
             metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
         )
+    rec.timeline.ends("model")
 
     synthetic = arrays.info.synthetic
     snapshots: dict[int, list[np.ndarray]] = {}  # epoch -> trained weights, scored after fit
@@ -355,7 +358,7 @@ def main(spec: RunSpec, out: str) -> None:
     memory = PhasePeaks()  # the chief's host memory: training's, then evaluation's
     test: dict = {"accuracy": None, "loss": None}
     # the chief's evaluation and measurements after training: each may fail, the run goes on
-    parts = Parts(spec, rec.warnings)
+    parts = Parts(spec, rec.warnings, timeline=rec.timeline)
     memory.evaluation_starts()
     classes = arrays.info.num_classes
 

@@ -71,12 +71,6 @@ def gemm(precision: str, device: torch.device) -> float:
     return flops.gemm_flops_per_second(lambda: a @ b, side, sync)
 
 
-def cpu_key(name: str, precision: str, threads: int) -> str:
-    """The measured-peak key of a CPU at `threads` threads (a worker's threads_per_worker):
-    shared by every framework's runs on the host (keras_flops measures with this GEMM too)."""
-    return f"cpu:{name}:{precision}:threads={threads}"
-
-
 def cpu_gemm(precision: str, threads: int) -> float:
     """`gemm` on the CPU at `threads` torch threads (the process's count is put back)."""
     before = torch.get_num_threads()
@@ -97,7 +91,7 @@ def device_peak(spec: RunSpec, device: torch.device, out: str | Path) -> tuple[f
     else:
         threads = spec.threads_per_worker
         key, measure = (
-            cpu_key(name, spec.precision, threads),
+            flops.cpu_key(name, spec.precision, threads),
             lambda: cpu_gemm(spec.precision, threads),
         )
     tf32 = torch.backends.cuda.matmul.allow_tf32

@@ -178,11 +178,13 @@ class LightningRun:
         self.feed = self.token_data() if self.tokens else self.image_data()
         if spec.grad_accum > 1:  # the Trainer accumulates them (accumulate_grad_batches)
             self.feed = MicroBatches(self.feed, spec.grad_accum)
+        self.rec.timeline.ends("data")  # the set-up's phases, for the record's timeline
         torch.manual_seed(spec.seed)  # the same fresh initial weights as torch-ddp's
         self.net = models.build(spec.model, self.info.shape, self.info.num_classes, spec.own_model,
                                 seed=spec.seed)  # fmt: skip
         checkpointing.apply(self.net, spec.own_model, spec.activation_checkpointing)
         self.net.to(self.device, memory_format=memory_format(spec))
+        self.rec.timeline.ends("model")
         uuid = torch.cuda.get_device_properties(self.device).uuid if self.cuda else None
         self.uuid = str(uuid) if uuid is not None else None  # which GPU's counter it reads
         reader = metrics.GpuMonitor.nvml_reader(self.device.index, uuid) if self.cuda else None
@@ -190,7 +192,7 @@ class LightningRun:
         self.memory: PhasePeaks = phase_peaks(self.device)
         self.test = {"accuracy": None, "loss": None}
         #: evaluation and the measurements after training: each may fail, the run goes on
-        self.parts = Parts(spec, self.rec.warnings, agree=_every_rank)
+        self.parts = Parts(spec, self.rec.warnings, _every_rank, self.rec.timeline)
 
     def image_data(self) -> DataLoader:
         """The in-memory arrays on the device and torch-ddp's order of them, as a DataLoader of

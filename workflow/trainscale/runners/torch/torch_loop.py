@@ -84,6 +84,8 @@ class Loop:
         if self.cuda:
             torch.cuda.set_device(self.device)
         p.connect(self.device)
+        mark = self.rec.timeline.ends  # the set-up's phases, for the record's timeline
+        mark("rendezvous")
         per_worker = p.batch_of == "worker"
         self.batch = spec.per_worker_batch_size if per_worker else spec.global_batch_size
         rank, replicas = p.data_rank()
@@ -112,11 +114,13 @@ class Loop:
                 full = min(full, spec.steps_per_epoch)
         self.steps = full
         check_steps(self.steps, spec.path, self.train_samples, spec.global_batch_size)
+        mark("data")
         torch.manual_seed(spec.seed)  # same fresh initial weights on every rank and repeat
         net = p.build()
         self.built = "meta" if on_meta(net) else p.built
         self.params = models.param_count(net)
         p.wrap(net)
+        mark("model")
         self.layout = weight_layout(net)  # as wrapping left it (ZeRO flattens, FSDP shards)
         del net  # a pipeline stage keeps only its blocks
         self.memory = phase_peaks(self.device)
@@ -126,7 +130,7 @@ class Loop:
         self.gpu = metrics.GpuMonitor(read=read)
         self.cpu = None if self.cuda else CpuUsage(spec.threads_per_worker, self.rk.local_rank == 0)
         #: evaluation and the measurements after training: each may fail, the run goes on
-        self.parts = Parts(spec, self.rec.warnings, agree=p.gather_object)
+        self.parts = Parts(spec, self.rec.warnings, p.gather_object, self.rec.timeline)
 
     def build_model(self, meta: bool = False) -> torch.nn.Module:
         """The run's model as `models.build` makes it from the run's seed (on the meta device

@@ -1,0 +1,94 @@
+"""Progress lines while a study runs (trainscale.launch.progress), from Snakemake's log events;
+the lines of a real study are checked in tests/test_workflow.py."""
+
+import json
+import logging
+from pathlib import Path
+
+from trainscale.launch import progress
+from trainscale.plan.matrix import RunSpec
+
+
+def event(name: str, **fields) -> logging.LogRecord:
+    """A record as Snakemake's logger makes one: its `extra` fields are attributes."""
+    r = logging.LogRecord("snakemake.logging", logging.INFO, __file__, 0, "msg", None, None)
+    r.__dict__.update(event=name, **fields)
+    return r
+
+
+def write(tmp: Path, run: str, **rec) -> None:
+    path = tmp / run / "metrics.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(rec))
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_line_per_finished_run_with_what_is_left(tmp_path):
+    lines, clock = [], Clock()
+    p = progress.Progress(
+        lambda w: str(tmp_path / w["run"] / "metrics.json"), ["workers"], lines.append,
+        clock=clock,
+    )  # fmt: skip
+    log = logging.getLogger("test-progress")
+    log.addHandler(p)
+    log.setLevel(logging.INFO)
+    log.info("stats", extra={"event": "run_info", "stats": {"train": 3, "all": 1, "total": 4}})
+    for jobid, run in ((1, "a"), (2, "b")):
+        log.info("job", extra={"event": "job_info", "jobid": jobid, "rule_name": "train",
+                               "wildcards": {"run": run}})  # fmt: skip
+    log.info("job", extra={"event": "job_info", "jobid": 9, "rule_name": "figures",
+                           "wildcards": {}})  # fmt: skip
+    spec = {"strategy": "torch-ddp", "workers": 2}
+    write(tmp_path, "a", status="ok", spec=spec, throughput=1234.4, tokens_per_second=None)
+    clock.now = 110.0
+    log.info("done", extra={"event": "job_finished", "job_id": 1})
+    log.info("done", extra={"event": "job_finished", "job_id": 9})  # not a run: no line
+    assert lines == [
+        "trainscale: [1/3] ok torch-ddp workers=2: 1,234 samples/s, job 10 s; "
+        "2 to go, about 20 s left"
+    ]
+    # a run whose job failed (on_failure: stop) after writing its failure record
+    write(tmp_path, "b", status="oom", spec={**spec, "workers": 1}, throughput=None)
+    clock.now = 130.0
+    log.info("error", extra={"event": "job_error", "jobid": 2, "rule_name": "train"})
+    assert lines[1] == (
+        "trainscale: [2/3] oom, job failed torch-ddp workers=1: -, job 30 s; "
+        "1 to go, about 15 s left"
+    )
+    # tokens/s on token data; the last run says nothing is left; no record: the run's path
+    log.info("job", extra={"event": "job_info", "jobid": 3, "rule_name": "train",
+                           "wildcards": {"run": "strategy~torch/c"}})  # fmt: skip
+    clock.now = 200.0
+    log.info("done", extra={"event": "job_finished", "job_id": 3})
+    assert lines[2] == "trainscale: [3/3] no record strategy~torch/c: -, job 1 min 10 s; 0 to go"
+    write(tmp_path, "d", status="ok", spec=spec, throughput=2.0, tokens_per_second=512.0)
+    log.info("job", extra={"event": "job_info", "jobid": 4, "rule_name": "train",
+                           "wildcards": {"run": "d"}})  # fmt: skip
+    log.info("done", extra={"event": "job_finished", "job_id": 4})
+    assert "512 tokens/s" in lines[3]
+    log.removeHandler(p)
+
+
+def test_durations_and_the_keys_that_tell_cells_apart():
+    assert [progress.duration(s) for s in (4.4, 59.6, 410, 7500)] == [
+        "4 s", "1 min 0 s", "6 min 50 s", "2 h 05 min",
+    ]  # fmt: skip
+    base = dict(
+        study="s", strategy="torch", model="seed-small", dataset="digits", scale=1,
+        batch_size=64, batch_mode="global", workers=1, nodes=1, precision="fp32", repeat=0,
+        seed=0, epochs=2, optimizer="adam", lr=1e-3, base_lr=1e-3, lr_scaling="none",
+        betas=(0.9, 0.999), eps=1e-7, weight_decay=0.0, momentum=0.0, global_batch_size=64,
+        per_worker_batch_size=64, world_size=1, threads_per_worker=1, timeout_minutes=5,
+        target_accuracy=None, data_dir="data",
+    )  # fmt: skip
+    runs = [RunSpec(**base), RunSpec(**{**base, "strategy": "torch-ddp", "repeat": 1})]
+    keys = ["strategy", "model", "workers", "exclude", "repeat"]
+    assert progress.varying(runs, keys) == ["strategy", "repeat"]
+    assert progress.varying([], keys) == []

@@ -37,6 +37,9 @@ PLUGIN_KEYS = {
 
 #: blocks whose inner keys are the strategy's own configuration, not figures
 OPAQUE = ("spec", "pipeline", "deepspeed", "horovod", "communication")
+#: blocks whose inner keys are what this run did: the variables its launcher set, the set-up's
+#: phases it has (no rendezvous in one process) and the measurements after training it ran
+NAMED_BY_THE_RUN = ("env.variables", "timeline.set_up", "timeline.parts")
 
 
 def keys(rec: dict, prefix: str = "") -> set[str]:
@@ -47,7 +50,8 @@ def keys(rec: dict, prefix: str = "") -> set[str]:
         if prefix + k == "memory.predicted":
             continue
         out.add(prefix + k)
-        if isinstance(v, dict) and not (prefix == "" and k in OPAQUE):
+        opaque = (prefix == "" and k in OPAQUE) or prefix + k in NAMED_BY_THE_RUN
+        if isinstance(v, dict) and not opaque:
             out |= keys(v, f"{prefix}{k}.")
     return out
 

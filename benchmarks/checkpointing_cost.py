@@ -9,7 +9,7 @@ prints:
 - tokens/s (the record's `tokens_per_second`, steady epochs 2..E): min/median/max over the
   rounds, and the median ratio to `none`;
 - the activation bytes of one step, traced as the memory pre-flight traces it
-  (trainscale.runners.torch.memory_trace: the checkpointed model under PyTorch's MemTracker;
+  (trainscale.runners.torch.memory.trace: the checkpointed model under PyTorch's MemTracker;
   a prediction, deterministic, traced once), and its ratio to `none`;
 - the record's `flops.mfu` and `flops.hfu` (model and hardware FLOPs utilisation).
 
@@ -39,7 +39,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 from harness_overhead import runner_record  # noqa: E402
 
 from trainscale.plan.matrix import RunSpec  # noqa: E402
-from trainscale.runners.torch import memory_trace  # noqa: E402
+from trainscale.runners.torch.memory import trace as memory_trace  # noqa: E402
 
 MODES = ("none", "full", "selective")
 

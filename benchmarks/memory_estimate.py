@@ -62,11 +62,11 @@ LLAMA = {"model": ["hf:llama3.1-8b"], "dataset": ["synthetic-tokens"], "seq_len"
          "precision": ["bf16"]}  # fmt: skip
 #: where a trace's time goes: the functions whose cumulative time is shown, by stage
 STAGES = {
-    "build on meta (builder, truncation, checkpointing)": "memory_steps.py:.*\\(meta_model\\)",
-    "fake tensors for parameters and buffers": "memory_steps.py:.*\\(fake_model\\)",
+    "build on meta (builder, truncation, checkpointing)": "memory/steps.py:.*\\(meta_model\\)",
+    "fake tensors for parameters and buffers": "memory/steps.py:.*\\(fake_model\\)",
     "wrapping (FSDP's fully_shard, TP's plan)": "\\((fully_shard|parallelize)\\)",
-    "forward and backward under the tracker": "memory_steps.py:.*\\(forward_backward\\)",
-    "the whole traced steps (forward, backward, optimizer)": "memory_steps.py:.*\\(tracked\\)",
+    "forward and backward under the tracker": "memory/steps.py:.*\\(forward_backward\\)",
+    "the whole traced steps (forward, backward, optimizer)": "memory/steps.py:.*\\(tracked\\)",
     "DeepSpeed's states (arithmetic)": "memory_parts.py:.*\\(zero_states\\)",
 }
 
@@ -130,7 +130,8 @@ def study_timing(path: Path, rounds: int) -> list[RunSpec]:
 
 
 def fake_against_real(runs: list[RunSpec]) -> None:
-    from trainscale.runners.torch import memory_steps, memory_trace
+    from trainscale.runners.torch.memory import steps as memory_steps
+    from trainscale.runners.torch.memory import trace as memory_trace
 
     print("fake ÷ real trace of the same step, per cell:")
     for r in runs:
@@ -141,7 +142,7 @@ def fake_against_real(runs: list[RunSpec]) -> None:
 
 
 def h200_cells() -> None:
-    from trainscale.runners.torch import memory_trace
+    from trainscale.runners.torch.memory import trace as memory_trace
 
     spec0 = study_runs(ROOT / ".test" / "gpt.yaml")[0]
     print("the H200 cells of issue 45, predicted for CUDA:")
@@ -190,7 +191,7 @@ def where_the_time_goes(spec: RunSpec, scale: bool = True) -> dict:
     """The prediction of `spec` in this process under cProfile, its seconds by STAGES."""
     import re
 
-    from trainscale.runners.torch import memory_trace
+    from trainscale.runners.torch.memory import trace as memory_trace
 
     prof = cProfile.Profile()
     t0 = time.perf_counter()

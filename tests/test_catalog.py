@@ -47,7 +47,8 @@ def test_every_strategy_has_a_runner_module_and_a_launcher_form():
     from trainscale.launch.commands import LAUNCHER_FORMS
 
     for s in catalog.STRATEGIES.values():
-        assert (PACKAGE / "runners" / s.runtime / f"{s.runner}.py").is_file(), s.name
+        module = PACKAGE / "runners" / s.runtime / f"{s.runner.replace('.', '/')}.py"
+        assert module.is_file(), s.name
         assert s.launcher in LAUNCHER_FORMS, s.name
 
 

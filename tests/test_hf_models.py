@@ -95,7 +95,7 @@ def test_a_config_in_bfloat16_builds_fp32_masters(tmp_path, monkeypatch):
     the run's fp32 cell gets fp32 parameters from the builder (what every runner and the
     memory trace build), 4 bytes each in the trace."""
     from trainscale.models import torch_models as models
-    from trainscale.runners.torch import memory_trace
+    from trainscale.runners.torch.memory import trace as memory_trace
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "bf16.json").write_text(json.dumps({**MINI, "torch_dtype": "bfloat16"}))

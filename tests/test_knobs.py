@@ -70,7 +70,7 @@ def test_the_memory_preflight_traces_checkpointing_as_the_runner_applies_it():
     """gpt-nano under torch, one step traced on fake tensors (trainscale.runners.torch.
     memory_trace): full checkpointing keeps the blocks' inputs only, selective keeps their
     matrix multiplies' outputs too, so full < selective < none in activations."""
-    from trainscale.runners.torch import memory_trace
+    from trainscale.runners.torch.memory import trace as memory_trace
 
     runs, _ = plan(["torch"], ckpt=("none", "full", "selective"), workers=1)
     act = {r.activation_checkpointing: memory_trace.predict(r, "cpu")["parts"]["activations"]

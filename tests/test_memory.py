@@ -1,5 +1,5 @@
 """Will it fit: each cell's memory per rank predicted before any job
-(trainscale.plan.preflight.memory, trainscale.runners.torch.memory_trace), its model states exact,
+(trainscale.plan.preflight.memory, trainscale.runners.torch.memory.trace), its model states exact,
 its trace the real step's, the cells over config `memory:`'s limit dropped with the nearest that
 fit, and `trainscale fit`."""
 
@@ -13,7 +13,8 @@ from trainscale.models import torch_models as models
 from trainscale.plan import check, fit
 from trainscale.plan.matrix import build_runs
 from trainscale.plan.preflight import memory
-from trainscale.runners.torch import memory_steps, memory_trace
+from trainscale.runners.torch.memory import steps as memory_steps
+from trainscale.runners.torch.memory import trace as memory_trace
 
 from conftest import ROOT, base_config, load_yaml
 

@@ -18,7 +18,7 @@ from trainscale.plan import fit
 from trainscale.plan.check import fit_main
 from trainscale.plan.matrix import build_runs
 from trainscale.plan.preflight import memory, memory_key, memory_parts
-from trainscale.runners.torch import memory_trace
+from trainscale.runners.torch.memory import trace as memory_trace
 
 from conftest import PYTHON, ROOT, SNAKEMAKE, base_config, run_env
 
@@ -181,7 +181,7 @@ def test_editing_any_module_the_trace_imports_predicts_again(monkeypatch):
     spec = gpt_run()
     files = {str(f.relative_to(ROOT / "workflow")) for f in memory_key._sources(spec)}
     for name in ("runners/torch/checkpointing.py", "runners/torch/torch_speed.py",
-                 "data/imagesets.py", "runners/torch/memory_steps.py"):  # fmt: skip
+                 "data/imagesets.py", "runners/torch/memory/steps.py"):  # fmt: skip
         assert f"trainscale/{name}" in files
     before = memory_key.key(spec, "cuda", memory.VERSION)
     edited = ROOT / "workflow" / "trainscale" / "runners" / "torch" / "checkpointing.py"

@@ -230,7 +230,7 @@ def step_collectives(sequence_parallel: bool, checkpointing: str = "none") -> di
     from trainscale.models import gpt
     from trainscale.runners.torch import checkpointing as ckpt
     from trainscale.runners.torch import tp_plans
-    from trainscale.runners.torch.memory_trace import fake_world
+    from trainscale.runners.torch.memory.trace import fake_world
 
     with fake_world(2):
         mesh = init_device_mesh("cpu", (2,))
@@ -260,9 +260,9 @@ def test_a_ranks_traced_logits_are_its_share_of_the_vocabulary():
     from torch.distributed._tools.mem_tracker import MemTracker, _ModState
     from torch.distributed.device_mesh import init_device_mesh
 
-    from trainscale.runners.torch import memory_trace as trace
     from trainscale.runners.torch import tp_plans
-    from trainscale.runners.torch.memory_steps import forward_backward
+    from trainscale.runners.torch.memory import trace
+    from trainscale.runners.torch.memory.steps import forward_backward
     from trainscale.runners.torch.torch_parts import make_optimizer
 
     (spec,), _ = runs_of("torch-tp", tp=(2,), dataset="synthetic-tokens", seq_len=128,

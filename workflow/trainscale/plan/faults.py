@@ -53,7 +53,7 @@ def check(faults: list[dict], runs: list[RunSpec]) -> None:
 
 
 #: runners without a framework block of their own (faults[].part `framework`)
-_NO_FRAMEWORK_BLOCK = ("lightning_ddp", "tf_ps")
+_NO_FRAMEWORK_BLOCK = ("lightning.ddp", "tf_ps")
 
 
 def _part_missing(r: RunSpec) -> str | None:

@@ -314,7 +314,7 @@ STRATEGIES: dict[str, Strategy] = {
         _row(
             "lightning-ddp",
             "torch",
-            "lightning_ddp",
+            "lightning.ddp",
             "torchrun",
             "#792ee5",
             exposed_unmeasured="Lightning's DDP forward is its training_step, whose gradient "

@@ -1,5 +1,5 @@
 """A child process that answers the planner on a file of its own: the own models' pre-flight
-(trainscale.models.preflight) and the memory estimate (trainscale.runners.torch.memory_trace)
+(trainscale.models.preflight) and the memory estimate (trainscale.runners.torch.memory.trace)
 import torch and the user's code, which the Snakefile's process must stay free of.
 
 The child is given two paths, its request and its answer, and stdin is closed. What the user's

@@ -2,7 +2,7 @@
 the cells over the limit dropped with the reason.
 
 The prediction of one run (its peak bytes per rank, in parts, and how it was made) comes from a
-child process, trainscale.runners.torch.memory_trace, which traces a fake training step through
+child process, trainscale.runners.torch.memory.trace, which traces a fake training step through
 the runner's own wrapping code; this module, like the Snakefile's process, imports no torch.
 Each answer is cached under `.cache/trainscale/memory/` by everything that decides it: the run
 spec's fields that change memory (not its repeat, seed, learning rate or epochs), the target
@@ -155,7 +155,7 @@ def _ask_child(asked: dict[str, dict], target: str) -> dict[str, dict]:
     log = CACHE / "last-estimate.log"
     own = {c for d in asked.values() if d.get("own_model") for c in d["own_model"]["code"]}
     print(f"trainscale: predicting the memory of {len(asked)} cells (log: {log})", file=sys.stderr)
-    answer, why = child.ask("trainscale.runners.torch.memory_trace",
+    answer, why = child.ask("trainscale.runners.torch.memory.trace",
                             {"target": target, "runs": asked}, log, sorted(own),
                             TIMEOUT_SECONDS)  # fmt: skip
     if answer is None:

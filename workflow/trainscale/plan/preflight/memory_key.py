@@ -19,7 +19,7 @@ from trainscale.plan.runspec import RunSpec
 
 WORKFLOW = Path(__file__).resolve().parents[3]
 #: the estimator: it and every trainscale module it imports decide an answer (trace_modules)
-TRACE_MODULE = "trainscale.runners.torch.memory_trace"
+TRACE_MODULE = "trainscale.runners.torch.memory.trace"
 #: the libraries whose versions decide an answer
 PACKAGES = ("torch", "transformers", "deepspeed")
 #: run spec fields that do not change a step's memory

@@ -1,4 +1,4 @@
-"""What `lightning-ddp`'s Trainer reads (lightning_ddp.py): the torch loop's per-rank batches,
+"""What `lightning-ddp`'s Trainer reads (ddp.py): the torch loop's per-rank batches,
 in the forms Lightning iterates, so that both strategies train on the same samples in the same
 order and the difference between their rows is Lightning's loop alone.
 

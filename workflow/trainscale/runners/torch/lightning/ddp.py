@@ -9,7 +9,7 @@ Lightning checks them against torchrun's world. What it trains is exactly `torch
 - the same data order: `torch-ddp`'s DistributedSampler (same seed, epochs numbered from 1)
   cut into per-worker batches here, so Lightning's own sampler injection is off; on token
   data (a GPT) the torch loop's own token loader, so every rank reads the loop's windows in
-  the loop's order (lightning_data.py);
+  the loop's order (data.py);
 - the same steps per epoch and global batch; the loss as `torch-ddp` computes it
   (torch_parts.loss_of: class or next-token cross-entropy), and the test set scored as it
   scores it (next-token accuracy, loss and perplexity on token data; token ids stay int64).
@@ -55,7 +55,7 @@ from trainscale.runners.common import (
 from trainscale.runners.guarded import Parts
 from trainscale.runners.torch import checkpointing, flop_count
 from trainscale.runners.torch.exposed import block
-from trainscale.runners.torch.lightning_data import (
+from trainscale.runners.torch.lightning.data import (
     InMemory,
     MicroBatches,
     ShardBatches,

@@ -1,4 +1,4 @@
-"""The pieces of a memory trace (memory_trace.py): a run's model and batch as fake tensors, one
+"""The pieces of a memory trace (trace.py): a run's model and batch as fake tensors, one
 training step in the loop's order, the trackers' peaks by phase, and a model of many identical
 blocks traced at two and three of them and scaled to all of them.
 

@@ -5,7 +5,7 @@ The model is built by the runners' builder on the meta device, given fake tensor
 device (FakeTensorMode: shapes and dtypes, no storage), wrapped by the same functions its
 runner calls (`pytorch.shard` for FSDP2, `tp_plans.parallelize` on a DeviceMesh, the
 pipeline's `split`), and stepped twice in the loop's order with the run's optimizer as it
-steps on the run's device (foreach or tensor by tensor, memory_steps.trace_optimizer) and
+steps on the run's device (foreach or tensor by tensor, steps.trace_optimizer) and
 precision (autocast, FSDP's MixedPrecisionPolicy). A fake process group of the run's world
 size stands in for the others. PyTorch's trackers (torch.distributed._tools: MemTracker,
 FSDPMemTracker) attribute every byte; the peak of the rank with the largest need is the
@@ -30,7 +30,7 @@ workspaces) and `nccl` (NCCL's buffers per communicator) are parts beside them
 the process needs on its device: what config `memory:` holds against its limit.
 
 A model of many identical blocks is traced at 2 and 3 of them and scaled per phase
-(memory_steps.scaled_phases). Activation checkpointing (matrix activation_checkpointing) is
+(steps.scaled_phases). Activation checkpointing (matrix activation_checkpointing) is
 traced as the runner applies it: the activations a checkpointed block keeps are its input
 (full) or its matrix multiplies' and attention's outputs (selective), and its recomputation
 is among the temporaries. Offload (matrix offload) leaves out of a GPU's prediction what moves
@@ -43,7 +43,7 @@ fake or not): CPU autocast's op lists and CPU attention kernels stand in for CUD
 caching allocator's 512-byte rounding is left out (`traced_on` says where it was traced).
 `compile` is not traced (the eager step is), as the record says.
 
-Run as a child of the planner: `python -m trainscale.runners.torch.memory_trace REQUEST ANSWER`
+Run as a child of the planner: `python -m trainscale.runners.torch.memory.trace REQUEST ANSWER`
 reads the run specs to predict from the file REQUEST and writes the answers to the file ANSWER;
 stdout and stderr are only a log (a user's model may print anything).
 """
@@ -71,7 +71,7 @@ from trainscale.models.init import to_empty
 from trainscale.plan import catalog
 from trainscale.plan.preflight import memory_parts
 from trainscale.plan.runspec import RunSpec
-from trainscale.runners.torch.memory_steps import (
+from trainscale.runners.torch.memory.steps import (
     PARTS,
     SHARDED,
     fake_batch,

@@ -22,6 +22,11 @@ SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
 #: fixture needs a real controller: it lifts this while the local cluster is up.
 OFFLINE_SLURM_CONF = ROOT / "scripts" / "slurm-offline.conf"
 os.environ["SLURM_CONF"] = str(OFFLINE_SLURM_CONF)
+#: record blocks whose inner keys are what the run did, not the record's shape: the variables
+#: its launcher set, the set-up's phases it had (no rendezvous in one process, Lightning's
+#: inside its Trainer) and the measurements after training it ran. Key-set tests compare
+#: every other key of a family's records.
+NAMED_BY_THE_RUN = ("env.variables", "timeline.set_up", "timeline.parts")
 
 
 def validated(cfg: dict) -> dict:

@@ -13,14 +13,11 @@ from trainscale.measure import metrics
 from trainscale.plan.matrix import build_runs
 
 import tap
-from conftest import launch, validated
+from conftest import NAMED_BY_THE_RUN, launch, validated
 
 #: as tests/test_runners.py's DDP-against-one-process bound (measured differences there are
 #: ~3e-8 over 44 steps; a summed instead of averaged gradient differs by ~0.09)
 RTOL, ATOL = 1e-4, 1e-5
-
-
-NAMED_BY_THE_RUN = ("env.variables", "timeline.set_up", "timeline.parts")
 
 
 def keys(rec: dict, prefix: str = "") -> set[str]:

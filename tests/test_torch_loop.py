@@ -13,7 +13,7 @@ from test_runners import make
 from trainscale.measure import metrics
 from trainscale.measure.device_usage import CpuUsage, RaplPackages, cpu_busy_percent
 
-from conftest import launch
+from conftest import NAMED_BY_THE_RUN, launch
 
 #: every PyTorch-family strategy, with the workers it runs here (torch-dp: one CPU device)
 FAMILY = {
@@ -37,9 +37,6 @@ PLUGIN_KEYS = {
 
 #: blocks whose inner keys are the strategy's own configuration, not figures
 OPAQUE = ("spec", "pipeline", "deepspeed", "horovod", "communication")
-#: blocks whose inner keys are what this run did: the variables its launcher set, the set-up's
-#: phases it has (no rendezvous in one process) and the measurements after training it ran
-NAMED_BY_THE_RUN = ("env.variables", "timeline.set_up", "timeline.parts")
 
 
 def keys(rec: dict, prefix: str = "") -> set[str]:

@@ -324,8 +324,8 @@ def run_conda_env(wildcards):
 
 def files_needed(spec):
     """Files a run needs: its real dataset's files (fetched by the `download_*` rules), for
-    Horovod its build where it is missing, and for DeepSpeed the once-built ops (CPU Adam too where it offloads) and the user's ds_config
-    fragment."""
+    Horovod its build where it is missing, and for DeepSpeed the once-built ops (CPU Adam too
+    where it offloads) and the user's ds_config fragment."""
     files = [
         str(Path(spec.data_dir) / f)
         for f in ts_imagesets.spec_info(spec.to_dict()).files

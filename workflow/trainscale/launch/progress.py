@@ -9,7 +9,7 @@ nodes, and it costs the runs nothing: no process beside them, no polling, one sm
 per finished run.
 
     trainscale: [12/56] ok torch-ddp workers=2 batch_size=64 repeat=1: 5,120 samples/s,
-        job 9.4 s; 44 to go, about 6 min 50 s left
+        job 9 s; 44 to go, about 6 min 50 s left
 """
 
 from __future__ import annotations

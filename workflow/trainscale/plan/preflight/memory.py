@@ -47,7 +47,7 @@ from trainscale.plan.runspec import ConfigError, RunSpec
 CACHE = Path(".cache") / "trainscale" / "memory"
 WORKFLOW = Path(__file__).resolve().parents[3]
 #: bumped when the method changes, so older cached answers are not read
-VERSION = 3
+VERSION = 4
 GIB = 2**30
 TIMEOUT_SECONDS = 1800
 

@@ -6,8 +6,9 @@ torch-ddp; a plug-in on the PyTorch loop (torch_loop.py), which trains, times an
 The ranks of one `tp` group are one data-parallel replica: they feed the same batch (the
 loop's data order by replica, `data_rank`), compute the same loss and hold one split model;
 the dp replicas read disjoint batches. The plan itself is in tp_plans.py. The model's logits
-stay split by vocabulary (a DTensor, each rank's share): the loop's step runs under
-`loss_parallel`, and evaluation scores them where they lie (tp_plans.token_scores).
+stay split by vocabulary (a DTensor, each rank's share): the loop's loss is computed on the
+shares (tp_loss, in one copy of a share where `loss_parallel` keeps four), and evaluation
+scores them where they lie (tp_plans.token_scores).
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import warnings
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor.parallel import loss_parallel
 
 from trainscale.models import torch_models as models
 from trainscale.models.init import on_meta
@@ -84,14 +84,6 @@ class TensorParallel(Plugin):
         self.model = net
         self.opt = lp.make_optimizer(net.parameters())
         self.scaler = torch.amp.GradScaler(lp.device.type, enabled=False)  # no fp16 (catalog)
-
-    def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """The loop's step with its cross-entropy and backward under `loss_parallel`: on each
-        rank's share of the vocabulary's logits; the loss (the same on every rank of the
-        group) as a plain tensor."""
-        with loss_parallel():
-            loss = super().step(x, y)
-        return loss.to_local() if hasattr(loss, "to_local") else loss
 
     def replica_sum(self, t: torch.Tensor) -> torch.Tensor:
         """Over the dp replicas only: a tp group's ranks score the same batches."""

@@ -182,7 +182,12 @@ class Indexable:
 def loss_of(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """The training loss: cross-entropy of class logits (B, K) against labels (B,), or the
     next-token cross-entropy of a GPT's logits (B, T, V) against the next ids (B, T), the mean
-    over all B·T predictions (as nanoGPT's)."""
+    over all B·T predictions (as nanoGPT's); of logits split by vocabulary (tensor
+    parallelism's DTensor) on each rank's share, without gathering them (tp_loss)."""
+    if hasattr(out, "placements"):
+        from trainscale.runners.torch.tp_loss import cross_entropy
+
+        return cross_entropy(out, y)
     if out.dim() == 3:
         return F.cross_entropy(out.flatten(0, 1), y.flatten())
     return F.cross_entropy(out, y)

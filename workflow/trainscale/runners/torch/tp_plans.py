@@ -12,8 +12,7 @@ The vocabulary is split too, as torchtitan splits it: the token embedding by row
 (`RowwiseParallel`: each rank looks up the ids of its share and the lookups are all-reduced)
 and the LM head by columns (`ColwiseParallel` with its output left split, `Shard(-1)`), so each
 rank computes the logits of its share of the vocabulary only, and the cross-entropy runs on
-them under `loss_parallel` (a max and a sum over the tp group per token, not the logits
-gathered). For Llama 3's 128,256 ids the logits are the model's largest activation: each rank
+them (tp_loss: a max and a sum over the tp group per token, not the logits gathered). For Llama 3's 128,256 ids the logits are the model's largest activation: each rank
 holds 1/tp of them. In the GPT the two share one matrix (tied), sharded alike (`Shard(0)`) by
 both; an own model (and an `hf:` model) names its embedding and head by module path
 (`models.NAME.embedding`, `models.NAME.head`), tied or not.
@@ -33,7 +32,6 @@ from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
@@ -44,12 +42,12 @@ from torch.distributed.tensor.parallel import (
     PrepareModuleOutput,
     RowwiseParallel,
     SequenceParallel,
-    loss_parallel,
     parallelize_module,
 )
 
 from trainscale.models.own import resolved, submodule
 from trainscale.plan.runspec import OwnModel
+from trainscale.runners.torch.tp_loss import token_losses
 
 
 def gpt_block_plan(sequence_parallel: bool) -> dict[str, ParallelStyle]:
@@ -83,7 +81,7 @@ def embedding_style() -> ParallelStyle:
 
 def head_style(sequence_parallel: bool = False) -> ParallelStyle:
     """An LM head split by vocabulary columns: its input whole (or split along the sequence,
-    gathered first), its logits left split by vocabulary, a DTensor for `loss_parallel`."""
+    gathered first), its logits left split by vocabulary, a DTensor for tp_loss."""
     return ColwiseParallel(
         input_layouts=Shard(1) if sequence_parallel else Replicate(),
         output_layouts=Shard(-1),
@@ -95,7 +93,7 @@ def gpt_plan(layers: int, sequence_parallel: bool) -> dict[str, ParallelStyle]:
     """The plan of a whole GPT (nn.Sequential: embedding, `layers` blocks, head), by module
     path: the embedding by vocabulary rows (its output all-reduced), every block's
     `gpt_block_plan`, the head by vocabulary columns (its logits split by vocabulary, the loss
-    computed on them under `loss_parallel`)."""
+    computed on them by tp_loss)."""
     head = layers + 1
     plan: dict[str, ParallelStyle] = {"0.tokens": embedding_style()}
     if sequence_parallel:
@@ -189,17 +187,16 @@ def split_vocabulary(net: nn.Module, mesh: DeviceMesh, own: OwnModel) -> None:
 def token_scores(logits: DTensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(each token's cross-entropy, whether its argmax is the next id), both (B, T), of logits
     (B, T, V) split by vocabulary over a 1-D mesh, without gathering them: the loss under
-    `loss_parallel`, the argmax from each rank's largest logit and its id, gathered over the
-    group (the first largest wins, as argmax's does)."""
+    `tp_loss.token_losses`, the argmax from each rank's largest logit and its id, gathered over
+    the group (the first largest wins, as argmax's does)."""
     mesh = logits.device_mesh
-    with loss_parallel():
-        losses = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none")
+    losses = token_losses(logits, y)
     best, index = logits.to_local().max(-1)
     share = -(-logits.shape[-1] // mesh.size())  # DTensor's shards: torch.chunk's
     index = index + share * mesh.get_local_rank()
     bests, indices = _gathered(best, mesh), _gathered(index, mesh)
     argmax = indices.gather(0, bests.argmax(0, keepdim=True)).squeeze(0)
-    return losses.to_local().view(y.shape), argmax == y
+    return losses, argmax == y
 
 
 def _has(module: nn.Module, name: str) -> bool:

@@ -55,6 +55,23 @@ def real_tensors():
         _REAL.pop()
 
 
+@contextlib.contextmanager
+def own_propagation():
+    """DTensor's sharding propagation runs each op once more on fake tensors of the global
+    shape, in the fake mode it finds active: in a trace, the trace's own, whose tracker then
+    counts them (the head's whole-vocabulary logits and their gradient beside a rank's share)
+    although no rank ever holds them. Finding none, it makes a fake mode of its own, whose ops
+    the trackers leave out, as in a real run."""
+    from torch.distributed.tensor import _sharding_prop
+
+    found = _sharding_prop.detect_fake_mode
+    _sharding_prop.detect_fake_mode = lambda *args: None
+    try:
+        yield
+    finally:
+        _sharding_prop.detect_fake_mode = found
+
+
 def faking() -> bool:
     """Whether traces are made of fake tensors (not inside `real_tensors`)."""
     return not _REAL[-1]
@@ -175,26 +192,11 @@ def forward_backward(model, opt, batches: list, device: torch.device, dtype) -> 
     tensor held through the backward would add B·T·V bytes the run never holds.)"""
     for i, (x, y) in enumerate(batches):
         with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
-            out = model(x).float()
-            split = hasattr(out, "placements")  # logits split by vocabulary (tp_plans)
-            with vocabulary_split(split):
-                loss = loss_of(out, y)
-        del out
+            loss = loss_of(model(x).float(), y)
         if i == 0:
             opt.zero_grad(set_to_none=True)
-        with vocabulary_split(split):
-            loss.backward()
+        loss.backward()
         del loss
-
-
-def vocabulary_split(split: bool) -> contextlib.AbstractContextManager:
-    """`loss_parallel` where the logits are split by vocabulary, as tensor_parallel's step
-    takes its loss and backward."""
-    if not split:
-        return contextlib.nullcontext()
-    from torch.distributed.tensor.parallel import loss_parallel
-
-    return loss_parallel()
 
 
 def tracked(tracker, model, opt, batches: list, device: torch.device, dtype) -> list[dict]:

@@ -78,6 +78,7 @@ from trainscale.runners.torch.memory.steps import (
     fake_model,
     faking,
     meta_model,
+    own_propagation,
     peak,
     scaled_phases,
     tensors,
@@ -202,7 +203,7 @@ def tensor_parallel(spec: RunSpec, device: torch.device, keep: int | None,
         if spec.strategy == "torch-fsdp-tp":
             shard(net, dtype, False, spec.own_model, mesh=mesh["dp"])
             dtype = None  # FSDP casts
-        with tensors():
+        with tensors(), own_propagation():
             to_empty(net, device)
             opt = trace_optimizer(spec, net.parameters(), target)
             batches = [fake_batch(spec, spec.global_batch_size // dp // spec.grad_accum, device)]

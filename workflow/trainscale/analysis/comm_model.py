@@ -246,8 +246,9 @@ def _exposed_by_cell(ok: pd.DataFrame) -> dict[tuple, dict]:
 #   reduce-scatter after attention and MLP, forward and backward (8 halves); the embedding's
 #   all-reduce plus an all-gather of its output gradient; the head's all-gather of its input and
 #   reduce-scatter of that gradient.
-# - both: the loss on logits split by vocabulary (`loss_parallel`) all-reduces three values per
-#   token in fp32 (the largest logit, the sum of exponentials, the next id's logit): 3·b·T·4
+# - both: the loss on logits split by vocabulary (runners/torch/tp_loss.py) all-reduces three
+#   values per token in fp32 (the largest logit; then the sum of exponentials and the next id's
+#   logit in one all-reduce): 3·b·T·4
 #   bytes; the logits themselves are never gathered.
 #
 # tests/test_tensor_parallel.py checks these counts against DTensor's CommDebugMode. Elements
@@ -255,8 +256,11 @@ def _exposed_by_cell(ok: pd.DataFrame) -> dict[tuple, dict]:
 # outputs in fp32: the bf16 figure is a lower bound). torch-fsdp-tp adds FSDP's traffic over its
 # dp replicas: v = 1.5 of a gradient of params / tp elements of 4 bytes.
 
-#: the all-reduces of b·T fp32 values the cross-entropy under loss_parallel runs per step
-LOSS_ALLREDUCES = 3
+#: the all-reduces the cross-entropy on logits split by vocabulary runs per step (tp_loss)
+LOSS_ALLREDUCES = 2
+#: the fp32 values per token they carry (the largest logit, the sum of exponentials, the
+#: next id's logit)
+LOSS_VALUES = 3
 
 
 def collectives_per_step(layers: int, sequence_parallel: bool) -> dict[str, int]:
@@ -282,5 +286,5 @@ def tp_bytes(model: str, seq_len: int, batch: int, precision: str, sp: bool):
     layers, _, width = row.gpt
     element = 2 if precision in ("bf16", "fp16") else 4
     activation = batch * seq_len * width * element
-    loss = LOSS_ALLREDUCES * batch * seq_len * 4
+    loss = LOSS_VALUES * batch * seq_len * 4
     return activation_allreduces(layers, sp) * activation + loss, activation

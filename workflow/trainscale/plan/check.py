@@ -209,7 +209,7 @@ def memory_lines(runs: list, predicted: dict[str, dict]) -> list[str]:
         tp = f" tp {r.tp}" if r.tp > 1 else ""
         cell = (
             f"{r.strategy} {r.model} on {r.dataset}, N={r.world_size}{tp}, batch "
-            f"{r.batch_size} {r.batch_mode}, {r.precision}"
+            f"{r.batch_size} {r.batch_mode}{tp_batch(r)}, {r.precision}"
         )
         host = f"host {p['host_bytes'] / memory.GIB:.3g} GiB"
         if p.get("error"):
@@ -219,6 +219,18 @@ def memory_lines(runs: list, predicted: dict[str, dict]) -> list[str]:
         else:
             lines.append(f"{cell}: {memory.need(p) / memory.GIB:.3g} GiB ({p['method']}), {host}")
     return lines
+
+
+def tp_batch(r) -> str:
+    """What a tensor-parallel cell's batch is on one rank (docs/strategies.md): the ranks of a
+    tp group feed one data-parallel replica's samples, so each rank holds all their tokens (at
+    1/tp of the width and of the vocabulary); empty at tp 1."""
+    if r.tp == 1:
+        return ""
+    tokens = f" = {r.per_worker_batch_size * r.seq_len:,} tokens" if r.seq_len else ""
+    return (
+        f" (a dp replica's {r.per_worker_batch_size} samples{tokens} on each of its {r.tp} ranks)"
+    )
 
 
 def main(argv: list[str] | None = None, prog: str = "trainscale check") -> int:

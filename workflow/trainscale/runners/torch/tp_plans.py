@@ -12,10 +12,11 @@ The vocabulary is split too, as torchtitan splits it: the token embedding by row
 (`RowwiseParallel`: each rank looks up the ids of its share and the lookups are all-reduced)
 and the LM head by columns (`ColwiseParallel` with its output left split, `Shard(-1)`), so each
 rank computes the logits of its share of the vocabulary only, and the cross-entropy runs on
-them (tp_loss: a max and a sum over the tp group per token, not the logits gathered). For Llama 3's 128,256 ids the logits are the model's largest activation: each rank
-holds 1/tp of them. In the GPT the two share one matrix (tied), sharded alike (`Shard(0)`) by
-both; an own model (and an `hf:` model) names its embedding and head by module path
-(`models.NAME.embedding`, `models.NAME.head`), tied or not.
+them (tp_loss: a max and a sum over the tp group per token, not the logits gathered). For Llama
+3's 128,256 ids the logits are the model's largest activation: each rank holds 1/tp of them. In
+the GPT the two share one matrix (tied), sharded alike (`Shard(0)`) by both; an own model (and
+an `hf:` model) names its embedding and head by module path (`models.NAME.embedding`,
+`models.NAME.head`), tied or not.
 
 With sequence parallelism the residual stream between blocks is split along the sequence:
 the norms run on each rank's share of the tokens (`SequenceParallel`), each all-reduce becomes

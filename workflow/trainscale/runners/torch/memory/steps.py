@@ -3,12 +3,12 @@ training step in the loop's order, the trackers' peaks by phase, and a model of 
 blocks traced at two and three of them and scaled to all of them.
 
 Phases: the first step (no optimizer state yet), the second step's forward and backward (the
-first step's gradients alive through the forward, as in the run), and the second step's
-optimizer step. Each phase's peak is kept apart, so that a model traced at a few blocks can be
-scaled per phase: what a phase holds grows by the same bytes with every block added (its
+first step's gradients dropped before its forward, as the loop drops them), and the second
+step's optimizer step. Each phase's peak is kept apart, so that a model traced at a few blocks
+can be scaled per phase: what a phase holds grows by the same bytes with every block added (its
 parameters, gradients, optimizer state and saved activations), while what it holds once (the
-embedding, the head, the loss, one block's temporaries) does not. The peak of the scaled
-phases is the prediction, whichever phase it falls in at the real depth.
+embedding, the head, the loss, one block's temporaries) does not. The peak of the scaled phases
+is the prediction, whichever phase it falls in at the real depth.
 """
 
 from __future__ import annotations
@@ -186,15 +186,15 @@ def loss_of(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 def forward_backward(model, opt, batches: list, device: torch.device, dtype) -> None:
     """The forward and backward of one step over `batches` (micro-batches accumulate), in the
-    loop's order (Plugin.step): the forward and the loss under autocast, the logits cast to
-    fp32 and held by nothing but autograd; then the previous step's gradients are dropped and
-    the backward runs. (The gradients are alive through the forward, as in the run; a logits
-    tensor held through the backward would add B·T·V bytes the run never holds.)"""
-    for i, (x, y) in enumerate(batches):
+    loop's order (Plugin.step, and the pipeline's): the previous step's gradients dropped
+    first, then the forward and the loss under autocast, the logits cast to fp32 and held by
+    nothing but autograd, and the backward. (A logits tensor held through the backward would
+    add B·T·V bytes the run never holds; gradients held through the forward, the gradients'
+    bytes: a forward that peaks, as a tensor-parallel step's loss does, would count them.)"""
+    opt.zero_grad(set_to_none=True)
+    for x, y in batches:
         with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
             loss = loss_of(model(x).float(), y)
-        if i == 0:
-            opt.zero_grad(set_to_none=True)
         loss.backward()
         del loss
 

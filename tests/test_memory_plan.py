@@ -118,7 +118,7 @@ def test_fsdp_offload_at_one_rank_keeps_the_gathered_parameters():
 
 
 def test_a_model_of_many_blocks_is_scaled_from_two_and_three_exactly():
-    """gpt-micro's 6 blocks traced at 2 and 3 and scaled: the whole trace's bytes."""
+    """gpt-micro's 6 blocks traced at 3 and 4 and scaled: the whole trace's bytes."""
     for strategy, workers in (("torch", 1), ("torch-fsdp", 2)):
         spec = gpt_run(model=["gpt-micro"], strategy=[strategy], workers=[workers])
         scaled = memory_trace.predict(spec, "cpu")["total_bytes"]

@@ -1,6 +1,6 @@
 """The pieces of a memory trace (trace.py): a run's model and batch as fake tensors, one
 training step in the loop's order, the trackers' peaks by phase, and a model of many identical
-blocks traced at two and three of them and scaled to all of them.
+blocks traced at three and four of them and scaled to all of them.
 
 Phases: the first step (no optimizer state yet), the second step's forward and backward (the
 first step's gradients dropped before its forward, as the loop drops them), and the second
@@ -37,8 +37,12 @@ PARTS = {
 }
 #: FSDP's shards (what CPUOffloadPolicy keeps on the host), apart from the gathered units
 SHARDED = {"sharded_parameters": "Sharded Param", "sharded_gradients": "Sharded Grad"}
-#: identical blocks from which a model is traced at 2 and 3 of them and scaled (fewer: whole)
+#: identical blocks from which a model is traced at TRACED_AT of them and scaled (fewer: whole)
 MIN_REPEATS = 6
+#: the depths a model of many blocks is traced at: 3 and 4, not 2 and 3, since at 2 blocks the
+#: peak of FSDP's backward (its gradients dropped before the forward, as the loop drops them)
+#: falls where no deeper model's does, and the growth from 2 to 3 is not the growth per block
+TRACED_AT = (3, 4)
 
 #: FakeTensorMode for predictions; real tensors (allocated, on CPU) to check them against
 _REAL = [False]
@@ -233,15 +237,17 @@ Trace = Callable[[RunSpec, torch.device, int | None], list[dict]]
 
 def scaled_phases(trace: Trace, spec: RunSpec, device: torch.device, scale: bool) -> list[dict]:
     """`trace`'s phases for the whole model: traced whole, or, for a model of at least
-    MIN_REPEATS identical blocks (and `scale`), traced at 2 and 3 of them and each phase's
+    MIN_REPEATS identical blocks (and `scale`), traced at TRACED_AT of them and each phase's
     every figure carried on by its growth per block to the model's count."""
     found = repeats(meta_model(spec), spec.own_model) if scale else None
     count = found[2] if found else 0
     if count < MIN_REPEATS:
         return trace(spec, device, None)
-    two, three = trace(spec, device, 2), trace(spec, device, 3)
+    low, high = TRACED_AT
+    shallow, deep = trace(spec, device, low), trace(spec, device, high)
     return [
-        {k: b[k] + (count - 3) * (b[k] - a[k]) for k in b} for a, b in zip(two, three, strict=True)
+        {k: b[k] + (count - high) * (b[k] - a[k]) for k in b}
+        for a, b in zip(shallow, deep, strict=True)
     ]
 
 

@@ -29,7 +29,7 @@ workspaces) and `nccl` (NCCL's buffers per communicator) are parts beside them
 (plan.memory_parts.gpu_parts), and `reserved_bytes` = total_bytes + runtime + nccl is what
 the process needs on its device: what config `memory:` holds against its limit.
 
-A model of many identical blocks is traced at 2 and 3 of them and scaled per phase
+A model of many identical blocks is traced at 3 and 4 of them and scaled per phase
 (steps.scaled_phases). Activation checkpointing (matrix activation_checkpointing) is
 traced as the runner applies it: the activations a checkpointed block keeps are its input
 (full) or its matrix multiplies' and attention's outputs (selective), and its recomputation

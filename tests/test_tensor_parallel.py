@@ -23,6 +23,7 @@ def runs_of(strategy, workers=2, tp=(1,), model="gpt-nano", dataset="shakespeare
         "seq_len": [kw.pop("seq_len", 32)],
         "workers": [workers] if isinstance(workers, int) else list(workers),
         "batch_size": [kw.pop("batch_size", 8)],
+        "batch_mode": [kw.pop("batch_mode", "global")],
         "precision": [kw.pop("precision", "fp32")],
         "tp": list(tp),
         "nodes": [kw.pop("nodes", 1)],
@@ -375,3 +376,15 @@ def test_a_real_two_rank_step_peaks_at_its_prediction(tmp_path):
     peaks = [int((tmp_path / f"peak-{rank}.txt").read_text()) for rank in range(2)]
     for peak in peaks:
         assert abs(peak / predicted - 1) <= 0.10, (peaks, predicted)
+
+
+def test_check_says_what_a_tp_cells_batch_is_on_each_rank():
+    """batch 2 per worker on 4 ranks at tp 2: a global batch of 8 over 2 replicas, each of
+    whose ranks holds the replica's 4 samples (docs/strategies.md); nothing at tp 1."""
+    from trainscale.plan import check
+
+    (spec,), _ = runs_of("torch-fsdp-tp", workers=4, tp=(2,), batch_size=2,
+                         batch_mode="per_worker")  # fmt: skip
+    assert check.tp_batch(spec) == " (a dp replica's 4 samples = 128 tokens on each of its 2 ranks)"
+    (ddp,), _ = runs_of("torch-ddp", batch_size=2, batch_mode="per_worker")
+    assert check.tp_batch(ddp) == ""

@@ -69,6 +69,7 @@ ts_overlay.replace_whole_keys(config, workflow.config_settings.overwrite_config)
 # workflow is used as a module with skip_validation.
 CONFIG_SCHEMA = ts_matrix.CONFIG_SCHEMA
 _schema = load_yaml(CONFIG_SCHEMA)
+ts_check.yaml_booleans_as_words(config, _schema)  # `check: off` unquoted reads as false
 _problems = ts_check.config_problems(config, _schema)
 if _problems:
     raise ValueError(

@@ -4,7 +4,8 @@ warnings, errors and the end message, not Snakemake's block per job.
 The profiles (profiles/default, profiles/slurm) set Snakemake's `quiet: [rules, host]`, which
 hides the job blocks and the host line. Snakemake applies the setting to its log file too, and
 hides a failed job's error block with the others; `show_people` undoes both: the log file
-(.snakemake/log/) keeps every block, and the terminal shows error blocks. It also keeps from
+(.snakemake/log/) keeps every block, and the terminal shows error blocks (and the shell
+commands `-p` asks for). It also keeps from
 the terminal what the progress lines replace: the "N of M steps done" and "Finished jobid"
 lines, the table of jobs (but in a dry-run) and the scheduler's "Execute N jobs..." (quiet
 `progress` would stop the events the progress lines are made from). `--quiet host` on the
@@ -20,6 +21,8 @@ import re
 #: Snakemake's error events (snakemake_interface_logger_plugins.common.LogEvent values): its
 #: quiet setting `rules` hides them with the job blocks; the terminal shows them
 ERRORS = frozenset({"job_error", "group_error"})
+#: a job's shell command, shown where asked for (`--printshellcmds`, `-p`)
+SHELLCMD = "shellcmd"
 #: the dry-run's table of jobs by rule, shown in a dry-run only
 RUN_INFO = "run_info"
 #: Snakemake's events that trainscale's progress lines replace in the terminal
@@ -29,8 +32,9 @@ CHATTER = re.compile(r"Execute \d+ jobs\.\.\.|Select jobs to execute\.\.\.")
 
 
 class TerminalFilter(logging.Filter):
-    """Snakemake's filter of its terminal handler, letting errors through and holding back
-    what the progress lines replace (but a dry-run's table of jobs)."""
+    """Snakemake's filter of its terminal handler, letting errors (and shell commands asked
+    for) through and holding back what the progress lines replace (but a dry-run's table of
+    jobs)."""
 
     def __init__(self, snakemake_filter: logging.Filter) -> None:
         super().__init__()
@@ -40,6 +44,8 @@ class TerminalFilter(logging.Filter):
         event = getattr(record, "event", None)
         if event in ERRORS or (event == RUN_INFO and getattr(self.inner, "dryrun", False)):
             return True
+        if event == SHELLCMD and getattr(self.inner, "printshellcmds", False):
+            return True  # asked for (-p), which the quiet setting `rules` would hide
         if event in REPLACED or CHATTER.fullmatch(str(record.msg)):
             return False
         return self.inner.filter(record)

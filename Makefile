@@ -13,14 +13,26 @@ HOROVOD := $(VENV)/.horovod
 # tests). Inside a SLURM job (SLURM_JOB_ID set) the job's own configuration is kept.
 NO_SLURM := $(if $(SLURM_JOB_ID),,SLURM_CONF=$(CURDIR)/scripts/slurm-offline.conf)
 
-.PHONY: run test setup horovod bytecode lint dryrun pytest bench gpu-check clean slurm-profile slurm-start slurm-stop
+.PHONY: run test setup horovod bytecode lint dryrun pytest pytest-parallel pytest-alone bench gpu-check clean slurm-profile slurm-start slurm-stop
 
 # Horovod is built by the workflow's `horovod` rule, only where the study has a Horovod cell and
 # the venv lacks it, with every core and before any run (workflow/rules/train.smk).
 run: $(STAMP) bytecode
 	$(NO_SLURM) $(BIN)/snakemake
 
-test: $(STAMP) $(HOROVOD) lint dryrun pytest
+# Each phase timed, the times printed at the end (pass or fail). The tree's `git status` must be
+# the same after as before: a test that writes beside the sources fails `make test`.
+TEST_PHASES := setup horovod lint dryrun pytest-parallel pytest-alone
+test:
+	@before=$$(git status --porcelain 2>/dev/null); times=""; status=0; \
+	for phase in $(TEST_PHASES); do start=$$(date +%s); \
+	  $(MAKE) --no-print-directory $$phase || status=$$?; \
+	  times="$$times $$phase $$(( $$(date +%s) - start ))s"; [ $$status = 0 ] || break; done; \
+	after=$$(git status --porcelain 2>/dev/null); \
+	if [ $$status = 0 ] && [ "$$before" != "$$after" ]; then status=1; \
+	  echo "make test left files in the tree (git status --porcelain, before vs after):"; \
+	  diff <(echo "$$before") <(echo "$$after"); fi; \
+	echo "make test phases:$$times"; exit $$status
 
 # Pinned environment in .venv/: installed by uv where it can, pip otherwise, with the same pins
 # and pip's own find-links/constraints (torch==2.13.0 comes from the local CPU wheel); see
@@ -67,9 +79,13 @@ dryrun: $(STAMP) bytecode
 # reached a factor of 1.5 (a 95% CI of [0.43, 2.31] on a copy).
 PYTEST_WORKERS ?= 2
 ALONE := tests/test_slurm.py tests/test_slurm_containers.py tests/test_compare.py
-pytest: $(STAMP) $(HOROVOD) bytecode
+pytest:
+	$(MAKE) --no-print-directory pytest-parallel
+	$(MAKE) --no-print-directory pytest-alone
+pytest-parallel: $(STAMP) $(HOROVOD) bytecode
 	$(BIN)/python -m pytest -q -rs --durations=25 -n $(PYTEST_WORKERS) --dist loadgroup \
 	  $(addprefix --ignore=,$(ALONE)) $(PYTEST_ARGS)
+pytest-alone: $(STAMP) $(HOROVOD) bytecode
 	$(BIN)/python -m pytest -q -rs --durations=5 $(ALONE) $(PYTEST_ARGS)
 
 bench: $(STAMP) $(HOROVOD)

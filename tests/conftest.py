@@ -331,32 +331,6 @@ def elastic_keras_fixed(elastic_keras_runs) -> dict[int, dict]:
     return {workers: rec for workers, (rec, _) in elastic_keras_runs.items()}
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Groups for pytest-xdist (`make test` runs 2 workers, `--dist loadgroup`), so that each
-    study is run once: the tests that read a session fixture of this file (`torch_study`,
-    `tf_study`, ...) share its group, joined with the other session fixtures any of them
-    reads; every other test runs with its file (whose module fixtures are then built once)."""
-    parent: dict[str, str] = {}
-
-    def root(name: str) -> str:
-        while parent.setdefault(name, name) != name:
-            name = parent[name]
-        return name
-
-    def studies(item: pytest.Item) -> list[str]:
-        defs = item._fixtureinfo.name2fixturedefs.items()
-        return [f"fixture:{n}" for n, d in defs if d and d[-1].scope == "session" and d[-1].baseid]
-
-    for item in items:
-        first, *rest = studies(item) or [item.nodeid.split("::")[0]]
-        for other in rest:
-            parent[root(other)] = root(first)
-    for item in items:
-        group = root((studies(item) or [item.nodeid.split("::")[0]])[0])
-        item.add_marker(pytest.mark.xdist_group(group))
-
-
 # On a node with CUDA every GPU path's test must run: tests/gpu_guard.py, as this suite's hooks.
 from gpu_guard import (  # noqa: E402, F401
     pytest_addoption,
@@ -367,3 +341,6 @@ from gpu_guard import (  # noqa: E402, F401
     pytest_sessionfinish,
     pytest_terminal_summary,
 )
+
+# One group per study under pytest-xdist: tests/xdist_groups.py, as this suite's hook.
+from xdist_groups import pytest_collection_modifyitems  # noqa: E402, F401

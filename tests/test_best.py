@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 from test_interval import STUDIES, TEN, default_cells, simulate, study_of
 
-from trainscale.analysis import best, interval, settle
+from trainscale.analysis import best, interval, settle, studentized_range
 from trainscale.analysis.ranking import fastest, ranking
 from trainscale.report.figures import ranking as ranking_figure
 
@@ -234,3 +234,22 @@ def test_token_cells_are_ranked_and_compared_in_tokens_per_second():
     assert r.loc["torch-ddp", "behind"] == pytest.approx(1 - 30 * 128 / (10 * 512))
     (win,) = fastest(s).itertuples(index=False)
     assert win.strategy == "torch-fsdp" and win.runner_up == "torch-ddp" and win.distinct
+
+
+def test_the_kept_quantiles_are_scipys():
+    """trainscale.analysis.studentized_range (scripts/studentized-range-table.py wrote it):
+    every cell count 3..K_MAX at every df of the grid, its entries scipy's; beyond it, the
+    critical value is scipy's at run time."""
+    from scipy import stats
+
+    kept = studentized_range.QUANTILES
+    assert studentized_range.DF == best.DF_GRID and studentized_range.LEVEL == best.LEVEL
+    assert sorted(kept) == list(range(3, studentized_range.K_MAX + 1))
+    assert {len(row) for row in kept.values()} == {len(best.DF_GRID)}
+    for cells, df in ((3, 1), (14, 20), (studentized_range.K_MAX, 240)):
+        want = stats.studentized_range.ppf(best.LEVEL, cells, df)
+        assert kept[cells][best.DF_GRID.index(df)] == pytest.approx(want, rel=1e-9)
+        assert best.critical_value(cells, df) == pytest.approx(want / math.sqrt(2), rel=1e-9)
+    beyond = studentized_range.K_MAX + 1
+    want = stats.studentized_range.ppf(best.LEVEL, beyond, 20) / math.sqrt(2)
+    assert best.critical_value(beyond, 20) == pytest.approx(want, rel=1e-9)

@@ -38,11 +38,12 @@ def test_every_subcommand_has_its_own_help(name):
         assert beside or under, f"{name}: {lines[i].strip()} has no help line"
 
 
-def test_check_is_the_old_matrix_command():
-    for p in (trainscale("check", ".test/config.yaml"),
-              trainscale(".test/config.yaml", module="trainscale.matrix")):  # fmt: skip
-        assert p.returncode == 0, p.stderr
-        assert "study 'ci-torch': 3 runs" in p.stdout + p.stderr
+def test_check_is_the_one_way_in():
+    p = trainscale("check", ".test/config.yaml")
+    assert p.returncode == 0, p.stderr
+    assert "study 'ci-torch': 3 runs" in p.stdout + p.stderr
+    gone = trainscale(".test/config.yaml", module="trainscale.matrix")  # the old way, removed
+    assert gone.returncode == 1 and "No module named trainscale.matrix" in gone.stderr
 
 
 def test_check_fails_on_a_bad_study_naming_the_key(tmp_path):

@@ -112,6 +112,18 @@ def test_bad_memory_values_are_refused_naming_the_key(value, needle):
     assert any(needle in p for p in problems), problems
 
 
+def test_an_unquoted_off_is_read_as_off(tmp_path):
+    """YAML reads `check: off` unquoted as false: the study takes it as the word it wrote."""
+    path = tmp_path / "study.yaml"
+    study = {"study": "quiet", "matrix": {"strategy": ["torch"], **GPT}}
+    path.write_text(yaml.safe_dump(study) + "memory: {check: off}\n")
+    config, problems = check.load_config(path)
+    assert problems == [] and config["memory"]["check"] == "off"
+    assert memory.resolve(config, "cuda").mode == "off"
+    problems = check.config_problems({**gpt_config(), "memory": {"check": True}}, SCHEMA)
+    assert any("True is not one of drop, warn, off" in p and "quote" in p for p in problems)
+
+
 def test_a_cpu_study_that_asks_for_a_check_must_give_the_limit():
     with pytest.raises(memory.ConfigError, match="memory.limit_gib: a CPU study has no device"):
         memory.resolve({"memory": {"check": "drop"}}, "cpu")

@@ -196,6 +196,24 @@ def test_editing_any_module_the_trace_imports_predicts_again(monkeypatch):
     assert memory_key.key(spec, "cuda", memory.VERSION) != before
 
 
+def test_the_flop_counter_kept_count_is_keyed_by_its_sources(monkeypatch):
+    """The Keras runs keep their torch twin's FLOP count beside the study (keras_flops), keyed
+    by the counter's sources: an edit to it or to a module it imports counts again."""
+    counter = "trainscale.runners.torch.flop_count"
+    before = memory_key.sources_version(counter)
+    edited = ROOT / "workflow" / "trainscale" / "runners" / "torch" / "flop_count.py"
+    st = edited.stat()
+    try:
+        os.utime(edited, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+        assert memory_key.sources_version(counter) != before
+    finally:
+        os.utime(edited, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert memory_key.sources_version(counter) == before
+    assert "trainscale.models.torch_models" in memory_key.trace_modules(counter)
+    monkeypatch.setattr(memory_key, "versions", lambda: {"torch": "0.0"})
+    assert memory_key.sources_version(counter) != before
+
+
 PLANTED = """
     import torch
     from torch import nn

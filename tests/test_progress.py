@@ -1,11 +1,13 @@
 """Progress lines while a study runs (trainscale.launch.progress), from Snakemake's log events;
 the lines of a real study are checked in tests/test_workflow.py."""
 
+import io
 import json
 import logging
 from pathlib import Path
 
 from trainscale.launch import progress
+from trainscale.launch import terminal as ts_terminal
 from trainscale.plan.matrix import RunSpec
 
 
@@ -92,3 +94,36 @@ def test_durations_and_the_keys_that_tell_cells_apart():
     keys = ["strategy", "model", "workers", "exclude", "repeat"]
     assert progress.varying(runs, keys) == ["strategy", "repeat"]
     assert progress.varying([], keys) == []
+
+
+def test_the_terminal_shows_progress_and_errors_and_the_log_file_keeps_every_block(tmp_path):
+    """Under the profile's `quiet: [rules, host]` (trainscale.launch.terminal.show_people):
+    Snakemake's own filters, its terminal given errors back and what progress lines replace
+    held back, its log file given everything back."""
+    from snakemake.logging import DefaultFilter
+    from snakemake.settings.enums import Quietness
+
+    log = logging.getLogger("test-terminal")
+    log.propagate, terminal_out = False, io.StringIO()
+    log.setLevel(logging.INFO)
+    terminal = logging.StreamHandler(terminal_out)
+    file = logging.FileHandler(tmp_path / "snakemake.log")
+    for handler in (terminal, file):  # as Snakemake sets them up, from the profile's setting
+        handler.addFilter(
+            DefaultFilter({Quietness.RULES, Quietness.HOST}, False, False, False, False)
+        )
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        log.addHandler(handler)
+    ts_terminal.show_people(log)
+    said = [("job_info", "rule train:"), ("job_finished", "Finished jobid: 1"),
+            ("progress", "1 of 2 steps"), ("job_error", "Error in rule train:"),
+            (None, "Execute 2 jobs..."), (None, "trainscale: [1/2] ok torch")]  # fmt: skip
+    for name, message in said:
+        log.info(message, extra={"event": name} if name else {})
+    for handler in (terminal, file):
+        log.removeHandler(handler)
+        handler.close()
+    shown = terminal_out.getvalue().splitlines()
+    assert shown == ["Error in rule train:", "trainscale: [1/2] ok torch"]
+    kept = (tmp_path / "snakemake.log").read_text()
+    assert "rule train:" in kept and "Finished jobid: 1" in kept and "Error in rule" in kept

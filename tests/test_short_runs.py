@@ -191,6 +191,23 @@ def test_end_message_names_only_outputs_as_new_as_the_runs(tmp_path):
     assert "not built, or older than the runs: summary.txt" in endnote.message("s", res)
 
 
+def test_end_message_leaves_the_table_of_every_cell_to_the_summary_file(tmp_path):
+    res = tmp_path / "results" / "s"
+    (res / "runs" / "a").mkdir(parents=True)
+    (res / "runs" / "a" / "metrics.json").write_text("{}")
+    summary = ["trainscale study 's': 1 runs", "", "fastest strategy per model: torch", "",
+               "strategy   model   dataset   N", "torch      seed    digits    1", "",
+               "failed runs:", "  [failed] b: OOM"]  # fmt: skip
+    for name in ("report.html", "runs.csv", "scaling.csv"):
+        (res / name).write_text("")
+    (res / "summary.txt").write_text("\n".join(summary) + "\n")
+    text = endnote.message("s", res)
+    assert "fastest strategy per model: torch" in text and "[failed] b: OOM" in text
+    assert "torch      seed" not in text
+    assert f"every cell's figures, a line each: {res / 'summary.txt'}" in text
+    assert "logs/s/ (each job's), .snakemake/log/" in text
+
+
 # --- part 5: the all-reduce benchmark's cap ----------------------------------------------------
 
 

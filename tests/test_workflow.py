@@ -135,6 +135,11 @@ def test_real_study_through_snakemake(torch_study):
     assert all(re.search(r"\] ok torch(-ddp)? workers=[12]: [0-9,]+ samples/s, job ", ln)
                for ln in lines), lines  # fmt: skip
     assert "to go, about" in lines[0] and lines[-1].endswith("; 0 to go")
+    # not Snakemake's block per job (the profile's quiet setting), which its log file keeps
+    assert not re.search(r"^(local)?rule \w+:", torch_study["output"], re.M)
+    (kept,) = [p.read_text() for p in (work / ".snakemake" / "log").glob("*.snakemake.log")
+               if "rule train:" in p.read_text()]  # fmt: skip
+    assert "Finished jobid" in kept
     # nothing to do the second time: every result is kept
     again = snakemake(
         work, "--cores", "2", "-n", "--configfile", str(ROOT / ".test" / "config.yaml")

@@ -22,6 +22,7 @@ from trainscale.launch.slurm import (
     with_options,
 )
 from trainscale.launch import progress as ts_progress
+from trainscale.launch import terminal as ts_terminal
 
 os.environ.update(job_environment(Path(workflow.basedir) / "workflow", sys.executable))
 
@@ -69,6 +70,7 @@ ts_overlay.replace_whole_keys(config, workflow.config_settings.overwrite_config)
 # workflow is used as a module with skip_validation.
 CONFIG_SCHEMA = ts_matrix.CONFIG_SCHEMA
 _schema = load_yaml(CONFIG_SCHEMA)
+ts_check.yaml_booleans_as_words(config, _schema)  # `check: off` unquoted reads as false
 _problems = ts_check.config_problems(config, _schema)
 if _problems:
     raise ValueError(
@@ -139,6 +141,9 @@ RUN_BY_PATH = {r.path: r for r in RUNS}
 # status, throughput and time, the runs left and an estimate of the time left
 # (trainscale.launch.progress; it reads the records Snakemake's finished jobs wrote).
 if workflow.is_main_process:
+    # the profile's quiet setting hides Snakemake's job blocks from the terminal, not its log
+    # file nor a failed job's error (trainscale.launch.terminal)
+    ts_terminal.show_people(snakemake_logger)
     ts_progress.watch(
         snakemake_logger,
         lambda wildcards: f"{RESULTS}/runs/{wildcards['run']}/metrics.json",

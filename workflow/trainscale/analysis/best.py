@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from trainscale.analysis import studentized_range
 from trainscale.analysis.interval import t_scalar, welch_df
 
 #: The simultaneous confidence level of the intervals.
@@ -50,14 +51,18 @@ def df_floor(df: np.ndarray | float) -> np.ndarray:
 def critical_value(cells: int, df: float, level: float = LEVEL) -> float:
     """The c at which every pair of `cells` cells of equal variance is within c standard
     errors of its difference at once with probability `level`: the studentized range's
-    quantile q(level; cells, df) / √2 (Tukey; scipy.stats.studentized_range), Student's two-
-    sided t itself for two cells. Cached by the cell count and the df (floored to DF_GRID by
+    quantile q(level; cells, df) / √2 (Tukey; scipy.stats.studentized_range, read from its
+    table in trainscale.analysis.studentized_range where it holds it), Student's two-sided t
+    itself for two cells. Cached by the cell count and the df (floored to DF_GRID by
     `critical_values`)."""
     if cells < 2 or not df >= 1:
         return math.nan
     if cells == 2:
         return t_scalar(df, (1 + level) / 2)
-    from scipy import stats
+    kept = studentized_range.QUANTILES.get(cells) if level == studentized_range.LEVEL else None
+    if kept is not None and df in studentized_range.DF:
+        return kept[studentized_range.DF.index(df)] / math.sqrt(2)
+    from scipy import stats  # seconds to import and to integrate: outside the table only
 
     return float(stats.studentized_range.ppf(level, cells, df)) / math.sqrt(2)
 

@@ -24,6 +24,31 @@ from trainscale.plan.matrix import (
 )
 from trainscale.plan.preflight import hf_models, memory, own_models
 
+#: the words YAML 1.1 reads as booleans where unquoted (`check: off` is `check: false`)
+YAML_WORDS = {False: "off", True: "on"}
+
+
+def yaml_booleans_as_words(config: dict, schema: dict) -> None:
+    """Where a key's values are words (an enum of strings) that list "off" or "on" and not the
+    boolean, a boolean written there is put back as the word, in place: YAML reads an unquoted
+    `off` (or `no`, `false`) as false, so `memory: {check: off}`, as the docs write it, would
+    be refused. Call before `config_problems`."""
+
+    def visit(value, sub: dict) -> None:
+        if isinstance(value, dict):
+            for key, prop in sub.get("properties", {}).items():
+                if isinstance(value.get(key), bool) and YAML_WORDS[value[key]] in prop.get(
+                    "enum", ()
+                ):
+                    value[key] = YAML_WORDS[value[key]]
+                elif key in value:
+                    visit(value[key], prop)
+        elif isinstance(value, list) and isinstance(sub.get("items"), dict):
+            for item in value:
+                visit(item, sub["items"])
+
+    visit(config, schema)
+
 
 def config_problems(config: dict, schema: dict) -> list[str]:
     """Every place `config` breaks the config schema, one line each, for people: the key as
@@ -47,6 +72,8 @@ def config_problems(config: dict, schema: dict) -> list[str]:
             allowed = [str(v) for v in e.validator_value]
             close = difflib.get_close_matches(str(e.instance), allowed, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
+            if isinstance(e.instance, bool):  # YAML's off/no/on/yes, unquoted
+                hint = "; YAML reads an unquoted off/no (on/yes) as a boolean: quote the word"
             lines.append(f"{key}: {e.instance!r} is not one of {', '.join(allowed)}{hint}")
         elif e.validator == "additionalProperties":
             known = sorted(e.schema.get("properties", {}))
@@ -153,6 +180,7 @@ def load_config(path: str | Path, base: Path | None = None) -> tuple[dict, list[
         inherited = overlay.inherited(base_config, config)
         config = overlay.overlay(base_config, config)
     schema = yaml.safe_load(CONFIG_SCHEMA.read_text())
+    yaml_booleans_as_words(config, schema)  # as the workflow does
     problems = config_problems(config, schema)
     if problems:
         return {}, [f"{path}: {p}" for p in problems]

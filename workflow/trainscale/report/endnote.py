@@ -10,6 +10,7 @@ page is named where it exists (and a study that only tuned is not told to build 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 #: The study's outputs (rule `all`), in the order the message names them.
@@ -19,6 +20,23 @@ STUDY_OUTPUTS: tuple[tuple[str, str], ...] = (
     ("per run", "runs.csv"),
     ("per cell", "scaling.csv"),
 )
+
+
+#: the header of summary.txt's table of every cell (trainscale.analysis.summary)
+TABLE_HEADER = re.compile(r"strategy +model +dataset ")
+
+
+def without_table(summary: str, path: Path) -> str:
+    """summary.txt's text with its table of every cell (from its header to the next blank
+    line) left to the file: a line per cell would bury the answers above it and the failures
+    below it at the end of a run of many cells."""
+    lines = summary.splitlines()
+    start = next((i for i, ln in enumerate(lines) if TABLE_HEADER.match(ln)), None)
+    if start is None:
+        return summary
+    end = next((i for i in range(start, len(lines)) if not lines[i].strip()), len(lines))
+    kept = [*lines[:start], f"every cell's figures, a line each: {path}", *lines[end:]]
+    return "\n".join(kept) + "\n"
 
 
 def built(results: str | Path) -> tuple[list[tuple[str, Path]], list[Path], int]:
@@ -38,7 +56,8 @@ def built(results: str | Path) -> tuple[list[tuple[str, Path]], list[Path], int]
 
 
 def message(study: str, results: str | Path) -> str:
-    """The end-of-run message, and the summary's text when the summary is up to date."""
+    """The end-of-run message, and the summary's text when the summary is up to date (but its
+    table of every cell)."""
     fresh, stale, n_runs = built(results)
     lines = [f"\ntrainscale: results of study {study!r} are in {results}/"]
     if n_runs:
@@ -52,8 +71,12 @@ def message(study: str, results: str | Path) -> str:
         lines.append(
             f"  not built, or older than the runs: {names} (`snakemake` with no target builds them)"
         )
+    lines.append(
+        f"  {'logs:':<9} logs/{study}/ (each job's), .snakemake/log/ (Snakemake's, every job's "
+        "block; the terminal shows them with `--quiet host`)"
+    )
     text = "\n".join(lines) + "\n"
     summary = Path(results) / "summary.txt"
     if ("summary", summary) in fresh:
-        text += "\n" + summary.read_text()
+        text += "\n" + without_table(summary.read_text(), summary)
     return text

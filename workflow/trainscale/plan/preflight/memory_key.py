@@ -89,6 +89,15 @@ def traced_on(target: str) -> str:
     return "cuda" if target == "cuda" and visible_gpus() else "cpu"
 
 
+def sources_version(root: str) -> str:
+    """A short digest of trainscale module `root`'s sources (it and every module it imports,
+    trace_modules) and torch's version: part of the key of an answer that `root` computes and a
+    study keeps (the Keras runs' torch-twin FLOP count), so an edit to its code computes again."""
+    files = [module_file(m) for m in trace_modules(root)]
+    digest = child.sources_digest(f for f in files if f.is_file())
+    return f"{digest[:16]}:torch={versions()['torch']}"
+
+
 def file_digest(path: str | None) -> str | None:
     """The text of a file a spec names (its DeepSpeed fragment), as a digest."""
     if not path:

@@ -140,8 +140,9 @@ def render_all(
     study.convergence  # noqa: B018 (computed once, before forking)
     global _FORKED
     _FORKED = (study, speed)
-    # heaviest first, so the processes finish together
-    order = sorted(names, key=lambda n: n not in ("convergence", "efficiency_heatmap"))
+    # heaviest first, so the processes finish together (at 10,000 runs the ranking took half
+    # the figures' CPU time: 4.9 s of 9.4, a label and a note per cell)
+    order = sorted(names, key=lambda n: n not in HEAVIEST)
     with ProcessPoolExecutor(jobs, mp_context=mp_context()) as ex:
         futures = [ex.submit(_render_forked, n, str(out), svg, tuple(highlight)) for n in order]
         if meanwhile:
@@ -151,6 +152,8 @@ def render_all(
     return {n: drawn[n] for n in names}
 
 
+#: the figures that take longest to draw in a large study, drawn first
+HEAVIEST = ("ranking", "efficiency_heatmap", "warmup", "accuracy", "convergence")
 _FORKED: tuple[Study, pd.Series] | None = None
 
 

@@ -5,7 +5,8 @@ every Keras model here has a PyTorch twin with the same layers and parameter cou
 (trainscale.models.keras_models, keras_gpt), so a Keras run takes its twin's count:
 `method` says "torch twin: flop_counter". Importing torch into a TensorFlow process costs
 seconds, so the count of a catalogue model is made once per study and kept beside it, with
-the measured peaks (`flops.kept`); a user's model is counted in every run. Where torch
+the measured peaks (`flops.kept`), keyed also by the counter's sources and torch's version (an
+edit to the counter counts again); a user's model is counted in every run. Where torch
 cannot be imported (the conda env of the TensorFlow runs has none) the count is null and
 `method` says why. The peak is the datasheet's for a GPU in the table, else a matrix multiply
 timed on this host at the run's threads and dtype (PyTorch's, as the torch runs time it,
@@ -21,6 +22,7 @@ from pathlib import Path
 import tensorflow as tf
 
 from trainscale.measure import flops, metrics
+from trainscale.plan.preflight.memory_key import sources_version
 from trainscale.plan.runspec import RunSpec
 
 TF_DTYPES = {"fp32": tf.float32, "bf16": tf.bfloat16, "fp16": tf.float16}
@@ -41,7 +43,8 @@ def _twin_count(spec: RunSpec, shape: tuple[int, ...], classes: int, kept: Path)
         if spec.own_model is not None:  # the user's code: counted as it is now
             return count()
         key = f"{spec.model}:{list(shape)}:{classes}:{spec.activation_checkpointing}"
-        return flops.kept(kept, key, count)
+        counter = sources_version("trainscale.runners.torch.flop_count")  # an edit counts again
+        return flops.kept(kept, f"{key}:{counter}", count)
     except ImportError as e:  # no torch in this environment
         why = f"not counted: the torch twin cannot be imported here ({e})"
         return {"per_sample": None, "method": why}

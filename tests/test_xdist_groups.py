@@ -1,0 +1,62 @@
+"""`--dist loadgroup` groups this suite's tests (tests/xdist_groups.py): a study's tests run on
+one worker, which builds its session fixture once."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import ROOT
+
+CONFTEST = '''
+import os
+from pathlib import Path
+
+import pytest
+
+from xdist_groups import pytest_collection_modifyitems  # noqa: F401
+
+
+@pytest.fixture(scope="session")
+def study():
+    """Built once per worker that runs a test of the study: one line per build."""
+    with open(Path(__file__).parent / "built", "a") as log:
+        log.write(os.environ["PYTEST_XDIST_WORKER"] + "\\n")
+'''
+STUDY_TESTS = """
+import os
+from pathlib import Path
+
+
+def ran(name):
+    (Path(__file__).parent / "ran").mkdir(exist_ok=True)
+    (Path(__file__).parent / "ran" / name).write_text(os.environ["PYTEST_XDIST_WORKER"])
+"""
+
+
+def test_a_study_runs_on_one_worker_and_is_built_once(tmp_path: Path) -> None:
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    suite = tmp_path / "tests"  # a conftest below the root, as this suite's (its fixtures' baseid)
+    suite.mkdir()
+    (suite / "conftest.py").write_text(CONFTEST)
+    for module in ("a", "b"):  # a study's tests in two files, and tests of no study beside them
+        tests = "".join(
+            f"\n\ndef test_{module}{i}(study):\n    ran('{module}{i}')\n" for i in range(3)
+        )
+        tests += "".join(f"\n\ndef test_{module}_alone{i}():\n    pass\n" for i in range(3))
+        (suite / f"test_{module}.py").write_text(STUDY_TESTS + tests)
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "tests"), str(ROOT / "workflow")])
+    )
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2"]
+    done = subprocess.run(
+        [*command, "--dist", "loadgroup", "-c", str(tmp_path / "pytest.ini"), str(tmp_path)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "12 passed" in done.stdout
+    workers = {path.read_text() for path in (suite / "ran").iterdir()}
+    assert len(list((suite / "ran").iterdir())) == 6 and len(workers) == 1, workers
+    assert (suite / "built").read_text().split() == list(workers)

@@ -86,7 +86,7 @@ def test_ranking_gives_token_cells_in_tokens_per_second():
 
 def test_the_ranking_figure_has_a_panel_per_model_and_n_fastest_on_top():
     rows = [
-        {"strategy": st, "model": model, "world_size": n, "workers": n,
+        {"strategy": st, "model": model, "world_size": n, "workers": n, "ok": 10, "runs": 10,
          "throughput_mean": 100.0 + 10 * i + n, "throughput_ci95": 8.0}
         for i, st in enumerate(STRATEGIES) for model in ("m1", "m2") for n in (1, 2)
     ]  # fmt: skip

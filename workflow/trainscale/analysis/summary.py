@@ -170,10 +170,11 @@ def ties(scaling: pd.DataFrame, equivalence: float = EQUIVALENCE) -> list[str]:
 
 def prior_line(scaling: pd.DataFrame) -> list[str]:
     """The study's fitted prior of the run-to-run variances (Methods: confidence interval)."""
-    if "prior_df" not in scaling or not scaling["prior_df"].notna().any():
+    cols = ["prior_df", "prior_scale"]
+    fitted = scaling[cols].dropna() if all(c in scaling for c in cols) else scaling[[]]
+    if not len(fitted):
         return []
-    d0 = float(scaling["prior_df"].dropna().iloc[0])
-    s0 = float(scaling["prior_scale"].dropna().iloc[0])
+    d0, s0 = (float(fitted[c].iloc[0]) for c in cols)
     text = f"d0 = {human(d0)} (capped at 3), s0 = {human(s0)} (sd of log throughput a run)"
     return [f"run-to-run variances moderated toward a prior fitted to this study: {text}"]
 

@@ -1,14 +1,15 @@
 """A cell's 95% confidence interval of throughput from steps and repeats.
 
 The definition (model and assumptions) is the bullet "confidence interval" of
-docs/metrics.md, the report's Methods; this module computes it, once,
-for scaling.csv (`trainscale.analysis.cells`), and through it for the ranking, the summary and
-`trainscale compare`: the within-run variance of each run from its blocks (`within_variance`),
-each cell's run-to-run variance moderated toward its stratum's (`trainscale.analysis.moderate`),
-each cell's interval (`fit`) and every pair's degrees
-of freedom (`pair_df`), which the comparison with the best (`trainscale.analysis.best`) reads.
-`fit` works on arrays with any leading axes, so the coverage test (tests/test_interval.py) runs
-thousands of simulated studies through the same code a report runs its one study through.
+`trainscale.analysis.aggregate`'s docstring (the report's Methods) and of docs/metrics.md; this
+module computes it, once, for scaling.csv (`trainscale.analysis.cells`), and through it for the
+ranking, the summary and `trainscale compare`: the within-run variance of each run from its
+blocks (`within_variance`), each cell's run-to-run variance moderated toward its stratum's
+(`trainscale.analysis.moderate`; no pretest), each cell's interval (`fit`) and every pair's
+degrees of freedom (`pair_df`), which the comparison with the best (`trainscale.analysis.best`)
+reads. `fit` works on arrays with any leading axes, so the error-rate tests
+(tests/test_moderate.py, tests/test_interval.py) run thousands of simulated studies through the
+same code a report runs its one study through.
 
 Student's t quantiles are computed here without scipy (a third of a second of every report for
 a handful of quantiles).

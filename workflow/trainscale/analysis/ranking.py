@@ -175,8 +175,10 @@ def verdicts(s: pd.DataFrame, ranked: pd.Series, by: str, equivalence: float) ->
     """`s` (a panel-sorted ranking) with VERDICTS per ranked cell, each panel at once: the
     comparison with the best's `could_be_fastest`, `mcb_low`, `mcb_high` and `slower`
     (`distinguishable` its copy, for older readers); the panel's `mdd_rel`,
-    `repeats_for_5pct` and `repeats_for_2pct`; `equivalent` to the panel's best by TOST at
-    ±`equivalence`. Cells not ranked are neither could-be-fastest nor slower."""
+    `repeats_for_5pct`, `repeats_for_2pct` and `repeats_for_equivalence`, and each cell's
+    `repeats_to_resolve` (`settle.resolution`); `equivalent` to the panel's best by TOST at
+    ±`equivalence` with the panel's simultaneous value, none where the study's repeats cannot
+    pass it. Cells not ranked are neither could-be-fastest nor slower."""
     out = {c: np.zeros(len(s), bool) if c in FLAGS else np.full(len(s), np.nan) for c in VERDICTS}
     model = model_of(s, by)
     best_of = s["fastest"].to_numpy()

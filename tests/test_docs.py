@@ -255,14 +255,14 @@ def test_the_scaling_cards_prediction_is_documented_as_the_card_fills_it():
 
 
 def test_one_repeat_reads_alike_in_compare_and_metrics():
-    """metrics.md gives a cell of one run the pooled interval where its pool has 4 df; compare.md
-    must say that cell is compared under --ci steps and not under the bootstrap or Welch
-    (compare/verdicts.py)."""
-    metrics = (ROOT / "docs" / "metrics.md").read_text().replace("\n", " ")
-    compare = (ROOT / "docs" / "compare.md").read_text().replace("\n", " ")
-    assert "A cell of one ok run gets one only where its pool has 4 degrees of freedom" in metrics
+    """metrics.md gives a cell of one run its prior's variance on d₀ df, "one run: no interval"
+    below 4; compare.md must say the same of --ci steps, and that the bootstrap and Welch
+    compare no cell of one repeat (compare/verdicts.py)."""
+    metrics = " ".join((ROOT / "docs" / "metrics.md").read_text().split())
+    compare = " ".join((ROOT / "docs" / "compare.md").read_text().split())
+    assert "A cell of one ok run takes its prior's variance on d₀ df: below 4" in metrics
     assert "one repeat under `--ci bootstrap` or `--ci welch`" in compare
-    assert "a cell of one run has the study's pooled interval where its pool has 4" in compare
+    assert "a cell of one run takes its prior's variance on d₀ degrees of freedom" in compare
 
 
 @pytest.mark.parametrize("page", PAGES, ids=ids(PAGES))

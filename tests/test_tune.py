@@ -174,13 +174,15 @@ def test_round_one_stops_a_cell_20_percent_slower_at_the_default_noise(cells):
     """Round 1 at its own repeats (3 runs a cell for 2 cells, 2 for 8) and the default
     steps, at the default noise (run-to-run spread SIGMA_A, steps' CV STEP_CV, lag-1
     correlation PHI): a cell 20 % slower than the others is stopped as slower in at least
-    95 % of TUNES simulated tunes (printed)."""
+    95 % of TUNES simulated tunes with 3 runs a cell, 75 % with 2 (printed): each cell's
+    variance is its own, moderated toward its stratum's on d₀ + n − 1 df (issue 67), no longer
+    one pool's; more runs are what buys the rest back (issue "tune by racing")."""
     repeats = 3 if cells == 2 else 2
     true = np.where(np.arange(cells) == 1, TWENTY, 0.0)
     decided = simulated_rounds(cells, true, repeats, seed=20 + cells)
     slower = np.mean([d.iloc[1]["reason"].startswith("slower") for d in decided])
     print(f"{cells} cells: the 20 % slower one stopped as slower in {slower:.3f} of tunes")
-    assert slower >= 0.95
+    assert slower >= (0.95 if repeats == 3 else 0.75)
     assert all(d.iloc[1]["decision"] == "stopped" for d in decided if d.iloc[1]["reason"]
                .startswith("slower"))  # fmt: skip
 

@@ -13,81 +13,58 @@ once (in `trainscale.analysis.cells` and, for communication.csv, `trainscale.ana
   runs that have it (failed, oom, timeout and diverged runs are counted, never averaged); with
   one such run the std and CI are empty. Throughput's CI is the next bullet's; its Student's t
   interval stays in `throughput_ci95_repeats` and its std in `throughput_std`.
-- confidence interval (of throughput, `throughput_ci95`, from steps and repeats): a two-level
-  random-effects model of y = ln X of run r of cell c, y_cr = μ_c + a_cr + e_cr: a_cr the
-  run's own level (a fresh process, placement, a busy neighbour), variance σ_a², and e_cr the
-  sampling error of the run's throughput, variance w_cr = var(b) / (k · mean(b)²) (the delta
-  method) from k blocks b of its steady epochs: the record's batch means of rank 0's step
-  times (`step_batch_means`, up to 8 an epoch), merged into blocks of at least 10 consecutive
-  steps (two an epoch at least; consecutive steps are correlated, blocks this long nearly
-  independent: the method of batch means with long batches, not an effective sample size),
-  and scaled by the epoch's wall time over its step times, so that the gaps between steps
-  (loader waits, copies), which the throughput's wall time holds and step times do not, are
-  spread over its steps (their variation within an epoch is not seen, between epochs it is).
-  The run-to-run variance is pooled only where alike: each cell's stratum is its framework
-  family (torch, tensorflow, horovod, deepspeed) × world size × device kind (`stratum`), and
-  the strata are pooled unless Bartlett's test of equal variances tells them apart at 1 %;
-  where it does, they are cut in two where two variances fit best (sorted by variance) and
-  each side tested again (`variance_pool`, `pool_strata`). Within a pool: s² = Σ_c Σ_r (y_cr −
-  ȳ_c)² / ν, ν = Σ_c (n_c − 1), and σ_a² = max(0, s² − Σ_c (n_c − 1) w̄_c / ν), what the
-  blocks do not account for; w̄_c is the mean of the cell's w_cr; the a and e are independent
-  and normal on the log scale. Then Var(ȳ_c) = (σ_a² + w̄_c) / n_c with Satterthwaite's
-  degrees of freedom ν_c = Var² / ((s²/n_c)² / ν + (w̄_c/n_c)² / Σ_r (k_r − 1)) (the s²
-  term dropped where σ_a² came out 0), floored, 1 at least, and
-  the interval is exp(ȳ_c ± h), h = t(0.975, ν_c) · √Var(ȳ_c); the table gives it as the
-  half-width x̄ · (e^h − 1), the wider side, about the mean x̄ (`interval_df` = ν_c,
-  `between_run_var` = σ_a², `within_run_var` = w̄_c, `pooled_run_var` = s², `pooled_df` = ν,
-  `interval_pool` the cells pooled, `throughput_log_mean` = ȳ_c, `throughput_log_var` =
-  Var(ȳ_c)). A cell of one ok run gets an interval only where its pool has 4 df or more;
-  otherwise it is "one run: no interval" (`interval_method`), shown and never called slower.
-  Every figure that is a fixed multiple of throughput or of its inverse within a cell
-  (throughput per worker, tokens/s) takes the same relative half-width. Cells whose records
-  lack batch means (made before them; tf-ps, whose runs see no step times) stay out of the
-  pools and keep Student's t over their repeats, `interval_method` "repeats only (records
-  without step times)"; the others say "steps and repeats". Simulated (tests/test_interval.py:
-  3,000 studies of the default shape, 26 cells, 2 repeats, 2 steady epochs of 22 or 89 steps
-  whose step times are AR(1) with lag-1 correlation 0.5): the intervals cover 95.8 %; with half
-  the cells at 1 % run-to-run spread and half at 6 %, the halves in two strata, 96.5 % and
-  94.3 % (one pool over both: 99.97 % and 87 %). Its limit: a stratum of 1-2 cells whose
-  spread differs cannot show it (Bartlett's test has no power there) and is pooled with the
-  others: the default study's 8 strata, the 6 % ones among 1 % ones, cover 87 %. Anchors:
-  Horovod's synthetic benchmark and tf_cnn_benchmarks report mean ± 1.96σ over the
-  iterations of one run (the within-run part alone); MLPerf repeats whole runs (the
-  between-run part); the model uses both.
-- comparison with the best (`could_be_fastest`, `mcb_low`, `mcb_high`, `slower`): per
-  panel of the ranking (model, dataset and N; trainscale.analysis.best), every cell at once:
-  with y_i the cell's ȳ in the panel's unit (+ ln seq_len on token data) and s_ij =
-  √(Var(ȳ_i) + Var(ȳ_j)), the simultaneous 95% intervals of θ_i = μ_i − max_{j≠i} μ_j (the
-  cell's log throughput minus the best of the others), [min_{j≠i} (y_i − y_j − c_ij s_ij),
-  min_{j≠i} (y_i − y_j + c_ij s_ij)] (Edwards & Hsu's unconstrained MCB). c_ij is the
-  studentized range's critical value q(0.95; k, ν_ij) / √2 for the panel's k cells with an
-  interval, at the pair's degrees of freedom floored (Satterthwaite's with the one s² two
-  cells of a pool share, Welch–Satterthwaite's across pools: Games–Howell's way with unequal
-  variances and df; scipy.stats.studentized_range, cached by k and ν). The answer is a set:
-  a cell whose interval reaches 0 or above could be the fastest ("at 95 %, the fastest is one
-  of {a, b}"), one whose interval lies below 0 is slower than the fastest; `distinguishable`
-  equals `slower`. Why not Dunnett's one-sided value (Hsu's constrained MCB): that says "not
-  the best", which a cell tied with the best also is; read as "slower" it calls some cell of
-  14 equal ones slower in 37 % of simulated panels, the old pairwise verdict (each cell
-  against the observed fastest at 5 %) in 68 %. This one, in 2.5 % (tests/test_best.py:
-  3,000 default studies of 28 equal cells, two panels of 14; ≤ 5 % asserted). Its price is
-  power: with 2 repeats a true 10 % difference is called in 34 % of panels; in a panel like
-  the default study's (14 cells, 12 % run-to-run spread) a cell 30 % slower is called slower
-  in 28 % of studies, 46 % slower in 93 %, 60 % or more always. A cell without an interval
-  could be the fastest and is never slower; logical-device cells are neither.
-- what a study can tell (`mdd_rel`, `repeats_for_5pct`, `repeats_for_2pct`): per panel
-  (trainscale.analysis.settle), its minimum detectable difference, the shortfall from the best
-  1 − e^(−δ) called slower in 80 % of studies, δ = (c(k, ν) + t(0.80, ν)) · √(2 V) with V and
-  ν the median Var(ȳ) and df of the panel's cells; and the fewest repeats per cell that would
-  bring it to 5 % and to 2 % (V scaled by n₀ / n for the median cell's n₀ repeats, ν grown
-  by one for each cell of its pool and repeat; none beyond 100). A cell that could be the
-  fastest but is not it reads "not told apart: this study resolves differences of ≥ 18 %;
-  6 repeats would resolve ≥ 5 %": what the study can tell, not post-hoc power (which treats
-  the observed difference as the true one).
+- confidence interval (of throughput, `throughput_ci95`, from steps and repeats): y = ln X of
+  run r of cell c is y_cr = μ_c + a_cr + e_cr: a_cr the run's own level (a fresh process,
+  placement, a busy neighbour) and e_cr the sampling error of its throughput, variance
+  w_cr = var(b) / (k · mean(b)²) (the delta method) from k blocks b of its steady epochs: the
+  record's batch means of rank 0's step times merged into blocks of at least 10 consecutive
+  steps and scaled by the epoch's wall time over its step times. Every cell keeps its own
+  run-to-run variance s_c² on d = n_c − 1 df, moderated by empirical Bayes as limma's
+  squeezeVar does (Smyth 2004), with no pretest: the strata's (`stratum`: framework family ×
+  world size × device kind) pooled variances drawn toward the study's, each cell's toward its
+  stratum's (`prior_run_var`), the prior's d₀ fitted by limma's moments and capped at 3, its
+  scale the pooled variance. The cell's per-run variance (`pooled_run_var`) is (d₀ s₀² +
+  d s_c²) / (d₀ + d) on d₀ + d df (`interval_df`); Var(ȳ_c) = max(that, w̄_c) / n_c
+  (`throughput_log_var`; w̄_c, `within_run_var`, a floor; `between_run_var` the rest); the
+  interval is exp(ȳ_c ± h), h = t(0.975, ν_c) · √Var(ȳ_c), given as the half-width
+  x̄ · (e^h − 1) about the mean. `prior_df` and `prior_scale` are the study's fitted d₀ (capped)
+  and s₀, the same on every row. A cell of one ok run takes its prior on d₀ df, below 4 "one run:
+  no interval" (`interval_method`), shown and never called slower. Cells whose records lack
+  batch means (tf-ps) are moderated too, for the verdicts; their CI stays Student's t over their
+  repeats ("repeats only (records without step times)"). Simulated (tests/test_moderate.py,
+  tests/test_interval.py, the default shape, 2 repeats): equal cells at 2 % spread: 98.1 %
+  covered (errs wide); the 4 DeepSpeed cells at N = 2 at 6 % among 1 % ones: 92.6 % (Bartlett's
+  pretest, the model before: 75 %); one stratum half at 6 %: 96.3 % (the pretest: 85.5 %).
+- comparison with the best (`could_be_fastest`, `mcb_low`, `mcb_high`, `slower`): per panel of
+  the ranking (model, dataset and N; trainscale.analysis.best), with y_i the cell's ȳ in the
+  panel's unit and s_ij = √(Var(ȳ_i) + Var(ȳ_j)), the simultaneous 95% intervals of θ_i = μ_i −
+  max_{j≠i} μ_j are [min_{j≠i} (y_i − y_j − c s_ij), min_{j≠i} (y_i − y_j + c s_ij)]: MCB
+  intervals deduced from simultaneous all-pairwise ones (Hsu 1996, Multiple Comparisons, ch. 4).
+  c is the panel's own: the 95 % quantile of the maximum over its pairs of |t_i s_i − t_j s_j| /
+  √(s_i² + s_j²), t_i Student t on each cell's df, by Monte Carlo as multcomp does with mvtnorm
+  (Hothorn, Bretz & Westfall 2008; 2,000 draws, fixed seed, cached by the panel's shape). Every
+  pair at once because a strict "slower" is wrong only for a cell tied with the best, and where
+  all are tied that is any pair; Hsu's constrained MCB (Hsu 1981, 1984) with Dunnett's one-sided
+  value says only "not the best". Edwards & Hsu (1983, multiple comparisons with the best
+  treatment) deduce MCB from comparisons with a control; the studentized range used before is
+  not theirs. A cell whose interval reaches 0 could be the fastest ("at 95 %, the fastest is one
+  of {a, b}"), one below 0 is slower; `distinguishable` equals `slower`. Simulated (2 repeats):
+  some cell of 13 equal ones called slower in 0.2 % of panels; with a noisy 4-cell stratum,
+  1.2 % (the pretest: 29.8 %); a true 10 % difference called in 4.7 % at 2 repeats, 60 % at 4,
+  93 % at 6 (the pretest's 34 % at 2 came without valid error control).
+- what a study can tell (`mdd_rel`, `repeats_for_5pct`, `repeats_for_2pct`,
+  `repeats_for_equivalence`, `repeats_to_resolve`): per panel (trainscale.analysis.settle), the
+  shortfall 1 − e^(−δ) from the best called slower in 80 % of studies, δ = (c + t(0.80, ν)) ·
+  √(2 V), V and ν the median Var(ȳ) and df of the panel's cells and c the per-panel value for
+  them, the df the comparison uses; at n repeats V scaled by n₀ / n and ν grown by one a repeat;
+  the fewest repeats for 5 %, 2 %, for TOST to be able to succeed, and, per cell not told apart,
+  for a shortfall the size observed (none beyond 100): "not told apart: this study resolves
+  differences of ≥ 18 %; 6 repeats would resolve ≥ 5 %; a 31 % shortfall (as observed) needs
+  5 repeats".
 - equivalent (`equivalent`): a cell and its panel's best differ by less than config
-  `report.equivalence` (default 2 %) by two one-sided tests at 5 %: the 90 % interval of
-  their log difference, d ± t(0.95, ν) · s, within ±ln(1 + margin) (ν the pair's df); never
-  from a point estimate.
+  `report.equivalence` (default 2 %) by two one-sided tests with the panel's simultaneous value
+  at 90 %: d ± c₉₀ · s within ±ln(1 + margin); where the panel's typical pair cannot pass at the
+  study's repeats, no cell is marked (`repeats_for_equivalence` says what would do).
 - first-epoch overhead: first_epoch_seconds − steady_epoch_seconds of each run (what epoch 1's
   warm-up costs), then averaged like any other metric.
 - baseline X(1), t1: the cell with the same strategy, model, dataset, scale, batch_size,
@@ -131,17 +108,19 @@ once (in `trainscale.analysis.cells` and, for communication.csv, `trainscale.ana
   peak FLOP/s of its devices at its precision: the vendor's datasheet figure, or on CPU a
   matrix multiply timed on the host ("measured peak"); for a GPT the count is also given by
   PaLM's analytic 6·N + 12·L·H·Q·T per token (trainscale.measure.flops defines each).
-- fastest: per model, dataset and N, the ranking's first cell (the highest mean throughput in
-  the data's unit: tokens/s on token data); the runner-up is the best cell of another
-  strategy, `distinct` says whether it is slower (the comparison with the best), `could_be`
-  names the cells that could be the fastest. Cells on logical CPU devices
-  (`device.logical`) are never ranked: a code-path check. Predicted throughput
-  (predictions.csv) is never ranked either.
+- fastest: per model, dataset and N, the ranking's first cell (the highest geometric mean
+  throughput, exp of the mean log, in the data's unit: tokens/s on token data); the
+  runner-up is the best cell of another strategy, `distinct` says whether it is slower (the
+  comparison with the best), `could_be` names the cells that could be the fastest. Cells on
+  logical CPU devices (`device.logical`) are never ranked: a code-path check. Predicted
+  throughput (predictions.csv) is never ranked either.
 - ranking: the report's first figure, strategies ranked by throughput. Per model, dataset
-  and N, every cell with an ok run, sorted by mean steady throughput (tokens/s on token data),
-  fastest first, with its 95% CI, each marked by the comparison with the best ("could be the
-  fastest", "slower", "equivalent", "one run: no interval"), under each panel what it
-  resolves; "behind" is 1 − x / x_f. scaling.csv carries the same verdicts per cell. A
+  and N, every cell with an ok run, sorted by the geometric mean of its steady throughput
+  (`throughput_gmean`, exp of the mean log: the quantity the verdicts test; tokens/s on token
+  data), fastest first, with its 95% CI, each marked by the comparison with the best ("could be
+  the fastest", "slower", "equivalent", "one run: no interval"), under each panel what it
+  resolves; "behind" is 1 − x / x_f on the geometric means, as are summary.txt's margins.
+  scaling.csv carries the same verdicts per cell. A
   scaling table made before the model's columns gets Var(ȳ) from its Student's t CI ((ci /
   (t · x̄))², n − 1 df). Logical CPU devices are shown, not ranked (as in `fastest`); tf-ps
   carries its mark, asynchronous (trainscale.analysis.ranking).

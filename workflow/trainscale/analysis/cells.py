@@ -174,6 +174,7 @@ def _with_intervals(out: pd.DataFrame, intervals: pd.DataFrame) -> pd.DataFrame:
     """The cells' model columns, and the CI of each PROPORTIONAL metric by the model where the
     cell has it (its Student's t interval over repeats kept as `<metric>_ci95_repeats`)."""
     out = out.join(intervals.drop(columns="ci95_rel"))
+    out["throughput_gmean"] = np.exp(out["throughput_log_mean"])  # what the verdicts test
     model = intervals["interval_method"] == STEPS
     for name in PROPORTIONAL:
         if f"{name}_mean" in out:

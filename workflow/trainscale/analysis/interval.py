@@ -1,13 +1,15 @@
 """A cell's 95% confidence interval of throughput from steps and repeats.
 
 The definition (model and assumptions) is the bullet "confidence interval" of
-`trainscale.analysis.aggregate`'s docstring, the report's Methods; this module computes it, once,
-for scaling.csv (`trainscale.analysis.cells`), and through it for the ranking, the summary and
-`trainscale compare`: the within-run variance of each run from its blocks (`within_variance`),
-the strata pooled where alike (`pools`), each cell's interval (`fit`) and every pair's degrees
-of freedom (`pair_df`), which the comparison with the best (`trainscale.analysis.best`) reads.
-`fit` works on arrays with any leading axes, so the coverage test (tests/test_interval.py) runs
-thousands of simulated studies through the same code a report runs its one study through.
+`trainscale.analysis.aggregate`'s docstring (the report's Methods) and of docs/metrics.md; this
+module computes it, once, for scaling.csv (`trainscale.analysis.cells`), and through it for the
+ranking, the summary and `trainscale compare`: the within-run variance of each run from its
+blocks (`within_variance`), each cell's run-to-run variance moderated toward its stratum's
+(`trainscale.analysis.moderate`; no pretest), each cell's interval (`fit`) and every pair's
+degrees of freedom (`pair_df`), which the comparison with the best (`trainscale.analysis.best`)
+reads. `fit` works on arrays with any leading axes, so the error-rate tests
+(tests/test_moderate.py, tests/test_interval.py) run thousands of simulated studies through the
+same code a report runs its one study through.
 
 Student's t quantiles are computed here without scipy (a third of a second of every report for
 a handful of quantiles).
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from trainscale.analysis import moderate
 from trainscale.measure import steptimes
 from trainscale.plan import catalog
 
@@ -33,7 +36,7 @@ REPEATS = "repeats only (records without step times)"
 #: scaling.csv's columns of the model, per cell (`cell_intervals`).
 CELL_COLUMNS = ["throughput_log_mean", "throughput_log_var", "interval_df", "interval_method",
                 "within_run_var", "within_run_df", "between_run_var", "pooled_run_var",
-                "pooled_df", "interval_pool", "pool_strata", "variance_pool",
+                "pooled_df", "variance_pool", "prior_run_var", "prior_df", "prior_scale",
                 "stratum"]  # fmt: skip
 #: CELL_COLUMNS that are text.
 TEXT_COLUMNS = ("interval_method", "stratum")
@@ -174,144 +177,96 @@ def spans(means: list[float], steps: int, seconds: float | None) -> list[float]:
 # the cells of a study
 
 
-#: The fewest degrees of freedom of its pooled run-to-run variance at which a cell of one ok
-#: run gets an interval (t(0.975, 4) = 2.8); below, "one run: no interval".
+#: The fewest prior degrees of freedom at which a cell of one ok run gets an interval (the
+#: prior's variance on d₀ df; t(0.975, 4) = 2.8); below, "one run: no interval".
 MIN_DF = 4
-#: The words of a cell of one ok run whose pool gives fewer than MIN_DF.
+#: The words of a cell of one ok run whose prior gives fewer than MIN_DF.
 NO_INTERVAL = "one run: no interval"
-#: Strata are pooled unless Bartlett's test tells their run-to-run variances apart at this level.
-ALIKE = 0.01
 
 
 @dataclass
 class Fit:
-    """The two-level model fitted to a study's cells (arrays over the leading axes of `fit`'s
-    arguments, cells last). Per cell: n runs, ȳ, w̄ and its degrees of freedom, `steps`
-    (whether its runs all have batch means: the cells pooled), Var(ȳ) and its Satterthwaite
-    degrees of freedom; and of the pool of strata its stratum joined: s² and its df, σ_a²,
-    the cells and the strata pooled, and the pool's id (its first stratum)."""
+    """The model fitted to a study's cells (arrays over the leading axes of `fit`'s arguments,
+    cells last). Per cell: n ok runs, ȳ, w̄ and its degrees of freedom, `steps` (whether its
+    runs all have batch means), s² its own run-to-run variance on `df` = n − 1, `post` that
+    variance moderated toward `prior2` (its stratum's, `trainscale.analysis.moderate`),
+    `between` = max(post − w̄, 0) (what the blocks do not account for), Var(ȳ) and its
+    degrees of freedom d₀ + n − 1; per study the prior's `prior_df` (d₀, capped) and
+    `prior_scale` (s₀ of the study's prior, the strata level's)."""
 
     n: np.ndarray
     ybar: np.ndarray
     wbar: np.ndarray
     wdf: np.ndarray
     steps: np.ndarray
-    var: np.ndarray
-    vdf: np.ndarray
     s2: np.ndarray
     df: np.ndarray
+    post: np.ndarray
+    prior2: np.ndarray
     between: np.ndarray
-    pooled: np.ndarray
-    strata: np.ndarray
-    pool: np.ndarray
+    var: np.ndarray
+    vdf: np.ndarray
+    prior_df: np.ndarray
+    prior_scale: np.ndarray
 
     def half_width(self) -> np.ndarray:
         """t(0.975, ν) · √Var(ȳ) per cell: the 95% interval is exp(ȳ ± this)."""
         return t_quantile(self.vdf) * np.sqrt(self.var)
 
     def columns(self) -> dict[str, np.ndarray]:
-        """The fit by scaling.csv's column names, as `pair_df` reads them."""
-        pool = np.where(self.steps, self.pool, -1)
+        """The fit by scaling.csv's column names, as `pair_df` reads them (each cell keeps its
+        own variance: no `variance_pool`, so every pair's df is Welch–Satterthwaite's)."""
+        every = np.ones(self.n.shape)
         return {"throughput_n": self.n, "throughput_log_var": self.var, "interval_df": self.vdf,
                 "within_run_var": self.wbar, "within_run_df": self.wdf,
-                "between_run_var": self.between, "pooled_run_var": self.s2,
-                "pooled_df": self.df, "variance_pool": pool}  # fmt: skip
+                "between_run_var": self.between, "pooled_run_var": self.post,
+                "pooled_df": self.vdf, "variance_pool": np.full(self.n.shape, np.nan),
+                "prior_df": self.prior_df[..., None] * every,
+                "prior_scale": self.prior_scale[..., None] * every}  # fmt: skip
 
 
 def fit(y: np.ndarray, w: np.ndarray, k: np.ndarray, strata: np.ndarray | None = None) -> Fit:
-    """The model of `aggregate`'s "confidence interval" on log throughputs `y`, within-run
+    """The model of docs/metrics.md's "confidence interval" on log throughputs `y`, within-run
     variances `w` and batch counts `k`, each shaped (..., cells, runs) with NaN where a cell
     has no such run (w NaN where the run has no batch means); `strata` labels each cell
-    (integers, one per cell; None: one stratum)."""
+    (integers, one per cell; None: one stratum). Every cell's own run-to-run variance is
+    moderated toward its stratum's, the strata's toward the study's (`moderate.moderate`):
+    no test decides what is pooled. Var(ȳ) = max(post, w̄) / n (the blocks' w̄ a floor: a run
+    varies at least as much as its steps say), on d₀ + n − 1 df."""
     have = np.isfinite(y)
     n = have.sum(-1)
     labels = np.zeros(y.shape[-2], int) if strata is None else np.asarray(strata)
-    at = np.unique(labels, return_inverse=True)[1]
-    member = (at[:, None] == np.arange(at.max() + 1)[None, :]).astype(float)  # cells × strata
+    at = np.unique(labels, return_inverse=True)[1].ravel()
     with np.errstate(invalid="ignore", divide="ignore"):
         ybar = np.where(have, y, 0).sum(-1) / n
         steps = (n > 0) & (np.isfinite(w) | ~have).all(-1)
         runs = have & steps[..., None]
-        wbar = np.where(runs, w, 0).sum(-1) / n
+        wbar = np.where(steps, np.where(runs, w, 0).sum(-1) / n, np.nan)
         wdf = np.where(runs, k - 1, 0).sum(-1)
-        own = np.where(steps, n - 1, 0).clip(0)
-        ss = (np.where(runs, y - ybar[..., None], 0) ** 2).sum(-1)
-        # E[SS] = df·σ_a² + Σ_c (n_c − 1) w̄_c: what the batch means account for comes off
-        wss = own * np.where(steps, wbar, 0)
-        by_stratum = [v @ member for v in (ss, own, wss, steps.astype(float))]
-        pool = pools(by_stratum[0] / by_stratum[1], by_stratum[1])
-        same = (pool[..., :, None] == pool[..., None, :]).astype(float)  # strata × strata
-        total, df, wsum, pooled = ((same @ v[..., None])[..., 0][..., at] for v in by_stratum)
-        s2, mean_w = total / df, wsum / df
-        between = np.maximum(s2 - mean_w, 0.0)
-        var, vdf = combined(1 / n, between, s2, df, [(wbar / n, wdf)])
-        usable = steps & (df > 0) & ((n > 1) | (df >= MIN_DF))
-        var, vdf = np.where(usable, var, np.nan), np.where(usable, np.maximum(vdf, 1.0), np.nan)
-    joined = same.sum(-1)[..., at]
-    return Fit(n, ybar, wbar, wdf, steps, var, vdf, s2, df, between, pooled, joined, pool[..., at])
-
-
-def pools(s2: np.ndarray, df: np.ndarray) -> np.ndarray:
-    """Which strata share one run-to-run variance: per study (the leading axes), each
-    stratum's pool, labelled by its first stratum. The strata with a variance are tested
-    together by Bartlett's test of equal variances; where it tells them apart at ALIKE they
-    are cut in two where two variances fit them best, sorted by variance, and each side tested
-    again (`split`), until every pool's strata are alike (one alone is a pool). A stratum without
-    degrees of freedom is left alone."""
-    out = np.empty(s2.shape, dtype=int)
-    for i in np.ndindex(s2.shape[:-1]):
-        v, d = s2[i], df[i]
-        label = np.arange(len(v))
-        order = np.flatnonzero((d > 0) & np.isfinite(v))
-        logs = np.log(np.maximum(v, 1e-300))
-        order = order[np.argsort(logs[order], kind="stable")]
-        todo = [order] if len(order) else []
-        while todo:
-            part = todo.pop()
-            if len(part) > 1 and bartlett(v[part], d[part]) < ALIKE:
-                cut = split(v[part], d[part])
-                todo += [part[:cut], part[cut:]]
-            elif len(part):
-                label[part] = part.min()
-        out[i] = label
-    return out
-
-
-def split(s2: np.ndarray, df: np.ndarray) -> int:
-    """Where to cut strata sorted by variance in two: the cut under which two variances, one
-    a side, fit best (the least Σ_side ν_side · ln s²_side, the likelihood's)."""
-    ss, d = np.cumsum(df * s2), np.cumsum(df)
-    left = d[:-1] * np.log(np.maximum(ss[:-1] / d[:-1], 1e-300))
-    rest, rest_d = ss[-1] - ss[:-1], d[-1] - d[:-1]
-    right = rest_d * np.log(np.maximum(rest / rest_d, 1e-300))
-    return int(np.argmin(left + right)) + 1
-
-
-def bartlett(s2: np.ndarray, df: np.ndarray) -> float:
-    """The p-value of Bartlett's test that variances s² of `df` degrees of freedom are equal:
-    ((Σν) ln s_p² − Σ ν ln s²) / (1 + (Σ 1/ν − 1/Σν) / (3(g − 1))) against χ²(g − 1)."""
-    from scipy.special import chdtrc
-
-    g, total = len(s2), df.sum()
-    pooled = (df * s2).sum() / total
-    if pooled <= 0:
-        return 1.0
-    stat = total * math.log(pooled) - (df * np.log(np.maximum(s2, 1e-300))).sum()
-    stat /= 1 + ((1 / df).sum() - 1 / total) / (3 * (g - 1))
-    return float(chdtrc(g - 1, stat))
+        df = (n - 1).clip(0).astype(float)
+        s2 = (np.where(have, y - ybar[..., None], 0) ** 2).sum(-1) / df
+        m = moderate.moderate(np.where(df > 0, s2, np.nan), df, at)
+        per_run = np.fmax(m.post, np.where(steps, wbar, 0.0))
+        between = np.where(steps, np.maximum(m.post - wbar, 0.0), m.post)
+        usable = (n > 1) | ((n == 1) & (m.df >= MIN_DF))
+        ok = usable & np.isfinite(per_run)
+        var, vdf = np.where(ok, per_run / n, np.nan), np.where(ok, m.df, np.nan)
+    prior_df = np.minimum(m.prior.df, moderate.PRIOR_DF)
+    return Fit(n, ybar, wbar, wdf, steps, s2, df, m.post, m.prior2, between, var, vdf,
+               prior_df, np.sqrt(m.study.scale2))  # fmt: skip
 
 
 def combined(c, between, s2, df, within: list[tuple]) -> tuple[np.ndarray, np.ndarray]:
     """(V, ν) of V = c · σ_a² + Σ w_i: σ_a² = s² − (the pooled w̄), its error that of s² (df
     `df`; the pooled w̄ averages every run's blocks, so its own error is left out), each w_i
-    with its degrees of freedom; ν by Satterthwaite, (c·s²)²/df + Σ w_i²/df_i in the
-    denominator. Where σ_a² came out 0, V is the w_i alone and so is ν (the s² term, kept,
-    gave cells whose w is far below their pool's s² under one df: intervals 12.7 standard
-    errors wide, which covered 99 % in simulation). Where V's parts are all exactly 0
-    (identical runs) ν is `df`."""
+    with its degrees of freedom; ν by Satterthwaite, (c·s²)²/df · σ_a²/s² + Σ w_i²/df_i in the
+    denominator: the s² term weighted by the share of s² that σ_a² is, so ν moves continuously
+    as σ_a² goes to 0 (dropping the term where σ_a² came out 0 made ν jump from about 1-5 to
+    the w_i's). Where V's parts are all exactly 0 (identical runs) ν is `df`."""
     v = c * between + sum(x for x, _ in within)
     with np.errstate(invalid="ignore", divide="ignore"):
-        den = np.where(between > 0, (c * s2) ** 2 / df, 0.0) + sum(
+        share = np.where(s2 > 0, np.clip(between / s2, 0.0, 1.0), 0.0)
+        den = np.where(between > 0, (c * s2) ** 2 / df * share, 0.0) + sum(
             np.where(x > 0, x**2 / d, 0.0) for x, d in within
         )
         nu = np.where(den > 0, v**2 / den, df)
@@ -353,10 +308,12 @@ def cell_intervals(runs: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     `within_run_var`, `within_run_blocks` and `stratum`, the cell's `stratum_of`), indexed by
     `keys`, the columns CELL_COLUMNS (aggregate's docstring defines them) and ci95_rel, the
     relative half-width exp(t·√Var) − 1 of every figure that is a fixed multiple of throughput
-    or of its inverse (NaN outside the model). Cells whose runs lack batch means get Var(ȳ) =
-    s_c² / n and n − 1 df from their repeats alone (for the verdicts; their CI stays Student's
-    t on throughput itself); a cell of one ok run whose stratum gives fewer than MIN_DF gets
-    none (`interval_method` NO_INTERVAL)."""
+    or of its inverse (NaN outside the model). Cells whose runs lack batch means are moderated
+    too, with no within-run floor (for the verdicts; their CI stays Student's t on throughput
+    itself); a cell of one ok run whose prior gives fewer than MIN_DF df gets none
+    (`interval_method` NO_INTERVAL). `pooled_run_var` is the cell's moderated run-to-run
+    variance, `pooled_df` its df, `prior_run_var` its stratum's prior; `variance_pool` stays
+    empty (tables made before moderation named the pool there)."""
     x = pd.to_numeric(runs["throughput"], errors="coerce")
     ok = runs[(x > 0).to_numpy()]
     by_cell = runs.groupby(keys, sort=True, dropna=False)
@@ -374,30 +331,29 @@ def cell_intervals(runs: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     w[codes, slot] = pd.to_numeric(ok["within_run_var"], errors="coerce").to_numpy(float)
     k[codes, slot] = pd.to_numeric(ok["within_run_blocks"], errors="coerce").to_numpy(float)
     f = fit(y, w, k, pd.factorize(out["stratum"].fillna(""))[0])
-    with np.errstate(invalid="ignore", divide="ignore"):  # the cell's own s² / n, n ≥ 2
-        own = (np.where(np.isfinite(y), y - f.ybar[:, None], 0) ** 2).sum(-1) / (f.n - 1) / f.n
     model = f.steps & np.isfinite(f.var)
-    alone = ~f.steps & (f.n > 1)
-    single = f.steps & ~model & (f.n == 1)
-    pool = lambda v: np.where(model, v, np.nan)  # noqa: E731  (a figure of the cell's stratum)
+    alone = ~f.steps & np.isfinite(f.var)
+    single = ~np.isfinite(f.var) & (f.n == 1)
+    mine = lambda v: np.where(model | alone, v, np.nan)  # noqa: E731  (of a cell with Var(ȳ))
     out["throughput_log_mean"] = np.where(f.n > 0, f.ybar, np.nan)
-    out["throughput_log_var"] = np.where(model, f.var, np.where(alone, own, np.nan))
-    out["interval_df"] = np.where(model, f.vdf, np.where(alone, f.n - 1, np.nan))
+    out["throughput_log_var"] = mine(f.var)
+    out["interval_df"] = mine(f.vdf)
     out["interval_method"] = np.select([model, alone, single], [STEPS, REPEATS, NO_INTERVAL], "")
     out["within_run_var"] = np.where(f.steps, f.wbar, np.nan)
     out["within_run_df"] = np.where(f.steps, f.wdf, np.nan)
-    out["between_run_var"] = pool(f.between)
-    out["pooled_run_var"] = pool(f.s2)
-    out["pooled_df"] = pool(f.df)
-    out["interval_pool"] = pool(f.pooled)
-    out["pool_strata"] = pool(f.strata)
-    out["variance_pool"] = pool(f.pool)
+    out["between_run_var"] = mine(f.between)
+    out["pooled_run_var"] = mine(f.post)
+    out["pooled_df"] = mine(f.vdf)
+    out["variance_pool"] = np.nan
+    out["prior_run_var"] = np.where(f.n > 0, f.prior2, np.nan)
+    out["prior_df"] = float(f.prior_df)
+    out["prior_scale"] = float(f.prior_scale)
     out["ci95_rel"] = np.where(model, np.expm1(f.half_width()), np.nan)
     return out
 
 
 def stratum_of(strategy: str, world_size: int, device: str) -> str:
-    """A cell's stratum, the cells whose run-to-run variance is pooled first: its framework
+    """A cell's stratum, the cells whose run-to-run variances share a prior: its framework
     family (torch, tensorflow, horovod, deepspeed; a strategy not in the catalog is its own),
     world size and device kind, e.g. "torch · N=2 · cpu"."""
     row = catalog.STRATEGIES.get(strategy)

@@ -1,7 +1,8 @@
-"""The ranking: per model, dataset and N, every cell with ok runs sorted by mean steady
-throughput in its data's unit (tokens/s on token data), and the verdicts that hold across the
-whole panel at once: which cells could be the fastest (the comparison with the best,
-`trainscale.analysis.best`), which are slower, which are equivalent to the fastest, and what
+"""The ranking: per model, dataset and N, every cell with ok runs sorted by the geometric mean
+of its steady throughput (exp of the mean log, the quantity the verdicts test) in its data's
+unit (tokens/s on token data), and the verdicts that hold across the whole panel at once:
+which cells could be the fastest (the comparison with the best, `trainscale.analysis.best`),
+which are slower, which are equivalent to the fastest, and what
 the panel resolves (`trainscale.analysis.settle`). The definitions are the bullets "ranking",
 "comparison with the best", "what a study can tell" and "equivalent" in
 `trainscale.analysis.aggregate`'s docstring, quoted in Methods. `fastest` reads the same
@@ -19,9 +20,15 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from trainscale.analysis.best import compare_with_best
+from trainscale.analysis.best import compare_with_best, simultaneous
 from trainscale.analysis.interval import CELL_COLUMNS, pair_df, t975
-from trainscale.analysis.settle import EQUIVALENCE, equivalent, resolution, verdict_text
+from trainscale.analysis.settle import (
+    EQUIVALENCE,
+    TOST_LEVEL,
+    equivalent,
+    resolution,
+    verdict_text,
+)
 from trainscale.plan import catalog
 from trainscale.plan.matrix import MATRIX_KEYS
 
@@ -30,12 +37,13 @@ GROUP = ["model", "dataset", "world_size"]
 #: What a ranking may order by (config `report.rank_by`): the column ranked, its CI, and
 #: whether higher is better.
 BY = {
-    "throughput": ("rate_mean", "rate_ci95", True),
+    "throughput": ("rate_gmean", "rate_gci95", True),
     "cost": ("cost_per_million_mean", "cost_per_million_ci95", False),
 }
 #: The verdict columns the ranking adds, and scaling.csv carries (ranked by throughput).
 VERDICTS = ["could_be_fastest", "mcb_low", "mcb_high", "slower", "distinguishable", "mdd_rel",
-            "repeats_for_5pct", "repeats_for_2pct", "equivalent"]  # fmt: skip
+            "repeats_for_5pct", "repeats_for_2pct", "repeats_for_equivalence",
+            "repeats_to_resolve", "equivalent"]  # fmt: skip
 #: Which of VERDICTS are booleans.
 FLAGS = ("could_be_fastest", "slower", "distinguishable", "equivalent")
 
@@ -54,7 +62,8 @@ def ranking(
     scaling: pd.DataFrame, by: str = "throughput", equivalence: float = EQUIVALENCE
 ) -> pd.DataFrame:
     """One row per cell with a mean throughput, grouped by GROUP, best first: `rate_mean` and
-    `rate_ci95` in the data's `unit` (tokens/s on token data, else samples/s), `mfu_mean` and
+    `rate_ci95` in the data's `unit` (tokens/s on token data, else samples/s), `rate_gmean`
+    and `rate_gci95` the geometric mean's (what throughput is ranked by), `mfu_mean` and
     `mfu_ci95` where recorded; `value`, `value_ci95` and `value_unit`, the figure ranked
     (`by`: throughput, the highest first, or cost per million, the lowest first; a cell
     without it is listed last, unranked); `rank` (1 = best; NaN for logical devices and
@@ -74,6 +83,7 @@ def ranking(
         for m, c, q in zip(s["throughput_mean"], s["throughput_ci95"], seq, strict=True)
     ]
     s["rate_mean"], s["rate_ci95"], s["unit"] = (list(v) for v in zip(*rates, strict=True))
+    s["rate_gmean"], s["rate_gci95"] = geometric(s)
     for col in ("mfu_mean", "mfu_ci95", "cost_per_million_mean", "cost_per_million_ci95"):
         if col not in s:
             s[col] = np.nan
@@ -107,6 +117,16 @@ def ranking(
         verdict_text(r, equivalence) if i else "" for r, i in zip(rows, ranked, strict=True)
     ]
     return s.drop(columns="_key").reset_index(drop=True)
+
+
+def geometric(s: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
+    """(rate_gmean, rate_gci95): the geometric mean of throughput (exp of the mean log, the
+    quantity the verdicts test; `throughput_gmean`) in the data's unit, and its CI half-width
+    at the arithmetic mean's relative width; the arithmetic mean where a table lacks it."""
+    g = s["throughput_gmean"] if "throughput_gmean" in s else s["throughput_mean"]
+    g = pd.to_numeric(g, errors="coerce").fillna(s["throughput_mean"])
+    scale = g / s["throughput_mean"]
+    return s["rate_mean"] * scale, s["rate_ci95"] * scale
 
 
 def with_verdicts(scaling: pd.DataFrame, equivalence: float = EQUIVALENCE) -> pd.DataFrame:
@@ -155,11 +175,12 @@ def verdicts(s: pd.DataFrame, ranked: pd.Series, by: str, equivalence: float) ->
     """`s` (a panel-sorted ranking) with VERDICTS per ranked cell, each panel at once: the
     comparison with the best's `could_be_fastest`, `mcb_low`, `mcb_high` and `slower`
     (`distinguishable` its copy, for older readers); the panel's `mdd_rel`,
-    `repeats_for_5pct` and `repeats_for_2pct`; `equivalent` to the panel's best by TOST at
-    ±`equivalence`. Cells not ranked are neither could-be-fastest nor slower."""
+    `repeats_for_5pct`, `repeats_for_2pct` and `repeats_for_equivalence`, and each cell's
+    `repeats_to_resolve` (`settle.resolution`); `equivalent` to the panel's best by TOST at
+    ±`equivalence` with the panel's simultaneous value, none where the study's repeats cannot
+    pass it. Cells not ranked are neither could-be-fastest nor slower."""
     out = {c: np.zeros(len(s), bool) if c in FLAGS else np.full(len(s), np.nan) for c in VERDICTS}
     model = model_of(s, by)
-    pooled = model.get("interval_pool", np.full(len(s), np.nan))
     best_of = s["fastest"].to_numpy()
     for rows in s.groupby(GROUP, sort=False).indices.values():
         at = rows[ranked.to_numpy()[rows]]
@@ -167,16 +188,19 @@ def verdicts(s: pd.DataFrame, ranked: pd.Series, by: str, equivalence: float) ->
             continue
         cells = {k: v[at] for k, v in model.items()}
         var, df = cells["throughput_log_var"], cells["interval_df"]
-        pairs = pair_df(cells)
-        b = compare_with_best(cells["score"], var, df, pairs)
+        b = compare_with_best(cells["score"], var, df, pair_df(cells))
         found = {"could_be_fastest": b.could_be_best, "slower": b.slower,
                  "distinguishable": b.slower, "mcb_low": b.low, "mcb_high": b.high}  # fmt: skip
         inside = b.compared
-        found |= resolution(var[inside], df[inside], cells["throughput_n"][inside],
-                            pooled[at][inside])  # fmt: skip
         top = int(np.flatnonzero(best_of[at])[0])
         d = cells["score"] - cells["score"][top]
-        found["equivalent"] = equivalent(d, var + var[top], pairs[:, top], equivalence)
+        told = resolution(var[inside], df[inside], cells["throughput_n"][inside],
+                          np.where(inside, -d, np.nan), equivalence)  # fmt: skip
+        found |= told
+        n0 = float(np.median(cells["throughput_n"][inside])) if inside.any() else np.nan
+        can = told["repeats_for_equivalence"] <= n0  # else TOST cannot succeed: none marked
+        c = simultaneous(var, df, inside, TOST_LEVEL)
+        found["equivalent"] = can & equivalent(d, var + var[top], float(c), equivalence)
         found["equivalent"][top] = False
         for col, value in found.items():
             out[col][at] = value
@@ -188,7 +212,8 @@ _WINNER = [
     *(k for k in MATRIX_KEYS if k not in ("model", "dataset")),  # the cell's keys
     "throughput_mean", "throughput_ci95", "mfu_mean", "tokens_per_second_mean", "speedup",
     "efficiency", "efficiency_kind", "speedup_vs_single", "baseline_note", "oversubscribed",
-    "logical", "ok", "runs", "rate_mean", "unit", "mdd_rel", "repeats_for_5pct",
+    "logical", "ok", "runs", "rate_mean", "rate_gmean", "rate_gci95", "throughput_gmean",
+    "unit", "mdd_rel", "repeats_for_5pct",
     "repeats_for_2pct",
 ]  # fmt: skip
 
@@ -215,7 +240,7 @@ def fastest(scaling: pd.DataFrame, equivalence: float = EQUIVALENCE) -> pd.DataF
     )
     win["runner_up"] = runner["strategy"]
     win["runner_up_throughput"] = runner["throughput_mean"]
-    win["margin"] = win["rate_mean"] / runner["rate_mean"] - 1
+    win["margin"] = win["rate_gmean"] / runner["rate_gmean"] - 1
     win["distinct"] = runner["slower"].astype(object)
     win["settle"] = runner["settle"]
     out = win.reset_index()

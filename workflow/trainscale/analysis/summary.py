@@ -13,7 +13,7 @@ import pandas as pd
 from trainscale.analysis import cost
 from trainscale.analysis.cells import scaling_frame
 from trainscale.analysis.interval import REPEATS
-from trainscale.analysis.ranking import fastest, ranking, rate
+from trainscale.analysis.ranking import fastest, ranking
 from trainscale.analysis.settle import EQUIVALENCE, METHOD, resolves
 from trainscale.plan import catalog
 
@@ -55,14 +55,17 @@ def summary_text(
         lines[0] += " (" + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) + ")"
     fast = fastest(scaling, equivalence)
     if len(fast):
-        lines += ["", "fastest strategy per model, dataset and N (mean of repeats ± 95% CI):"]
+        lines += [
+            "",
+            "fastest strategy per model, dataset and N (geometric mean of repeats ± 95% CI):",
+        ]
         for r in fast.itertuples(index=False):
             eff = (
                 f"{r.efficiency_kind} efficiency {human(100 * r.efficiency)} %"
                 if pd.notna(r.efficiency)
                 else f"efficiency n/a: {r.baseline_note}"
             )
-            x, x_ci, unit = rate(r.throughput_mean, r.throughput_ci95, getattr(r, "seq_len", 0))
+            x, x_ci, unit = r.rate_gmean, r.rate_gci95, r.unit
             ci = f" ± {human(x_ci)}" if pd.notna(x_ci) else ""
             ahead = ""
             if isinstance(r.runner_up, str):
@@ -149,6 +152,7 @@ def ties(scaling: pd.DataFrame, equivalence: float = EQUIVALENCE) -> list[str]:
         return []
     lines = ["", "± CI: 95% from steps and repeats (Methods: confidence interval); "
              "'CI: repeats only' marks cells whose records lack step times", METHOD]  # fmt: skip
+    lines += prior_line(scaling)
     tied = r[r["could_be_fastest"] & ~r["fastest"]]
     if not len(tied):
         return lines
@@ -162,6 +166,17 @@ def ties(scaling: pd.DataFrame, equivalence: float = EQUIVALENCE) -> list[str]:
             f"{human(100 * t.behind)} % behind {first}: {t.settle}"
         )
     return lines
+
+
+def prior_line(scaling: pd.DataFrame) -> list[str]:
+    """The study's fitted prior of the run-to-run variances (Methods: confidence interval)."""
+    cols = ["prior_df", "prior_scale"]
+    fitted = scaling[cols].dropna() if all(c in scaling for c in cols) else scaling[[]]
+    if not len(fitted):
+        return []
+    d0, s0 = (float(fitted[c].iloc[0]) for c in cols)
+    text = f"d0 = {human(d0)} (capped at 3), s0 = {human(s0)} (sd of log throughput a run)"
+    return [f"run-to-run variances moderated toward a prior fitted to this study: {text}"]
 
 
 def failed_parts(df: pd.DataFrame) -> list[tuple[str, str, str]]:

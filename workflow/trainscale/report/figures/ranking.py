@@ -2,7 +2,7 @@
 each model, dataset and N, and by how much, at a glance.
 
 One panel per (model, dataset, N), wrapped two to a row: a horizontal dot plot of the cells
-(`trainscale.analysis.ranking`) sorted by mean steady throughput, fastest on top, with 95% CI
+(`trainscale.analysis.ranking`) sorted by geometric mean throughput, fastest on top, with 95% CI
 bars (from steps and repeats; over repeats only where the records lack step times, and marked)
 and the fastest's CI as a grey band. The marks follow the comparison with the best (every cell
 of the panel at once), not the bars' overlap: "could be the fastest" or "slower", and under the
@@ -146,7 +146,7 @@ def draw_ranking(d: pd.DataFrame, kind: Kind) -> Figure:
     title = RANKED_BY_COST if d["ranked_by"].iloc[0] == "cost" else kind.title
     fig.suptitle(title, x=0.1 / width, ha="left", y=1 - 0.08 / height, va="top", fontsize=11)
     by_cost = d["ranked_by"].iloc[0] == "cost"
-    what, best = ("mean steady throughput", "fastest")
+    what, best = ("geometric mean throughput", "fastest")
     if by_cost:
         what, best = "cost per million", "cheapest"
     handles = [

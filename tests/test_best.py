@@ -170,7 +170,7 @@ def test_resolution_and_equivalence_by_hand():
     """mdd and the repeats asked from the df the comparison uses (a cell's d₀ + n − 1: one
     more per repeat), the panel's own critical value; TOST at the simultaneous 90 % value."""
     var, df, n = np.full(6, 0.04**2), np.full(6, 4.0), np.full(6, 2.0)
-    got = settle.resolution(var, df, n, [0.0, 0.5])
+    got = settle.resolution(var, df, n, [0.0, 0.3])
     c = float(best.simultaneous(var, df, np.ones(6, bool)))
     assert settle.panel_value(6, 4) == pytest.approx(c)
     t8 = interval.t_scalar(4, 0.8)
@@ -187,7 +187,7 @@ def test_resolution_and_equivalence_by_hand():
     assert not got["repeats_for_2pct"] <= reps  # more, or beyond MAX_REPEATS (NaN)
     assert math.isnan(got["repeats_to_resolve"][0])
     big = int(got["repeats_to_resolve"][1])
-    assert mdd(big) <= 0.5 < mdd(big - 1)
+    assert mdd(big) <= 0.3 < mdd(big - 1)
     assert math.isnan(got["repeats_for_equivalence"])  # ±2 % at 4 % a cell: beyond 100
     quiet = settle.resolution(np.full(6, 0.005**2), df, n)
     tost = int(quiet["repeats_for_equivalence"])

@@ -40,8 +40,9 @@ once (in `trainscale.analysis.cells` and, for communication.csv, `trainscale.ana
   panel's unit and s_ij = √(Var(ȳ_i) + Var(ȳ_j)), the simultaneous 95% intervals of θ_i = μ_i −
   max_{j≠i} μ_j are [min_{j≠i} (y_i − y_j − c s_ij), min_{j≠i} (y_i − y_j + c s_ij)]: MCB
   intervals deduced from simultaneous all-pairwise ones (Hsu 1996, Multiple Comparisons, ch. 4).
-  c is the panel's own: the 95 % quantile of the maximum over its pairs of |t_i s_i − t_j s_j| /
-  √(s_i² + s_j²), t_i Student t on each cell's df, by Monte Carlo as multcomp does with mvtnorm
+  c is the panel's own: the 95 % quantile of the maximum over its pairs of |z_i s_i − z_j s_j| /
+  √(u_i² s_i² + u_j² s_j²), z_i normal and u_i² a χ² on the cell's df over its df (Welch's
+  statistic with s_i² = Var(ȳ_i) taken as true), by Monte Carlo as multcomp does with mvtnorm
   (Hothorn, Bretz & Westfall 2008; 2,000 draws, fixed seed, cached by the panel's shape). Every
   pair at once because a strict "slower" is wrong only for a cell tied with the best, and where
   all are tied that is any pair; Hsu's constrained MCB (Hsu 1981, 1984) with Dunnett's one-sided
@@ -49,9 +50,9 @@ once (in `trainscale.analysis.cells` and, for communication.csv, `trainscale.ana
   treatment) deduce MCB from comparisons with a control; the studentized range used before is
   not theirs. A cell whose interval reaches 0 could be the fastest ("at 95 %, the fastest is one
   of {a, b}"), one below 0 is slower; `distinguishable` equals `slower`. Simulated (2 repeats):
-  some cell of 13 equal ones called slower in 0.2 % of panels; with a noisy 4-cell stratum,
-  1.2 % (the pretest: 29.8 %); a true 10 % difference called in 4.7 % at 2 repeats, 60 % at 4,
-  93 % at 6 (the pretest's 34 % at 2 came without valid error control).
+  some cell of 13 equal ones called slower in 0.7 % of panels; with a noisy 4-cell stratum,
+  2.9 % (the pretest: 29.8 %); a true 10 % difference called in 11.8 % at 2 repeats, 68 % at 4,
+  95 % at 6 (the pretest's 34 % at 2 came without valid error control).
 - what a study can tell (`mdd_rel`, `repeats_for_5pct`, `repeats_for_2pct`,
   `repeats_for_equivalence`, `repeats_to_resolve`): per panel (trainscale.analysis.settle), the
   shortfall 1 − e^(−δ) from the best called slower in 80 % of studies, δ = (c + t(0.80, ν)) ·

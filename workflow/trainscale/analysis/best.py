@@ -18,7 +18,8 @@ of simulated studies. Edwards & Hsu (1983, "Multiple comparisons with the best t
 deduce MCB intervals from comparisons with a control, each cell the control in turn; they do
 not use the studentized range. Because the cells' variances and df differ, the critical value
 is not the studentized range's but the 95 % quantile of the maximum over the panel's pairs of
-|t_i s_i − t_j s_j| / √(s_i² + s_j²), t_i independent Student t on each cell's df, by Monte
+|z_i s_i − z_j s_j| / √(u_i² s_i² + u_j² s_j²), z_i standard normal and u_i² a χ² on the
+cell's df over its df (Welch's statistic, each s_i² = V_i taken as the truth), by Monte
 Carlo as `multcomp` computes its max-t values with `mvtnorm` (Hothorn, Bretz & Westfall 2008):
 DRAWS draws at a fixed seed, cached by the panel's shape.
 
@@ -109,8 +110,9 @@ def _scales(df: int, cells: int) -> np.ndarray:
     return np.sqrt(rng.gamma(df / 2, 2 / df, (cells, DRAWS)))
 
 
-def _student(df: np.ndarray) -> np.ndarray:
-    """(..., cells, DRAWS) draws of Student's t, each cell's on its df (floored, ≤ MAX_DF)."""
+def _scale_draws(df: np.ndarray) -> np.ndarray:
+    """(..., cells, DRAWS) draws of √(χ²_df / df), each cell's on its df (floored, ≤ MAX_DF):
+    how far a cell's estimated standard error falls from its true one."""
     cells = df.shape[-1]
     whole = np.clip(np.floor(np.nan_to_num(df, nan=1.0)), 1, MAX_DF).astype(int)
     out = np.empty((*df.shape, DRAWS))
@@ -118,15 +120,17 @@ def _student(df: np.ndarray) -> np.ndarray:
         at = whole == v
         scale = np.broadcast_to(_scales(int(v), cells), out.shape)
         out[at] = scale[at]
-    return _normals(cells) / out
+    return out
 
 
 def simultaneous(var: np.ndarray, df: np.ndarray, compared: np.ndarray, level: float = LEVEL):
     """Per panel (leading axes; cells last): the c at which, with probability `level`, every
     pair of compared cells has |(y_i − y_j) − (μ_i − μ_j)| ≤ c · √(V_i + V_j) at once, each
-    cell's V on its own df: the `level` quantile of max over pairs of |t_i s_i − t_j s_j| /
-    √(s_i² + s_j²) (s_i² = V_i), by Monte Carlo (DRAWS at SEED). NaN with fewer than two
-    cells. One panel's value is cached by its shape (`_panel`)."""
+    cell's V on its own df: the `level` quantile of max over pairs of |z_i s_i − z_j s_j| /
+    √(u_i² s_i² + u_j² s_j²) (s_i² = V_i, z normal, u_i² χ² on the cell's df over its df: how
+    far each estimated variance falls from the truth, Welch's statistic), by Monte Carlo
+    (DRAWS at SEED). NaN with fewer than two cells. One panel's value is cached by its shape
+    (`_panel`)."""
     var, df, compared = np.broadcast_arrays(np.asarray(var, float), np.asarray(df, float),
                                             np.asarray(compared, bool))  # fmt: skip
     if var.ndim == 1:
@@ -161,13 +165,16 @@ def _max_t(var: np.ndarray, df: np.ndarray, compared: np.ndarray, level: float) 
     live = pair & (total > 0)
     a = np.where(live, a, 0.0).astype(np.float32)[..., None]
     b = np.where(live, b, 0.0).astype(np.float32)[..., None]
-    t = _student(np.where(compared, df, 1.0)).astype(np.float32)
+    z = _normals(cells).astype(np.float32)
+    u = _scale_draws(np.where(compared, df, 1.0)).astype(np.float32)
     stat = np.zeros((len(var), DRAWS), np.float32)
     for k in range(cells - 1):  # the pairs (k, j > k): one block of draws at a time
         at = slice(int(np.searchsorted(i, k)), int(np.searchsorted(i, k + 1)))
-        part = t[:, k : k + 1] * a[:, at]
-        part -= t[:, k + 1 :] * b[:, at]
-        np.maximum(stat, np.abs(part, out=part).max(1), out=stat)
+        part = z[k] * a[:, at] - z[k + 1 :] * b[:, at]
+        spread = (u[:, k : k + 1] * a[:, at]) ** 2 + (u[:, k + 1 :] * b[:, at]) ** 2
+        with np.errstate(invalid="ignore", divide="ignore"):
+            part = np.where(spread > 0, np.abs(part) / np.sqrt(spread), 0.0)
+        np.maximum(stat, part.max(1), out=stat)
     values = np.quantile(stat, level, axis=-1)
     return np.where(pair.any(-1), values, np.nan)
 

@@ -34,9 +34,9 @@ METHOD = (
     "fastest sets: every cell of a panel against the best of the others at once (simultaneous "
     "95 % intervals, the panel's own Monte-Carlo critical value; each cell's run-to-run "
     "variance moderated toward its stratum's, no pretest); simulated with 2 repeats: some cell "
-    "of 13 equal ones called slower in 0.2 % of panels, 1.2 % with one small stratum at 6 % "
+    "of 13 equal ones called slower in 0.7 % of panels, 2.9 % with one small stratum at 6 % "
     "among 1 % ones (Bartlett's pretest, before: 29.8 %); a true 10 % difference called in "
-    "4.7 % (60 % at 4 repeats, 93 % at 6) (Methods: comparison with the best)"
+    "11.8 % (68 % at 4 repeats, 95 % at 6) (Methods: comparison with the best)"
 )
 
 

@@ -20,7 +20,7 @@ from trainscale.tune import race
 TUNES = 100
 #: The within-run variance of a run's log throughput (about 2 %) and its batch means.
 WITHIN, BLOCKS = 0.02, 8
-#: The default-like panel: each cell's share behind the fastest, in %.
+#: config `tune:`'s defaults.
 DEFAULTS = race.Settings()
 #: The default-like panel: each cell's share behind the fastest, in %.
 DEFAULT_LIKE = (0, 10, 20, 27, 27, 30, 33, 46, 50, 61, 69, 70, 73, 73)

@@ -62,11 +62,23 @@ class Settings:
     def of(cls, config: dict) -> Settings:
         """From a filled study config: `tune:`'s keys, equivalence from report's by default."""
         given = dict(config.get("tune") or {})
-        given.setdefault("equivalence", (config.get("report") or {}).get("equivalence", 0.02))
+        if given.get("equivalence") is None:  # null: report.equivalence
+            given["equivalence"] = (config.get("report") or {}).get("equivalence", 0.02)
         return cls(**{f.name: given[f.name] for f in dataclasses.fields(cls) if f.name in given})
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+def empty_evidence() -> pd.DataFrame:
+    """The evidence before round 1: the columns, no rows."""
+    return pd.DataFrame({c: pd.Series(dtype=str if c == "cell" else float)
+                         for c in EVIDENCE_COLUMNS})  # fmt: skip
+
+
+def cells_frame(cells: list[dict]) -> pd.DataFrame:
+    """`decide`'s cells from rows of CELL_COLUMNS."""
+    return pd.DataFrame(cells, columns=list(CELL_COLUMNS))
 
 
 def look_alpha() -> float:

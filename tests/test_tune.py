@@ -14,9 +14,8 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
-from test_interval import PHI, SIGMA_A, STEP_CV, simulate
+from test_interval import PHI, SIGMA_A, STEP_CV
 
-from trainscale.analysis import interval
 from trainscale.measure import metrics, steptimes
 from trainscale.plan import overlay
 from trainscale.plan.matrix import build_runs

@@ -144,6 +144,7 @@ def cell_row(info: dict, d: pd.Series, t: pd.Series, runs: pd.DataFrame, objecti
         est, low, high = (math.exp(v) for v in (est, low, high))
     return {"cell": info["cell"], "values": info["values"], "world_size": info["world_size"],
             "panel": info["panel_label"], "runs": len(mine),
+            "ran": int((mine["round"] == mine["round"].max()).sum()) if len(mine) else 0,
             "ok": int((mine["status"] == "ok").sum()), "estimate": finite(est),
             "ci_low": finite(low), "ci_high": finite(high), "score": finite(d["estimate"]),
             **{k: finite(t.get(k)) for k in ("worker_seconds", "grid_seconds", "price")},

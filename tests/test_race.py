@@ -114,7 +114,7 @@ def test_max_runs_ends_the_race_and_failed_runs_count_as_spent():
     out = race.decide(panel(6), runs, race.Settings(max_runs=12 + 5))
     assert (out["decision"] != race.GO_ON).all()
     won = out[out["decision"] == race.BEST]
-    assert won["reason"].str.contains("budget: the next look's runs would pass").all()
+    assert won["reason"].str.contains("winners' confirmations would pass tune.max_runs 17").all()
     # 12 runs made (3 of them failed): 5 left, room for 2 winners' 2 confirmation runs each
     assert won["next_runs"].tolist().count(2) == 2 and won["next_runs"].sum() == 4
     assert won["reason"].str.endswith(race.BIASED).sum() == len(won) - 2

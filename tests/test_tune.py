@@ -283,11 +283,11 @@ def test_trainscale_tune_runs_snakemake_tune_with_the_study():
 @pytest.fixture(scope="module")
 def tuned(tmp_path_factory) -> dict:
     """`trainscale tune .test/tune.yaml --cores 2` in a fresh directory: two cells of one
-    panel, torch-ddp's repeat 1 made to fail, and a budget of round 1's 6 runs (more rounds
-    run in tests/test_slurm.py's tune)."""
+    panel, torch-ddp's repeat 1 made to fail, and a budget of 10 runs: round 1's 6 and the
+    winners' confirmation runs (more rounds run in tests/test_slurm.py's tune)."""
     work = tmp_path_factory.mktemp("tune")
     cfg = load_yaml(ROOT / ".test" / "tune.yaml")
-    cfg["tune"]["max_runs"] = 6
+    cfg["tune"]["max_runs"] = 10
     (work / "study.yaml").write_text(yaml.safe_dump(cfg))
     p = subprocess.run([PYTHON, "-m", "trainscale", "tune", "study.yaml", "--cores", "2"],
                        cwd=work, env=run_env(), capture_output=True, text=True,
@@ -315,7 +315,10 @@ def test_a_real_tune_writes_its_rounds_table_winners_and_report(tuned):
     assert (csv["decision"] == "best").any()
     assert csv["round"].max() == rounds[-1] and (csv["round"] == 0).sum() == 2
     last = json.loads((out / f"round~{rounds[-1]}" / "round.json").read_text())
-    assert last["done"] and not last["next"] and last["spent_runs"] <= 6 == len(recs)
+    assert last["done"] and not last["next"] and last["spent_runs"] == len(recs) <= 10
+    won = [c for c in last["cells"] if c["decision"] == "best"]
+    assert won and all("confirmation runs" in c["reason"] for c in won)
+    assert "from its confirmation runs" in (out / "best.yaml").read_text()
     page = (out / "report.html").read_text()
     assert "data:image/png;base64," in page and "torch-ddp" in page and 'src="http' not in page
     assert "Failed runs" in page and "repeat~1" in page

@@ -143,7 +143,8 @@ def decide(cells: pd.DataFrame, evidence: pd.DataFrame, settings: Settings) -> p
             end_by_budget(live, panels, state, f"budget: the race's last look ({MAX_LOOKS})")
             live = set()
         if live and over_runs(state, have, settings):
-            why = f"budget: the next look's runs would pass tune.max_runs {settings.max_runs}"
+            why = (f"budget: the next look's runs and the winners' confirmations would pass "
+                   f"tune.max_runs {settings.max_runs}")  # fmt: skip
             end_by_budget(live, panels, state, why)
             live = set()
         ask_confirmation(state, have, settings)
@@ -256,16 +257,16 @@ def equivalent(left: list[str], panel: list[str], fit: interval.Fit, margin: flo
 
 
 def over_runs(state: dict[str, Cell], have: dict[str, int], settings: Settings) -> bool:
-    """Whether the runs asked next (one per cell going on, `confirm` per new winner) would
-    pass tune.max_runs, counting every run made so far, failed ones included."""
+    """Whether the runs asked next (one per cell going on) and the confirmation runs every
+    cell going on or newly won could need would pass tune.max_runs, counting every run made
+    so far, failed ones included: the race ends while its winners' confirmations still fit."""
     if settings.max_runs is None:
         return False
+    going = [s for s in state.values() if s.decision == GO_ON]
+    fresh = [s for s in state.values() if s.decision == BEST and not s.confirming]
     spent = sum(min(have[c], s.target) for c, s in state.items() if s.decision != GO_ON)
-    spent += sum(s.target - 1 for s in state.values() if s.decision == GO_ON)
-    asked = sum(1 for s in state.values() if s.decision == GO_ON)
-    asked += sum(
-        settings.confirm for s in state.values() if s.decision == BEST and not s.confirming
-    )
+    spent += sum(s.target - 1 for s in going)
+    asked = len(going) + settings.confirm * (len(going) + len(fresh))
     return spent + asked > settings.max_runs
 
 

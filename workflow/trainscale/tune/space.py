@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from trainscale.analysis.interval import stratum_of
 from trainscale.plan.faults import fault_for
-from trainscale.plan.matrix import effective_lr
+from trainscale.plan.matrix import effective_lr, repeat_count
 from trainscale.plan.prices import Prices
 from trainscale.plan.runspec import DIVERGE_LR, MATRIX_KEYS, ConfigError, Dropped, RunSpec
 from trainscale.tune import race
@@ -190,7 +190,7 @@ def plan(
         grid={
             "epochs": config["epochs"],
             "steps_per_epoch": config.get("steps_per_epoch"),
-            "repeats": config["repeats"],
+            "repeats": repeat_count(config["repeats"]),
         },  # fmt: skip
         cost=config.get("cost") or {},
     )

@@ -90,21 +90,29 @@ def test_before_round_one_every_cell_goes_on_with_its_first_runs():
     assert alone.loc[0, "decision"] == race.BEST and alone.loc[0, "next_runs"] == 2
 
 
-def test_calls_one_round_at_a_time_replay_the_same_race():
+@pytest.mark.parametrize(("max_runs", "sigma_a"), [(None, 0.05), (16, 0.12)])
+def test_calls_one_round_at_a_time_replay_the_same_race(max_runs, sigma_a):
+    """The workflow's way (a call per round, the runs it asks made) and one call on more runs
+    than any race asks end alike: the replay reads the runs asked, in order."""
     rng = np.random.default_rng(11)
     mu = np.log1p(-np.array([0, 5, 10, 30]) / 100)
-    drawn = draw(rng, mu, 0.05, 20)
+    drawn = draw(rng, mu, sigma_a, 20)
+    settings = race.Settings(max_runs=max_runs)
     per_cell = {c: rows for c, rows in drawn.groupby("cell")}
-    made = {c: 0 for c in per_cell}
+    made, confirmed = dict.fromkeys(per_cell, 0), set()
     while True:
         taken = pd.concat([per_cell[c].iloc[: made[c]] for c in per_cell])
-        out = race.decide(panel(4), taken, race.Settings())
+        out = race.decide(panel(4), taken, settings)
         if not (out["next_runs"] > 0).any():
             break
-        for c, more in zip(out["cell"], out["next_runs"], strict=True):
+        for c, more, decision in zip(out["cell"], out["next_runs"], out["decision"], strict=True):
             made[c] += more
-    whole = race.decide(panel(4), drawn, race.Settings())
+            confirmed |= {c} if decision == race.BEST and more else set()
+    whole = race.decide(panel(4), drawn, settings)
     pd.testing.assert_frame_equal(out, whole)
+    said = out.loc[out["reason"].str.endswith("confirmation runs"), "cell"]
+    assert set(said) == confirmed  # every confirmation run asked is read
+    assert max_runs is None or sum(made.values()) <= max_runs
 
 
 def test_max_runs_ends_the_race_and_failed_runs_count_as_spent():

@@ -276,6 +276,7 @@ def end_by_budget(live: set, panels: dict, state: dict[str, Cell], why: str) -> 
         for c in panels[p]:
             s = state[c]
             if s.decision == GO_ON:
+                s.target = s.used  # the next look's run is not made
                 s.decision, s.reason = BEST, f"{s.reason}; {why}".lstrip("; ")
 
 

@@ -216,6 +216,25 @@ def test_the_cost_objective_compares_every_n_of_a_model_in_one_panel():
         assert by_n[2]["decision"] == "stopped" and by_n[1]["decision"] == "best"
 
 
+def test_an_unpriced_device_stops_its_cost_panel_with_a_reason():
+    """objective cost with a price for CPU cores only: a cell whose runs ran on a device
+    without a price stops the whole panel, never compared with the priced ones."""
+    cfg = study("torch-ddp", matrix={"workers": [1, 2]}, tune={"objective": "cost"},
+                cost={"device_hour": {"cpu-core": 0.04}})  # fmt: skip
+    s = plan(cfg)
+    rng, records = np.random.default_rng(4), []
+    for cell, repeats in s.first_runs().items():
+        for r in repeats:
+            spec = s.spec(1, f"{cell}/repeat~{r}")
+            rec = record(spec, 1.0, rng)
+            if spec.world_size == 2:
+                rec["device"] = {**rec["device"], "kind": "cuda", "name": "Unpriced GPU"}
+            records.append((1, f"results/t/tune/round~1/runs/{spec.path}/metrics.json", rec))
+    one = rule.round_result(json.loads(json.dumps(s.to_json())), 1, records, None)
+    assert {c["decision"] for c in one["cells"]} == {"stopped"} and not one["next"]
+    assert all("mixes priced and unpriced devices" in c["reason"] for c in one["cells"])
+
+
 # --------------------------------------------------------------------------------------------
 # the budget
 

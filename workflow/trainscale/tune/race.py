@@ -114,6 +114,8 @@ def decide(cells: pd.DataFrame, evidence: pd.DataFrame, settings: Settings) -> p
     check_columns(cells, CELL_COLUMNS, "cells")
     check_columns(evidence, EVIDENCE_COLUMNS, "evidence")
     names = cells["cell"].astype(str).tolist()
+    if not names:
+        return pd.DataFrame(columns=RESULT_COLUMNS).astype({"next_runs": int})
     runs = runs_by_cell(names, evidence)
     have = {c: len(runs[c]) for c in names}
     panels = {

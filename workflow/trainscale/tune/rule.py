@@ -59,7 +59,8 @@ def excluded(space: dict, runs: pd.DataFrame) -> dict[str, str]:
         out[cell] = "logical CPU devices: a code path check, never ranked"
     if space["settings"]["objective"] != "cost":
         return out
-    priced = runs.groupby("cell")["price"].apply(lambda p: p.notna().any())
+    ok = runs[runs["status"] == "ok"]  # a cell without an ok run says nothing of its device
+    priced = ok.groupby("cell")["price"].apply(lambda p: p.notna().any())
     for panel in {c["panel_label"] for c in space["cells"]}:
         cells = [c["cell"] for c in space["cells"] if c["panel_label"] == panel]
         known = priced.reindex(cells).dropna()

@@ -54,7 +54,7 @@ def repeat_count(repeats: int | dict) -> int:
     if high > low:
         raise ConfigError(
             f"repeats: {{min: {low}, max: {high}}}: repeats bought by the racing step are not "
-            f"built yet (docs/tune.md, \"Repeats a study buys\"); give repeats: {low} or "
+            f'built yet (docs/tune.md, "Repeats a study buys"); give repeats: {low} or '
             f"{{min: {high}, max: {high}}}, or tune the study with `trainscale tune`"
         )
     return low

@@ -36,7 +36,7 @@ def study(*strategies: str, **extra) -> dict:
     m = {"strategy": list(strategies), "model": ["seed-small"], "dataset": ["digits"],
          "workers": [1], "batch_size": [64]}  # fmt: skip
     m.update(extra.pop("matrix", {}))
-    return validated({"study": "t", "repeats": 2, "matrix": m, **extra})
+    return validated({"study": "t", "repeats": extra.pop("repeats", 2), "matrix": m, **extra})
 
 
 def plan(cfg: dict, predicted: dict | None = None) -> space.Space:
@@ -233,6 +233,16 @@ def test_an_unpriced_device_stops_its_cost_panel_with_a_reason():
     one = rule.round_result(json.loads(json.dumps(s.to_json())), 1, records, None)
     assert {c["decision"] for c in one["cells"]} == {"stopped"} and not one["next"]
     assert all("mixes priced and unpriced devices" in c["reason"] for c in one["cells"])
+
+
+def test_repeats_takes_an_integer_or_min_and_max():
+    """{min: n, max: n} plans n repeats as the integer n does; max > min, not built yet, and
+    max < min stop with a message naming the fix."""
+    assert len(build_runs(study("torch", repeats={"min": 3, "max": 3}), "cpu")[0]) == 3
+    with pytest.raises(ConfigError, match=r"repeats: \{min: 2, max: 4\}: .* not built yet"):
+        build_runs(study("torch", repeats={"min": 2, "max": 4}), "cpu")
+    with pytest.raises(ConfigError, match="max 1 is below min 2"):
+        build_runs(study("torch", repeats={"min": 2, "max": 1}), "cpu")
 
 
 # --------------------------------------------------------------------------------------------

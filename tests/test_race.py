@@ -80,6 +80,19 @@ def test_a_default_like_panel_ends_with_at_most_two_cells():
     assert np.mean(np.array(sizes) <= 2) >= 0.90
 
 
+def test_runs_without_batch_means_race_on_their_repeats():
+    """Evidence whose w and k are NaN (records without step times): the repeats alone carry
+    the variance, and the default-like panel still ends small."""
+    rng = np.random.default_rng(8)
+    mu = np.log1p(-np.array(DEFAULT_LIKE) / 100)
+    deepest = race.first_runs(len(mu)) + race.MAX_LOOKS + DEFAULTS.confirm
+    sizes = []
+    for _ in range(TUNES // 4):
+        runs = draw(rng, mu, 0.02, deepest).assign(w=np.nan, k=np.nan)
+        sizes.append((race.decide(panel(len(mu)), runs, DEFAULTS)["decision"] == race.BEST).sum())
+    assert np.mean(np.array(sizes) <= 2) >= 0.90
+
+
 def test_before_round_one_every_cell_goes_on_with_its_first_runs():
     empty = pd.DataFrame(columns=list(race.EVIDENCE_COLUMNS))
     out = race.decide(panel(3), empty, race.Settings())

@@ -162,9 +162,13 @@ def check_columns(frame: pd.DataFrame, columns: tuple[str, ...], name: str) -> N
 
 
 def runs_by_cell(names: list[str], evidence: pd.DataFrame) -> dict[str, np.ndarray]:
-    """Each cell's runs in the order made: an array (runs, 3) of y, w and k."""
+    """Each cell's runs in the order made: an array (runs, 3) of y, w and k. An ok run
+    without a within-run variance (w NaN: no batch means) gets w = 0: its spread within is
+    then part of its run-to-run spread, which the repeats estimate (Student's t over them)."""
     values = evidence[list(EVIDENCE_COLUMNS[1:])].apply(pd.to_numeric, errors="coerce")
-    values = values.to_numpy(float)
+    values = values.to_numpy(float, copy=True)
+    bare = np.isfinite(values[:, 0]) & ~(np.isfinite(values[:, 1]) & (values[:, 2] >= 2))
+    values[bare, 1], values[bare, 2] = 0.0, 2.0
     at = pd.Index(names).get_indexer(evidence["cell"].astype(str))
     return {c: values[at == i] for i, c in enumerate(names)}
 

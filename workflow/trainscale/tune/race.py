@@ -202,14 +202,15 @@ def look_panel(
     fit = interval.fit(y, w, k, np.array([strata[c] for c in panel]))
     on = np.array([c in alive for c in panel])
     level = 1 - look_alpha()
-    best = compare_with_best(np.where(on, fit.ybar, np.nan), fit.var, fit.vdf,
-                             interval.pair_df(fit.columns()), level=level)  # fmt: skip
+    pair_df = interval.pair_df(fit.columns())
+    best = compare_with_best(np.where(on, fit.ybar, np.nan), fit.var, fit.vdf, pair_df,
+                             level=level)  # fmt: skip
     for i, c in enumerate(panel):
         if not on[i]:
             continue
         s = state[c]
         s.look, s.high = best.low[i], best.high[i]
-        if fit.n[i] == 0:
+        if not np.isfinite(y[i]).any():
             s.decision, s.reason = STOPPED, "no ok run"
         elif best.slower[i]:
             s.decision = STOPPED
@@ -222,7 +223,8 @@ def look_panel(
         for c in left:
             state[c].decision, state[c].reason = BEST, "the only cell of its panel left"
         return True
-    if equivalent(left, panel, fit, settings.equivalence):
+    at = [panel.index(c) for c in left]
+    if equivalent(fit.ybar[at], fit.var[at], pair_df[np.ix_(at, at)], settings.equivalence):
         why = (f"the {len(left)} cells left are equivalent within ±{settings.equivalence:.0%} "
                f"(TOST at look {look}'s simultaneous level): any of them is as good")  # fmt: skip
         for c in left:
@@ -245,18 +247,17 @@ def cut_by_cap(left: list[str], ybar: np.ndarray, panel: list[str], state: dict)
     return order[:cap]
 
 
-def equivalent(left: list[str], panel: list[str], fit: interval.Fit, margin: float) -> bool:
-    """TOST of every pair of `left`: each pair's one-sided tests at the look's error α, its
-    difference ± t(1 − α, ν) · s inside ±ln(1 + margin). "All pairs equivalent" is an
-    intersection of the pairs' hypotheses, so the pairs' tests at α each hold it at α
-    (Berger 1982's intersection-union test)."""
-    at = [panel.index(c) for c in left]
-    var, ybar = fit.var[at], fit.ybar[at]
+def equivalent(ybar: np.ndarray, var: np.ndarray, pair_df: np.ndarray, margin: float) -> bool:
+    """TOST of every pair of the cells given (their ȳ, Var(ȳ) and pairs' df): each pair's
+    one-sided tests at the look's error α, its difference ± t(1 − α, ν) · s inside
+    ±ln(1 + margin). "All pairs equivalent" is an intersection of the pairs' hypotheses, so
+    the pairs' tests at α each hold it at α (Berger 1982's intersection-union test)."""
+    from scipy import stats
+
     if not np.all(np.isfinite(var)):
         return False
-    off = ~np.eye(len(at), dtype=bool)
-    df = interval.pair_df(fit.columns())[np.ix_(at, at)][off]
-    t = interval.t_quantile(df, 1 - look_alpha())
+    off = ~np.eye(len(ybar), dtype=bool)
+    t = stats.t.ppf(1 - look_alpha(), np.floor(pair_df[off]))  # floored df: errs wide
     spread = np.abs(ybar[:, None] - ybar[None, :])[off]
     reach = spread + t * np.sqrt((var[:, None] + var[None, :])[off])
     return bool(np.all(reach < math.log1p(margin)))
@@ -346,7 +347,7 @@ def result(
         if s.decision == BEST and settings.cap:
             reason += "; a set left by the cap, not a confidence set of the best"
         nxt = max(s.target - have[c], 0) if s.decision != STOPPED else 0
-        est = est if selected.n[i] > 0 or c in at else math.nan
+        est = est if np.isfinite(y[i]).any() or c in at else math.nan
         rows.append({"cell": c, "decision": s.decision, "reason": reason, "next_runs": nxt,
                      "estimate": est, "ci_low": est - h, "ci_high": est + h})  # fmt: skip
     return pd.DataFrame(rows, columns=RESULT_COLUMNS).astype({"next_runs": int})

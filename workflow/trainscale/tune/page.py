@@ -174,6 +174,7 @@ def context(space: dict, rounds: list[dict], config: dict) -> dict:
             "grid_money": money(costs["grid_money"]),
             "share": "–" if not math.isfinite(costs["share"]) else f"{100 * costs['share']:.0f} %",
             "unpredicted": len(costs["unpredicted"]),
+            "dearer": math.isfinite(costs["share"]) and costs["share"] > 1,
         },
         "rounds": [
             {

@@ -100,7 +100,7 @@ class Cell:
     reason: str = ""
     target: int = 0  # runs it is to have before its panel's next look (or its confirmation)
     used: int = 0  # runs the race's looks read (the rest, if any, confirm a winner)
-    look: float = math.nan  # the last look's (low, high) interval vs the best of the others
+    low: float = math.nan  # the last look's interval of it minus the best of the others
     high: float = math.nan
     confirming: bool = False  # its confirmation runs are asked (or none fit the budget)
     confirmations: int = 0
@@ -209,13 +209,13 @@ def look_panel(
         if not on[i]:
             continue
         s = state[c]
-        s.look, s.high = best.low[i], best.high[i]
+        s.low, s.high = best.low[i], best.high[i]
         if not np.isfinite(y[i]).any():
             s.decision, s.reason = STOPPED, "no ok run"
         elif best.slower[i]:
             s.decision = STOPPED
             s.reason = (f"slower than the panel's best at look {look}: {behind(s.high)} to "
-                        f"{behind(s.look)} behind ({level:.2%} simultaneous)")  # fmt: skip
+                        f"{behind(s.low)} behind ({level:.2%} simultaneous)")  # fmt: skip
     left = [c for c in alive if state[c].decision == GO_ON]
     if settings.cap:
         left = cut_by_cap(left, fit.ybar, panel, state)
@@ -360,8 +360,8 @@ def behind(theta: float) -> str:
 
 def could_be(s: Cell, look: int, capped: bool) -> str:
     """A cell going on: how far behind or ahead of the best of the others it could be."""
-    if not (np.isfinite(s.look) and np.isfinite(s.high)):
+    if not (np.isfinite(s.low) and np.isfinite(s.high)):
         return f"could be the best (look {look}: no interval yet)"
-    lo = f"{behind(s.look)} behind" if s.look < 0 else f"{100 * math.expm1(s.look):.0f} % ahead"
+    lo = f"{behind(s.low)} behind" if s.low < 0 else f"{100 * math.expm1(s.low):.0f} % ahead"
     words = f"could be the best (look {look}: from {lo} to {100 * math.expm1(s.high):.0f} % ahead)"
     return words + ("; kept by the cap" if capped else "")

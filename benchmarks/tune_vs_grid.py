@@ -194,13 +194,13 @@ def main() -> None:
           f"{a.seeds}, {a.steps} steps an epoch; {a.cores} cores; work {work}")  # fmt: skip
     if any(r.framework == "deepspeed" for r in runs):  # built once, before anything is timed
         snakemake(a, work, grid, ".cache/torch_extensions/deepspeed-ops.done")
-    tunes, passes = {}, []
+    tunes, grid_seconds = {}, []
     for i in range(max(a.repeats, a.seeds)):
         if i < a.repeats:
             targets = [f"results/{config['study']}/runs/{r.path}/metrics.json"
                        for r in runs if r.repeat == i]  # fmt: skip
             s = snakemake(a, work, grid, *targets)
-            passes.append(s)
+            grid_seconds.append(s)
             print(f"grid pass {i + 1}: {len(targets)} runs, {s:.0f} s; {load()}", flush=True)
         if i < a.seeds:
             study = f"{a.name}-tune-s{i + 1}"
@@ -222,7 +222,7 @@ def main() -> None:
     print(f"grid's fastest: {name(fastest)} ({fastest['rate_mean']:,.0f} samples/s); within "
           f"{BEHIND:.0%} of it by the grid: {len(close)} other cells")  # fmt: skip
     print(
-        f"wall-clock (Snakemake's, every start-up included): grid {sum(passes):,.0f} s; "
+        f"wall-clock (Snakemake's, every start-up included): grid {sum(grid_seconds):,.0f} s; "
         + ", ".join(f"tune seed {k} {t['seconds']:,.0f} s" for k, t in tunes.items())
     )
     passed, rates = 0, {}

@@ -220,7 +220,7 @@ def main() -> None:
           f"{max(trained):.1f}" + ("" if min(trained) >= 30 else
                                    "  (SHORTER THAN 30 s: raise --scale)"))  # fmt: skip
     print(f"grid's fastest: {name(fastest)} ({fastest['rate_mean']:,.0f} samples/s); within "
-          f"{BEHIND:.0%} of it by the grid: {len(close)} other cells")  # fmt: skip
+          f"{100 * BEHIND:.0f} % of it by the grid: {len(close)} other cells")  # fmt: skip
     print(
         f"wall-clock (Snakemake's, every start-up included): grid {sum(grid_seconds):,.0f} s; "
         + ", ".join(f"tune seed {k} {t['seconds']:,.0f} s" for k, t in tunes.items())
@@ -238,16 +238,17 @@ def main() -> None:
               f"{t['seconds']:.0f} s wall); winning set: "
               f"{', '.join(name(w) for w in won.values()) or 'none'}; grid's fastest "
               + ("in it" if cell(fastest) in won else "not in it")
-              + f"; {BEHIND:.0%} or more behind: {', '.join(far) or 'none'}"
+              + f"; {100 * BEHIND:.0f} % or more behind: {', '.join(far) or 'none'}"
               + f" -> {'PASS' if ok else 'FAIL'}; a random set of {len(won)} passes the rule "
               f"{rates[seed]:.1%}"
-              + ("" if rates[seed] <= RANDOM_MOST else f" (MORE THAN {RANDOM_MOST:.0%}: "
+              + ("" if rates[seed] <= RANDOM_MOST else f" (MORE THAN {100 * RANDOM_MOST:.0f} %: "
                  "the rule cannot tell this tune from chance)"))  # fmt: skip
     print(f"\n{passed} of {len(tunes)} seeds meet the bar (the grid's fastest in the set, none "
-          f"{BEHIND:.0%} behind, at <= {BAR:.0%} of the grid's worker-seconds); issue 68 asks "
+          f"{100 * BEHIND:.0f} % behind, at <= {100 * BAR:.0f} % of the grid's worker-seconds); "
+          f"issue 68 asks "
           f"for 2 of 3; a random set of the same size passes at most "
           f"{max(rates.values(), default=float('nan')):.1%} (issue 68: at most "
-          f"{RANDOM_MOST:.0%})")  # fmt: skip
+          f"{100 * RANDOM_MOST:.0f} %)")  # fmt: skip
     (work / "tune_vs_grid.json").write_text(json.dumps(
         {"grid_worker_seconds": grid_ws, "tunes": tunes, "passed": passed,
          "random_pass_rate": rates}, indent=1,

@@ -14,9 +14,8 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
-from test_interval import PHI, SIGMA_A, STEP_CV, simulate
+from test_interval import PHI, SIGMA_A, STEP_CV
 
-from trainscale.analysis import interval
 from trainscale.measure import metrics, steptimes
 from trainscale.plan import overlay
 from trainscale.plan.matrix import build_runs
@@ -37,7 +36,7 @@ def study(*strategies: str, **extra) -> dict:
     m = {"strategy": list(strategies), "model": ["seed-small"], "dataset": ["digits"],
          "workers": [1], "batch_size": [64]}  # fmt: skip
     m.update(extra.pop("matrix", {}))
-    return validated({"study": "t", "repeats": 2, "matrix": m, **extra})
+    return validated({"study": "t", "repeats": extra.pop("repeats", 2), "matrix": m, **extra})
 
 
 def plan(cfg: dict, predicted: dict | None = None) -> space.Space:
@@ -85,9 +84,9 @@ def run_round(s: space.Space, round: int, speeds: dict, rng, previous=None, reco
     """Round `round` of the tune `s` on synthetic records (the cells' `speeds` by strategy;
     the runs of `failing` fail): its result and every record so far."""
     records = list(records or [])
-    cells = previous["next"] if previous else list(s.cells)
-    for cell in cells:
-        for path in s.run_paths(cell, round):
+    asked = previous["next"] if previous else s.first_runs()
+    for cell, repeats in asked.items():
+        for path in (f"{cell}/repeat~{r}" for r in repeats):
             spec = s.spec(round, path)
             status = "failed" if path in failing else "ok"
             out = f"results/t/tune/round~{round}/runs/{path}/metrics.json"
@@ -126,97 +125,54 @@ def test_round_zero_drops_what_the_memory_model_says_will_not_fit():
 
 
 def test_round_one_runs_every_cell_twice_with_more_where_cells_are_few():
-    """Two runs a cell in round 1; three where the tune has fewer than 4 cells (the pooled
-    run-to-run variance then has at least interval.MIN_DF = 4 degrees of freedom); each later
-    round one more repeat, eta times the steady epochs, no evaluation."""
+    """Two runs a cell in round 1; three where a panel has fewer than 4 cells (its pooled
+    run-to-run variance then has at least 4 degrees of freedom); every run of every round
+    the same length (one warm-up epoch, tune.epochs steady ones), without evaluation."""
     four = plan(study("torch", "torch-ddp", "torch-fsdp", "lightning-ddp"))
     two = plan(study("torch", "torch-ddp"))
-    assert (four.first_repeats, two.first_repeats) == (2, 3)
+    assert {len(r) for r in four.first_runs().values()} == {2}
     cell = next(iter(two.cells))
-    assert two.run_paths(cell, 1) == [f"{cell}/repeat~{r}" for r in range(3)]
-    r2 = two.spec(2, f"{cell}/repeat~3")
-    assert (r2.epochs, r2.steps_per_epoch, r2.evaluate, r2.seed) == (4, 40, False, 3)
-    assert r2.path == f"{cell}/repeat~3" and two.spec(1, f"{cell}/repeat~0").epochs == 2
+    assert two.first_runs()[cell] == [0, 1, 2]
+    r5 = two.spec(3, f"{cell}/repeat~5")
+    assert (r5.epochs, r5.steps_per_epoch, r5.evaluate, r5.seed) == (2, 40, False, 5)
+    assert r5.path == f"{cell}/repeat~5" and two.spec(1, f"{cell}/repeat~0").epochs == 2
     with pytest.raises(ValueError, match="not a run of round 1"):
-        two.spec(1, f"{cell}/repeat~3")
-    assert not evaluates(r2, synthetic=False, epoch=r2.epochs)
+        two.spec(1, f"{cell}/repeat~{two.max_repeats}")
+    assert not evaluates(r5, synthetic=False, epoch=r5.epochs)
     assert evaluates(two.cells[cell], synthetic=False, epoch=two.cells[cell].epochs)
 
 
 def test_a_budget_below_round_one_stops_before_any_job():
     cfg = study("torch", "torch-ddp", tune={"max_runs": 5})
-    with pytest.raises(ConfigError, match=r"tune.max_runs 5: round 1 runs each of the 2 cells 3"):
+    with pytest.raises(ConfigError, match=r"tune.max_runs 5: round 1 runs the 2 cells 6 times"):
         plan(cfg)
 
 
 # --------------------------------------------------------------------------------------------
-# the elimination rule
+# rounds on synthetic records (the race itself: tests/test_race.py)
 
 
-def simulated_rounds(
-    cells: int, true: np.ndarray, repeats: int, seed: int, tunes: int = TUNES
-) -> list:
-    """`decide` on `tunes` simulated round-1 panels of `cells` cells (true log throughputs
-    `true`, `repeats` runs of one steady epoch of the default steps, the default noise)."""
-    rng = np.random.default_rng(seed)
-    steps = np.full(cells, space.Settings().steps_per_epoch)
-    f = interval.fit(*simulate(rng, tunes, steps, true, repeats, 1), np.zeros(cells, int))
-    out = []
-    for i in range(tunes):
-        cols = pd.DataFrame({k: v[i] for k, v in f.columns().items()})
-        cols = cols.assign(panel="p", n=f.n[i], logical=False, statuses="", score=f.ybar[i])
-        out.append(rule.decide(cols, 1, space.Settings().eta))
-    return out
-
-
-@pytest.mark.parametrize("cells", [2, 8])
-def test_round_one_stops_a_cell_20_percent_slower_at_the_default_noise(cells):
-    """Round 1 at its own repeats (3 runs a cell for 2 cells, 2 for 8) and the default
-    steps, at the default noise (run-to-run spread SIGMA_A, steps' CV STEP_CV, lag-1
-    correlation PHI): a cell 20 % slower than the others is stopped as slower in at least
-    95 % of TUNES simulated tunes with 3 runs a cell, 75 % with 2 (printed): each cell's
-    variance is its own, moderated toward its stratum's on d₀ + n − 1 df (issue 67), no longer
-    one pool's; more runs are what buys the rest back (issue "tune by racing")."""
-    repeats = 3 if cells == 2 else 2
-    true = np.where(np.arange(cells) == 1, TWENTY, 0.0)
-    decided = simulated_rounds(cells, true, repeats, seed=20 + cells)
-    slower = np.mean([d.iloc[1]["reason"].startswith("slower") for d in decided])
-    print(f"{cells} cells: the 20 % slower one stopped as slower in {slower:.3f} of tunes")
-    assert slower >= (0.95 if repeats == 3 else 0.75)
-    assert all(d.iloc[1]["decision"] == "stopped" for d in decided if d.iloc[1]["reason"]
-               .startswith("slower"))  # fmt: skip
-
-
-def test_equal_cells_both_go_on():
-    """Two equally fast cells (round 1, 3 runs each, default noise): both go on in at least
-    95 % of TUNES simulated tunes (the comparison with the best calls one slower in at most
-    5 %; the halving keeps 2)."""
-    decided = simulated_rounds(2, np.zeros(2), 3, seed=2)
-    both = np.mean([(d["decision"] == "go on").all() for d in decided])
-    print(f"equal cells: both go on in {both:.3f} of tunes")
-    assert both >= 0.95 - 2.33 * math.sqrt(0.05 * 0.95 / TUNES)
-
-
-def test_the_halving_keeps_at_most_a_share_of_the_cells():
-    """Nine equal cells: none is slower, at most ceil(9 / 3) = 3 go on, the best estimates,
-    and the others are stopped as the halving's, with reasons that say so."""
-    (d,) = simulated_rounds(9, np.zeros(9), 2, seed=9, tunes=1)
-    going = d[d["decision"] == "go on"]
-    assert len(going) <= 3 and going["score"].min() >= d[d["decision"] == "stopped"]["score"].max()
-    assert d[d["decision"] == "stopped"]["reason"].str.contains("successive halving").any()
+def race_to_the_end(s: space.Space, speeds: dict, rng, failing=()) -> list[dict]:
+    """Every round of the tune `s` on synthetic records, to the one that ends it."""
+    rounds, records = [], []
+    while not rounds or not rounds[-1]["done"]:
+        result, records = run_round(s, len(rounds) + 1, speeds, rng, rounds[-1] if rounds else
+                                    None, records, failing)  # fmt: skip
+        rounds.append(result)
+    return rounds
 
 
 def test_rounds_on_synthetic_records_stop_the_slower_and_end_with_a_winning_set(tmp_path):
-    """Three cells' synthetic records through the round's code (records -> estimates ->
-    decisions): torch-fsdp, 20 % slower, is stopped in round 1; torch-ddp and lightning-ddp,
-    equally fast, go on, though one of lightning-ddp's runs failed; round 2 adds a run each
-    and ends the tune with its winning set. tune.csv has every cell of every round, and
-    best.yaml is a study of exactly the winners."""
+    """Three cells' synthetic records through the round's code (records -> evidence -> the
+    race): torch-fsdp, 20 % slower, is stopped in round 1; torch-ddp and lightning-ddp,
+    equally fast, go on, though one of lightning-ddp's runs failed (spent, no evidence); the
+    race ends with winners among them, whose estimates come from their confirmation runs.
+    tune.csv has every cell of every round, and the costs count every run."""
     s = plan(study("torch-ddp", "torch-fsdp", "lightning-ddp"))
-    rng = np.random.default_rng(3)
     speeds = {"torch-ddp": 1.0, "lightning-ddp": 1.0, "torch-fsdp": 0.8}
-    failing = [p for c in s.cells for p in s.run_paths(c, 1) if "lightning" in p][:1]
-    one, records = run_round(s, 1, speeds, rng, failing=failing)
+    failing = [f"{c}/repeat~0" for c in s.cells if "lightning" in c]
+    rounds = race_to_the_end(s, speeds, np.random.default_rng(3), failing)
+    one = rounds[0]
     cells = by_strategy(one)
     assert cells["torch-fsdp"]["decision"] == "stopped"
     assert cells["torch-fsdp"]["reason"].startswith("slower than the panel's best")
@@ -225,20 +181,22 @@ def test_rounds_on_synthetic_records_stop_the_slower_and_end_with_a_winning_set(
     assert one["failed"] == [{"cell": failing[0].rsplit("/repeat~")[0], "repeat": 0,
                               "status": "failed", "error": "injected"}]  # fmt: skip
     assert one["runs"] == 9 and one["done"] is None and len(one["next"]) == 2
-    two, _ = run_round(s, 2, speeds, rng, one, records)
-    assert two["done"] and two["runs"] == 2 and not two["next"]
-    assert {c["decision"] for c in two["cells"]} <= {"best", "stopped"}
-    winners = results.winners([one, two])
+    last = rounds[-1]
+    assert last["done"] and not last["next"]
+    assert {c["decision"] for c in last["cells"]} <= {"best", "stopped"}
+    winners = results.winners(rounds)
     assert winners and {c["values"]["strategy"] for c in winners} <= {"torch-ddp", "lightning-ddp"}
-    csv = results.table(s.to_json(), [one, two])
+    assert all("confirmation runs" in c["reason"] for c in winners)
+    csv = results.table(s.to_json(), rounds)
     assert list(csv.columns[:17]) == ["round", *MATRIX_KEYS]
     assert {"estimate", "ci_low", "ci_high", "decision", "reason"} <= set(csv.columns)
-    assert csv.groupby("round").size().to_dict() == {0: 3, 1: 3, 2: 2}
+    assert csv.groupby("round").size().to_dict() == {0: 3, **{r + 1: 3 for r in range(len(rounds))}}
     assert set(csv["decision"]) <= {"go on", "stopped", "best"}
     ok = csv[csv["round"] > 0]
     assert (ok["ci_low"] < ok["estimate"]).all() and (ok["estimate"] < ok["ci_high"]).all()
-    cost = results.costs(s.to_json(), [one, two])
-    assert cost["runs"] == 11 and cost["grid_runs"] == 6 and cost["grid_worker_hours"] > 0
+    cost = results.costs(s.to_json(), rounds)
+    assert cost["runs"] == last["spent_runs"] and cost["grid_runs"] == 6
+    assert cost["grid_worker_hours"] > 0
 
 
 def test_the_cost_objective_compares_every_n_of_a_model_in_one_panel():
@@ -258,6 +216,35 @@ def test_the_cost_objective_compares_every_n_of_a_model_in_one_panel():
         assert by_n[2]["decision"] == "stopped" and by_n[1]["decision"] == "best"
 
 
+def test_an_unpriced_device_stops_its_cost_panel_with_a_reason():
+    """objective cost with a price for CPU cores only: a cell whose runs ran on a device
+    without a price stops the whole panel, never compared with the priced ones."""
+    cfg = study("torch-ddp", matrix={"workers": [1, 2]}, tune={"objective": "cost"},
+                cost={"device_hour": {"cpu-core": 0.04}})  # fmt: skip
+    s = plan(cfg)
+    rng, records = np.random.default_rng(4), []
+    for cell, repeats in s.first_runs().items():
+        for r in repeats:
+            spec = s.spec(1, f"{cell}/repeat~{r}")
+            rec = record(spec, 1.0, rng)
+            if spec.world_size == 2:
+                rec["device"] = {**rec["device"], "kind": "cuda", "name": "Unpriced GPU"}
+            records.append((1, f"results/t/tune/round~1/runs/{spec.path}/metrics.json", rec))
+    one = rule.round_result(json.loads(json.dumps(s.to_json())), 1, records, None)
+    assert {c["decision"] for c in one["cells"]} == {"stopped"} and not one["next"]
+    assert all("mixes priced and unpriced devices" in c["reason"] for c in one["cells"])
+
+
+def test_repeats_takes_an_integer_or_min_and_max():
+    """{min: n, max: n} plans n repeats as the integer n does; max > min, not built yet, and
+    max < min stop with a message naming the fix."""
+    assert len(build_runs(study("torch", repeats={"min": 3, "max": 3}), "cpu")[0]) == 3
+    with pytest.raises(ConfigError, match=r"repeats: \{min: 2, max: 4\}: .* not built yet"):
+        build_runs(study("torch", repeats={"min": 2, "max": 4}), "cpu")
+    with pytest.raises(ConfigError, match="max 1 is below min 2"):
+        build_runs(study("torch", repeats={"min": 2, "max": 1}), "cpu")
+
+
 # --------------------------------------------------------------------------------------------
 # the budget
 
@@ -266,7 +253,8 @@ def test_the_cost_objective_compares_every_n_of_a_model_in_one_panel():
 def test_the_budget_ends_the_tune_before_a_round_it_cannot_pay_for(budget):
     """Six equal cells: round 1 leaves some going on; a budget that round 1 fits but round
     2 would pass ends the tune after round 1, the cells going on then are the winning set,
-    and what was spent stays within the budget."""
+    their estimates labelled biased (no room for confirmation runs), and what was spent stays
+    within the budget."""
     strategies = ("torch", "torch-ddp", "torch-fsdp", "lightning-ddp", "deepspeed-zero0",
                   "horovod-torch")  # fmt: skip
     first, _ = run_round(plan(study(*strategies)), 1, dict.fromkeys(strategies, 1.0),
@@ -276,10 +264,12 @@ def test_the_budget_ends_the_tune_before_a_round_it_cannot_pay_for(budget):
     limit = {"max_runs": 13, "max_worker_hours": spent * 1.01}[budget]
     s = plan(study(*strategies, tune={budget: limit}))
     capped, _ = run_round(s, 1, dict.fromkeys(strategies, 1.0), np.random.default_rng(6))
-    assert not capped["next"] and capped["done"].startswith("budget: round 2")
+    assert not capped["next"] and capped["done"].startswith("budget: the next")
     assert f"tune.{budget}" in capped["done"]
     assert {c["decision"] for c in capped["cells"]} <= {"best", "stopped"}
-    assert [c["cell"] for c in capped["cells"] if c["decision"] == "best"] == first["next"]
+    won = [c for c in capped["cells"] if c["decision"] == "best"]
+    assert [c["cell"] for c in won] == list(first["next"])
+    assert all(c["reason"].endswith("selected: biased up") for c in won)
     assert capped["spent_runs"] <= s.settings.max_runs if budget == "max_runs" else (
         capped["spent_worker_seconds"] / 3600 <= limit)  # fmt: skip
 
@@ -322,11 +312,11 @@ def test_trainscale_tune_runs_snakemake_tune_with_the_study():
 @pytest.fixture(scope="module")
 def tuned(tmp_path_factory) -> dict:
     """`trainscale tune .test/tune.yaml --cores 2` in a fresh directory: two cells of one
-    panel, torch-ddp's repeat 1 made to fail, and a budget of round 1's 6 runs (more rounds
-    run in tests/test_slurm.py's tune)."""
+    panel, torch-ddp's repeat 1 made to fail, and a budget of 10 runs: round 1's 6 and the
+    winners' confirmation runs (more rounds run in tests/test_slurm.py's tune)."""
     work = tmp_path_factory.mktemp("tune")
     cfg = load_yaml(ROOT / ".test" / "tune.yaml")
-    cfg["tune"]["max_runs"] = 6
+    cfg["tune"]["max_runs"] = 10
     (work / "study.yaml").write_text(yaml.safe_dump(cfg))
     p = subprocess.run([PYTHON, "-m", "trainscale", "tune", "study.yaml", "--cores", "2"],
                        cwd=work, env=run_env(), capture_output=True, text=True,
@@ -354,7 +344,10 @@ def test_a_real_tune_writes_its_rounds_table_winners_and_report(tuned):
     assert (csv["decision"] == "best").any()
     assert csv["round"].max() == rounds[-1] and (csv["round"] == 0).sum() == 2
     last = json.loads((out / f"round~{rounds[-1]}" / "round.json").read_text())
-    assert last["done"] and not last["next"] and last["spent_runs"] <= 6 == len(recs)
+    assert last["done"] and not last["next"] and last["spent_runs"] == len(recs) <= 10
+    won = [c for c in last["cells"] if c["decision"] == "best"]
+    assert won and all("confirmation runs" in c["reason"] for c in won)
+    assert "from its confirmation runs" in (out / "best.yaml").read_text()
     page = (out / "report.html").read_text()
     assert "data:image/png;base64," in page and "torch-ddp" in page and 'src="http' not in page
     assert "Failed runs" in page and "repeat~1" in page

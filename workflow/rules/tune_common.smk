@@ -27,7 +27,7 @@ def tune_index():
     spec), for their launcher to record, as the study's runs record theirs; "" where nothing
     was predicted."""
     space = tune_space()
-    runs = [s for r in range(1, space.max_rounds + 1) for _, s in space.runs(r)]
+    runs = space.every_run()
     predicted = {s.path: PREDICTED[space.study_spec(s.path).path]
                  for s in runs} if PREDICTED else {}  # fmt: skip
     return str(ts_memory.write_index(f"{STUDY}-tune", predicted, runs) or "")
@@ -80,20 +80,19 @@ def tune_round_json(round):
 
 
 def tune_round_inputs(wildcards):
-    """Round R's inputs: round 0's plan, round R-1's result, and the records of every round
-    so far of the cells that run in round R (earlier rounds' records count as evidence).
+    """Round R's inputs: round 0's plan, round R-1's result, and the records of every run of
+    rounds 1..R (the race replays every cell's runs): round 1's asked by the plan, round r's
+    by round r-1's result.
     """
     round = int(wildcards.round)
-    space = tune_space()
-    previous = []
-    cells = list(space.cells)
-    if round > 1:
-        path, result = tune_round_json(round - 1)
-        if result["done"]:
-            raise ValueError(f"tune: round {round - 1} ended it ({result['done']})")
-        previous, cells = [path], result["next"]
-    runs = [f"{TUNE_DIR}/round~{r}/runs/{p}/metrics.json" for r in range(1, round + 1)
-            for c in cells for p in space.run_paths(c, r)]  # fmt: skip
+    asked, previous = {1: tune_space().first_runs()}, []
+    for r in range(1, round):
+        path, result = tune_round_json(r)
+        if result["done"] and r == round - 1:
+            raise ValueError(f"tune: round {r} ended it ({result['done']})")
+        asked[r + 1], previous = result["next"], [path]
+    runs = [f"{TUNE_DIR}/round~{r}/runs/{c}/repeat~{i}/metrics.json"
+            for r, cells in asked.items() for c, repeats in cells.items() for i in repeats]  # fmt: skip
     return {"space": TUNE_SPACE, "previous": previous, "runs": runs}
 
 

@@ -43,6 +43,23 @@ DEFAULT_SEQ_LEN = 256
 IMPLEMENTED: frozenset[str] = frozenset(s.name for s in catalog.STRATEGIES.values() if s.runner)
 
 
+def repeat_count(repeats: int | dict) -> int:
+    """The repeats a study plans of each cell from config `repeats` (an integer, or {min,
+    max}); ConfigError naming the fix where {min, max} asks more than is built."""
+    if isinstance(repeats, int):
+        return repeats
+    low, high = repeats["min"], repeats["max"]
+    if high < low:
+        raise ConfigError(f"repeats: max {high} is below min {low}; give max >= min")
+    if high > low:
+        raise ConfigError(
+            f"repeats: {{min: {low}, max: {high}}}: repeats bought by the racing step are not "
+            f'built yet (docs/tune.md, "Repeats a study buys"); give repeats: {low} or '
+            f"{{min: {high}, max: {high}}}, or tune the study with `trainscale tune`"
+        )
+    return low
+
+
 def effective_lr(lr: float, scaling: str, global_batch: int, base_batch: int) -> float:
     """Learning rate after the configured batch-size scaling rule."""
     if scaling == "linear":
@@ -269,7 +286,7 @@ def build_runs(
             **imagesets.run_fields(values["dataset"], config),
         )
         planted_faults = config.get("faults", [])
-        for repeat in range(config["repeats"]):
+        for repeat in range(repeat_count(config["repeats"])):
             fault = faults.fault_for(values, repeat, planted_faults)
             planted = {"lr": DIVERGE_LR} if fault and fault.kind == "diverge" else {}
             runs.append(

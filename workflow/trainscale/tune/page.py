@@ -22,7 +22,7 @@ TEMPLATE = "tune.html.j2"
 ENDS = {
     "best": ("*", "#029e73", "in the winning set"),
     "slower": ("X", "#d55e00", "stopped: slower than the best"),
-    "halving": ("o", "#de8f05", "stopped by the halving (could still be the best)"),
+    "cap": ("o", "#de8f05", "cut by the cap (could still be the best)"),
     "no run": ("s", "#949494", "stopped: no ok run, or never ranked"),
 }
 
@@ -32,8 +32,8 @@ def how_ended(cell: dict) -> str:
         return "best"
     if cell["reason"].startswith("slower"):
         return "slower"
-    if cell["reason"].startswith("could still be"):
-        return "halving"
+    if cell["reason"].startswith("cut by the cap"):
+        return "cap"
     return "no run"
 
 
@@ -67,7 +67,8 @@ def figure(space: dict, rounds: list[dict]) -> str:
     last: dict[str, dict] = {}
     for r in rounds:
         for c in r["cells"]:
-            seen.setdefault(c["cell"], []).append(r["round"])
+            if c.get("ran", 1) or c["cell"] not in seen:  # a round it ran in
+                seen.setdefault(c["cell"], []).append(r["round"])
             last[c["cell"]] = c
     order = sorted(
         last, key=lambda c: (last[c]["panel"], -len(seen[c]), -(last[c]["score"] or -math.inf))
@@ -147,7 +148,7 @@ def context(space: dict, rounds: list[dict], config: dict) -> dict:
         "study": space["study"],
         "version": trainscale.__version__,
         "settings": space["settings"],
-        "first_repeats": space["first_repeats"],
+        "first_runs": sum(len(r) for r in space["next"].values()),
         "n_cells": len(space["cells"]),
         "n_dropped": len(space["dropped"]),
         "ended": rounds[-1]["done"],
@@ -173,11 +174,12 @@ def context(space: dict, rounds: list[dict], config: dict) -> dict:
             "grid_money": money(costs["grid_money"]),
             "share": "–" if not math.isfinite(costs["share"]) else f"{100 * costs['share']:.0f} %",
             "unpredicted": len(costs["unpredicted"]),
+            "dearer": math.isfinite(costs["share"]) and costs["share"] > 1,
         },
         "rounds": [
             {
                 "round": r["round"],
-                "cells": len(r["cells"]),
+                "cells": sum(c.get("ran", 1) > 0 for c in r["cells"]),
                 "steady": f"{r['steady_epochs']} × {r['steps_per_epoch']}",
                 **{
                     d.replace(" ", "_"): sum(c["decision"] == d for c in r["cells"])

@@ -98,12 +98,34 @@ def write_best(path: str | Path, config: dict, cells: list[dict], csv: str) -> N
         )
         return
     text = yaml.safe_dump(best_config(config, cells), sort_keys=False, allow_unicode=True)
+    capped = (config.get("tune") or {}).get("cap")
+    what = (
+        "the cells the cap left in their panel (cut cells could still be the best: not a\n"
+        "# confidence set)"
+        if capped
+        else "the cells of each panel the race never called slower than its best\n"
+        "# (a 95 % confidence set of the best, unless the budget ended it)"
+    )
     header = (
-        f"# The winning set of trainscale tune of study {config['study']!r} ({csv}): the\n"
-        "# cells that could be the best in their panel when the tune ended, as a study for a\n"
-        f"# full benchmark: snakemake --configfile {Path(path).as_posix()}\n"
+        f"# The winning set of trainscale tune of study {config['study']!r} ({csv}):\n"
+        f"# {what}, as a study for a full benchmark:\n"
+        f"# snakemake --configfile {Path(path).as_posix()}\n"
+        + "".join(winner_line(c) for c in cells)
     )
     Path(path).write_text(header + text)
+
+
+def winner_line(cell: dict) -> str:
+    """best.yaml's comment on a winner: its estimate and 95 % interval, and where they come
+    from (its confirmation runs, or the runs that picked it: biased up)."""
+    source = ("from its confirmation runs" if "confirmation runs" in cell["reason"]
+              and "biased up" not in cell["reason"] else "selected: biased up")  # fmt: skip
+    values = " ".join(f"{k}={cell['values'][k]}" for k in ("strategy", "batch_size", "workers")
+                      if k in cell["values"])  # fmt: skip
+    fmt = lambda v: "?" if v is None else f"{v:.4g}"  # noqa: E731
+    interval = f"{fmt(cell.get('ci_low'))} – {fmt(cell.get('ci_high'))}"
+    estimate = f"{fmt(cell.get('estimate'))} {cell.get('unit', '')}"
+    return f"#   {cell['panel']}: {values}: {estimate} (95 %: {interval}; {source})\n"
 
 
 def costs(space: dict, rounds: list[dict]) -> dict:

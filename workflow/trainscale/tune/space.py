@@ -10,43 +10,21 @@ more steady epochs each round). Every import the tune makes from `trainscale.pla
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
 
-from trainscale.analysis.interval import MIN_DF
+from trainscale.analysis.interval import stratum_of
 from trainscale.plan.faults import fault_for
-from trainscale.plan.matrix import effective_lr
+from trainscale.plan.matrix import effective_lr, repeat_count
 from trainscale.plan.prices import Prices
 from trainscale.plan.runspec import DIVERGE_LR, MATRIX_KEYS, ConfigError, Dropped, RunSpec
+from trainscale.tune import race
+from trainscale.tune.race import Settings
 
 __all__ = ["MATRIX_KEYS", "ConfigError", "Prices", "Settings", "Space", "cell_of", "plan"]
 
 GIB = 2**30
 #: The panel keys of each objective: the cells compared with each other.
 PANELS = {"throughput": ("model", "dataset", "world_size"), "cost": ("model", "dataset")}
-
-
-@dataclass(frozen=True)
-class Settings:
-    """Config `tune:` with its defaults (workflow/schemas/config.schema.yaml)."""
-
-    objective: str = "throughput"
-    max_worker_hours: float | None = None
-    max_runs: int | None = None
-    eta: int = 3
-    steps_per_epoch: int = 40
-
-    @classmethod
-    def of(cls, config: dict) -> Settings:
-        given = config.get("tune") or {}
-        return cls(**{f.name: given[f.name] for f in dataclasses.fields(cls) if f.name in given})
-
-    def steady_epochs(self, round: int) -> int:
-        """Steady epochs of a run of `round`: 1 in round 1, eta^(R-1) in round R."""
-        return self.eta ** (round - 1)
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
 
 
 def cell_of(run_path: str) -> str:
@@ -82,36 +60,38 @@ class Space:
     cost: dict  # config `cost`: the prices of a device-hour
     _specs: dict = field(default_factory=dict, repr=False)  # (cell, round, repeat) -> spec
 
+    def panel_sizes(self) -> dict[str, int]:
+        """Each cell's panel's count of cells."""
+        labels = {c: self.panel_label(c) for c in self.cells}
+        counts = {p: list(labels.values()).count(p) for p in set(labels.values())}
+        return {c: counts[p] for c, p in labels.items()}
+
+    def panel_label(self, cell: str) -> str:
+        spec = self.cells[cell]
+        values = {k: getattr(spec, k) for k in MATRIX_KEYS}
+        return panel_label(panel_of({**values, "world_size": spec.world_size},
+                                    self.settings.objective), self.settings.objective)  # fmt: skip
+
+    def first_runs(self) -> dict[str, list[int]]:
+        """Round 1's repeats of each cell: what the race asks before any evidence."""
+        cells = [{"cell": c, "panel": self.panel_label(c), "stratum": self.stratum(c)}
+                 for c in self.cells]  # fmt: skip
+        empty = race.empty_evidence()
+        unbounded = dataclasses.replace(self.settings, max_runs=None)  # plan checks it
+        asked = race.decide(race.cells_frame(cells), empty, unbounded)
+        return {c: list(range(n)) for c, n in zip(asked["cell"], asked["next_runs"], strict=True)}
+
+    def stratum(self, cell: str) -> str:
+        """The cell's stratum of the run-to-run variance (its device told by its records)."""
+        spec = self.cells[cell]
+        return stratum_of(spec.strategy, spec.world_size, "")
+
     @property
-    def first_repeats(self) -> int:
-        """Runs of each cell in round 1: two, or more where the tune has so few cells that the
-        run-to-run variance pooled over them would have fewer than MIN_DF degrees of freedom
-        (each cell gives repeats − 1)."""
-        n = len(self.cells)
-        return 2 if n < 2 else max(2, 1 + math.ceil(MIN_DF / n))
-
-    def repeats(self, round: int) -> list[int]:
-        """The repeat numbers a cell runs in `round` (numbered across rounds)."""
-        if round == 1:
-            return list(range(self.first_repeats))
-        return [self.first_repeats + round - 2]
-
-    def run_paths(self, cell: str, round: int) -> list[str]:
-        return [f"{cell}/repeat~{r}" for r in self.repeats(round)]
-
-    @property
-    def max_rounds(self) -> int:
-        """The most rounds the stop rule can take: halving the largest panel to 2 cells, then
-        the round that ends it (a round after the first that stops none ends a panel)."""
-        sizes: dict[tuple, int] = {}
-        for spec in self.cells.values():
-            values = {k: getattr(spec, k) for k in ("model", "dataset", "world_size")}
-            key = tuple(panel_of(values, self.settings.objective))
-            sizes[key] = sizes.get(key, 0) + 1
-        n, rounds = max(sizes.values(), default=1), 1
-        while n > 2:
-            n, rounds = max(2, math.ceil(n / self.settings.eta)), rounds + 1
-        return max(rounds, 2)
+    def max_repeats(self) -> int:
+        """The most runs a race can make of a cell: its first runs, one a look after the
+        first, and its confirmation runs."""
+        first = max((race.first_runs(n) for n in self.panel_sizes().values()), default=2)
+        return first + race.MAX_LOOKS - 1 + self.settings.confirm
 
     def study_spec(self, run_path: str) -> RunSpec:
         """The study's own first run of the cell of a tune run: the tune run's input files
@@ -122,7 +102,7 @@ class Space:
         """The run spec behind `run_path` in `round`; ValueError naming it where the tune has
         no such run."""
         cell, _, repeat = run_path.rpartition("/repeat~")
-        if cell not in self.cells or not repeat.isdigit() or int(repeat) not in self.repeats(round):
+        if cell not in self.cells or not repeat.isdigit() or int(repeat) >= self.max_repeats:
             raise ValueError(
                 f"{run_path} is not a run of round {round} of study {self.study!r}'s tune"
             )
@@ -141,16 +121,17 @@ class Space:
             base,
             repeat=repeat,
             seed=base.seed - base.repeat + repeat,
-            epochs=1 + self.settings.steady_epochs(round),
+            epochs=1 + self.settings.epochs,
             steps_per_epoch=self.settings.steps_per_epoch,
             evaluate=False,
             fault=fault,
             lr=DIVERGE_LR if fault and fault.kind == "diverge" else lr,
         )
 
-    def runs(self, round: int) -> list[tuple[str, RunSpec]]:
-        """(run path, spec) of every run every cell could have in `round`."""
-        return [(p, self.spec(round, p)) for c in self.cells for p in self.run_paths(c, round)]
+    def every_run(self) -> list[RunSpec]:
+        """The spec of every run the race could make."""
+        reps = range(self.max_repeats)
+        return [self.spec(1, f"{c}/repeat~{r}") for c in self.cells for r in reps]
 
     def to_json(self) -> dict:
         """Round 0 as the rounds read it (results/<study>/tune/round~0/space.json)."""
@@ -161,14 +142,14 @@ class Space:
             panel = panel_of({**values, "world_size": spec.world_size}, objective)
             cells.append({"cell": cell, "values": values, "world_size": spec.world_size,
                           "panel": panel, "panel_label": panel_label(panel, objective),
-                          "reason": self.kept[cell]})  # fmt: skip
+                          "stratum": self.stratum(cell), "reason": self.kept[cell]})  # fmt: skip
         dropped = [{"values": {k: d.values.get(k) for k in MATRIX_KEYS}, "reason": d.reason}
                    for d in self.dropped]  # fmt: skip
         return {
             "study": self.study,
             "settings": self.settings.to_dict(),
-            "first_repeats": self.first_repeats,
-            "max_rounds": self.max_rounds,
+            "next": self.first_runs(),
+            "max_repeats": self.max_repeats,
             "grid": self.grid,
             "cost": self.cost,
             "cells": cells,
@@ -209,16 +190,15 @@ def plan(
         grid={
             "epochs": config["epochs"],
             "steps_per_epoch": config.get("steps_per_epoch"),
-            "repeats": config["repeats"],
+            "repeats": repeat_count(config["repeats"]),
         },  # fmt: skip
         cost=config.get("cost") or {},
     )
-    first = space.first_repeats * len(cells)
+    first = sum(len(r) for r in space.first_runs().values())
     if settings.max_runs is not None and settings.max_runs < first:
         raise ConfigError(
-            f"tune.max_runs {settings.max_runs}: round 1 runs each of the {len(cells)} cells "
-            f"{space.first_repeats} times ({first} runs); raise it to at least {first}, or "
-            "narrow matrix"
+            f"tune.max_runs {settings.max_runs}: round 1 runs the {len(cells)} cells "
+            f"{first} times in all; raise it to at least {first}, or narrow matrix"
         )
     return space
 

@@ -357,7 +357,9 @@ def test_a_real_tune_writes_its_rounds_table_winners_and_report(tuned):
 def test_best_yaml_of_a_real_tune_plans_as_a_study(tuned):
     best = load_yaml(tuned["out"] / "best.yaml")
     assert best["study"] == "ci-tune-best"
-    p = snakemake(tuned["work"], "-n", "--configfile", str(tuned["out"] / "best.yaml"))
+    p = snakemake(
+        tuned["work"], "-n", "--quiet", "host", "--configfile", str(tuned["out"] / "best.yaml")
+    )
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     planned = {line.split("strategy~")[1].split("/")[0] for line in p.stdout.splitlines()
                if "results/ci-tune-best/runs/strategy~" in line}  # fmt: skip

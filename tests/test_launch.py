@@ -73,7 +73,8 @@ def test_ddp_multi_node_on_slurm_is_srun_one_task_per_node_running_torchrun():
     argv = command(s, env, "m.json")
     line = shlex.join(argv)
     assert (
-        "srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --kill-on-bad-exit=1 python -m "
+        "srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --cpus-per-task=4 --kill-on-bad-exit=1 "
+        "python -m "
         "torch.distributed.run --nnodes=2 --nproc-per-node=4 --rdzv-backend=c10d "
         "--rdzv-endpoint=gpu01:29411 --rdzv-id=slurm-123 --max-restarts=0"
     ) in line
@@ -247,7 +248,8 @@ def test_tf_multiworker_multi_node_on_slurm_is_srun_one_task_per_worker():
     argv = command(s, env, "m.json")
     line = shlex.join(argv)
     assert (
-        "srun --nodes=2 --ntasks=8 --ntasks-per-node=4 --kill-on-bad-exit=1 "
+        "srun --nodes=2 --ntasks=8 --ntasks-per-node=4 --cpus-per-task=1 --gpus-per-task=1 "
+        "--gpu-bind=per_task:1 --kill-on-bad-exit=1 "
         "env TRAINSCALE_TF_CLUSTER=slurm TRAINSCALE_TF_PORT=29411 "
         "python -m trainscale.runners --spec"
     ) in line

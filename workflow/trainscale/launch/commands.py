@@ -66,14 +66,31 @@ def single_process(spec: RunSpec, env: Environment, worker: list[str]) -> list[s
 def srun(spec: RunSpec, tasks_per_node: int) -> list[str]:
     """srun across the run's nodes; one failing task ends the step (no rank waits forever).
     Where the run has fewer processes than nodes × tasks_per_node (tf-ps: workers, servers and
-    a chief, not a multiple of the nodes), `--ntasks-per-node` is the most on one node."""
-    return [
+    a chief, not a multiple of the nodes), `--ntasks-per-node` is the most on one node.
+
+    Each task asks for its CPUs (`--cpus-per-task`, as the job asked: slurm.slurm_request):
+    since SLURM 22.05 srun no longer reads SLURM_CPUS_PER_TASK, and a step asking for one CPU
+    a task is confined to one under task/cgroup or task/affinity, its workers sharing it.
+    Where each task is one worker on a GPU of its own, it asks for that GPU, bound to it."""
+    tasks = min(spec.nodes * tasks_per_node, spec.processes)
+    line = [
         "srun",
         f"--nodes={spec.nodes}",
-        f"--ntasks={min(spec.nodes * tasks_per_node, spec.processes)}",
+        f"--ntasks={tasks}",
         f"--ntasks-per-node={tasks_per_node}",
+        f"--cpus-per-task={task_cpus(spec, tasks)}",
         "--kill-on-bad-exit=1",
     ]
+    one_gpu_each = tasks_per_node == spec.workers and spec.processes == spec.world_size
+    if spec.accelerator == "cuda" and one_gpu_each:
+        line[-1:-1] = ["--gpus-per-task=1", "--gpu-bind=per_task:1"]
+    return line
+
+
+def task_cpus(spec: RunSpec, tasks: int) -> int:
+    """CPUs one of a run's `tasks` SLURM tasks needs: its share of the processes, each
+    threads_per_worker threads plus its data-loader workers (as slurm.slurm_request asks)."""
+    return (spec.threads_per_worker + spec.loader_workers) * -(-spec.processes // tasks)
 
 
 def torchrun(spec: RunSpec, env: Environment, worker: list[str]) -> list[str]:

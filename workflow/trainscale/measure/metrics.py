@@ -239,6 +239,7 @@ def environment(start_utc: str, frameworks: dict[str, str], hostnames: list[str]
         "driver": None,
         "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
         "cpu_count": cpu_count(),
+        "rank_cpus": [cpu_count()],  # the runners' gathers give every rank's
         "start_utc": start_utc,
         "end_utc": utc_now(),
         "trainscale": trainscale.__version__,

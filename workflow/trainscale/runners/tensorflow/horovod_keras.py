@@ -58,7 +58,7 @@ class HorovodKeras(loop.KerasStrategy):
     def configure(self) -> loop.Placement:
         loop.set_threads(self.spec, 1)  # before hvd.init, which starts TensorFlow's runtime
         hvd.init()
-        gpus = tf.config.list_physical_devices("GPU")
+        gpus = loop.physical_gpus(self.spec)
         if gpus:
             loop.visible_gpus(gpus, hvd.local_rank(), 1, self.spec.strategy)
         if self.fixed_world and hvd.size() != self.spec.world_size:

@@ -1,0 +1,82 @@
+"""A rank of an `accelerator: cuda` run that finds no usable GPU stops the run: it never
+trains on the CPU instead. A study's answer ranks its cells by speed; one cell silently on the
+CPU (a node with an old driver, TensorFlow without its CUDA libraries) would be ranked as if
+it had run on GPUs.
+
+`why_no_gpu` says why from what a framework reports (pure, so tests call it); `require_gpu`
+raises with the host, the rank and that reason. The runners call it where they pick a device
+(runners.torch.torch_parts.rank_device, runners.tensorflow.keras_loop.physical_gpus).
+"""
+
+from __future__ import annotations
+
+import os
+
+from trainscale.measure import metrics
+from trainscale.plan import machine
+
+
+class NoUsableGpu(RuntimeError):
+    """A rank of a cuda run found no GPU it can use; the message names host, rank and why."""
+
+
+def why_no_gpu(
+    framework: str,
+    devices: int,
+    cuda_build: str | None,
+    host_gpus: int,
+    driver: str | None,
+    visible: str | None,
+) -> str | None:
+    """Why `framework` (with `cuda_build`, the CUDA it was built for, None for a CPU build)
+    sees no GPU: `devices` it counts, `host_gpus` the driver lists, `visible` the
+    CUDA_VISIBLE_DEVICES it ran under. None when it has one."""
+    if devices > 0:
+        return None
+    if not cuda_build:
+        return (
+            f"{framework} is built without CUDA (a CPU build): install its CUDA build "
+            "(`make setup` on a host with an NVIDIA driver, docs/gpu-cluster.md)"
+        )
+    if host_gpus == 0:
+        return (
+            "no GPU visible: the host has no NVIDIA driver or GPU (/proc/driver/nvidia/gpus "
+            "is empty); ask SLURM for GPUs (gres) or set `slurm.fake_gpus: true` for a test "
+            "cluster whose GPUs are not real"
+        )
+    if visible is not None and not [v for v in visible.split(",") if v.strip()]:
+        return f"no GPU visible: CUDA_VISIBLE_DEVICES={visible!r} hides the host's {host_gpus}"
+    return (
+        f"the host has {host_gpus} NVIDIA GPU(s) (driver {driver or 'unknown'}) but "
+        f"{framework}, built for CUDA {cuda_build}, can use none: the driver is too old for "
+        f"CUDA {cuda_build}, or its libraries are missing (`trainscale gpu-check` on the node)"
+    )
+
+
+def process_rank() -> int:
+    """This process's global rank as its launcher set it (torchrun, srun, Horovod, MPI);
+    0 for one process."""
+    for name in ("RANK", "HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"):
+        if (value := os.environ.get(name, "")).isdigit():
+            return int(value)
+    return 0
+
+
+def require_gpu(
+    accelerator: str, framework: str, devices: int, cuda_build: str | None, rank: int
+) -> None:
+    """Raise NoUsableGpu where a run of `accelerator` cuda finds no GPU (`devices` is 0)."""
+    if accelerator != "cuda" or devices > 0:
+        return
+    why = why_no_gpu(
+        framework,
+        devices,
+        cuda_build,
+        machine.gpu_count(),
+        metrics.driver_version(),
+        os.environ.get("CUDA_VISIBLE_DEVICES"),
+    )
+    raise NoUsableGpu(
+        f"accelerator cuda: rank {rank} on host {metrics.hostname()} has no usable CUDA GPU "
+        f"for {framework}: {why}. The run stops instead of training on the CPU."
+    )

@@ -47,6 +47,13 @@ def capacity_problems(runs: list[RunSpec], accelerator: str, cpus: int, gpus: in
             f"matrix.nodes {nodes}: runs across nodes need a cluster; run with "
             "--profile profiles/slurm (docs/slurm.md), or use nodes: [1] here"
         )
+    if accelerator == "cuda" and gpus == 0:  # the runs would fail at once (device_check)
+        return [
+            *problems,
+            "accelerator: cuda, and this machine has no CUDA GPU visible (no NVIDIA driver, "
+            "or CUDA_VISIBLE_DEVICES hides them): its runs would train on no GPU; use "
+            "accelerator: cpu (or auto) here, or run on a GPU cluster (--profile profiles/slurm)",
+        ]
     have, unit = (gpus, "GPUs") if accelerator == "cuda" else (cpus, "CPU cores")
     workers = sorted({r.workers for r in runs if r.workers > have})
     if workers:

@@ -246,11 +246,11 @@ def test_the_reports_environment_section_shows_the_container_nccl_and_variables(
     for i, image in enumerate(({"image": "ts.sif", "digest": "sha256:ab", "runtime": "apptainer"},
                                None)):  # fmt: skip
         rec = metrics.empty_record(spec("torch").to_dict(), "failed", "x")
-        rec["env"].update(container=image, nccl="2.21.5")
+        rec["env"].update(container=image, nccl={"version": "2.21.5", "transport": "NET/IB"})
         rec["env"]["variables"] = {"NCCL_IB_HCA": "mlx5", "OMP_NUM_THREADS": "1"}
         rec["run"] = f"r{i}"
         recs.append(rec)
     shown = dict(rows.environment(Study(name="s", runs=runs_frame(recs))))
     assert shown["container"] == "apptainer · ts.sif · sha256:ab (1 run); none (1 run)"
-    assert shown["NCCL"] == "2.21.5"
+    assert shown["NCCL"] == "2.21.5" and shown["NCCL transport"] == "NET/IB"
     assert shown["NCCL_IB_HCA"] == "mlx5" and shown["OMP_NUM_THREADS"] == "1"

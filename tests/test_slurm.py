@@ -65,9 +65,9 @@ def test_profile_spellings_dry_run_the_default_matrix(tmp_path):
     assert "train " in p.stdout
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    """The local 2-node cluster for this module's tests; always stopped afterwards."""
+def local_cluster(taskplugin: str = "task/none"):
+    """The local 2-node cluster, started with `taskplugin` (scripts/local-slurm.sh's
+    TASKPLUGIN) and always stopped afterwards: a generator for a module's fixture."""
     if os.geteuid() != 0:
         pytest.skip("the local SLURM cluster needs root (slurmd starts jobs as their users)")
     if not shutil.which("apt-get") and not shutil.which("slurmctld"):
@@ -75,9 +75,7 @@ def cluster():
     # the suite points SLURM clients at a controller that refuses at once (conftest): the
     # cluster's clients read its /etc/slurm/slurm.conf, Snakemake's jobstep srun included
     offline = os.environ.pop("SLURM_CONF", None)
-    # each task bound to the CPUs its step asked for, as on clusters (task/cgroup cannot run
-    # here): a step that asks for too few shows it (test_ranks_get_the_cpus_their_cell_asks_for)
-    environ = {**os.environ, "TASKPLUGIN": "task/affinity"}
+    environ = {**os.environ, "TASKPLUGIN": taskplugin}
     try:
         t0 = time.perf_counter()
         p = subprocess.run(
@@ -87,13 +85,19 @@ def cluster():
             pytest.skip(f"Debian's SLURM packages cannot be installed here: {p.stderr[-500:]}")
         try:
             assert p.returncode == 0, p.stdout + p.stderr
-            print(f"local SLURM up in {time.perf_counter() - t0:.1f} s")
+            print(f"local SLURM ({taskplugin}) up in {time.perf_counter() - t0:.1f} s")
             yield
         finally:
             subprocess.run([str(SCRIPT), "stop"], capture_output=True, text=True, timeout=120)
     finally:
         if offline is not None:
             os.environ["SLURM_CONF"] = offline
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """The local 2-node cluster for this module's tests; always stopped afterwards."""
+    yield from local_cluster()
 
 
 def sacct_states(job_ids: list[str]) -> dict[str, str]:
@@ -207,50 +211,6 @@ def test_check_target_shows_what_every_task_sees(cluster, tmp_path):
     assert re.search(r"CUDA_VISIBLE_DEVICES=\d+,\d+ ", pair[0]), probes
     # and what the software sees: no NVIDIA driver on this machine, so torch counts none
     assert all("torch: 0 cuda device(s)" in t for t in probes.values()), probes
-
-
-#: one tiny cell across both nodes, each rank with 2 threads (every CPU of a node here); and one
-#: that asks for GPUs the nodes do not really have (no slurm.fake_gpus)
-TINY = {
-    "epochs": 2,
-    "repeats": 1,
-    "steps_per_epoch": 2,
-    "threads_per_worker": 2,
-    "collectives": {"enabled": False},
-    "matrix": {"strategy": ["torch-ddp"], "model": ["seed-small"], "dataset": ["digits"],
-               "batch_size": [32], "workers": [1], "nodes": [2], "exclude": []},
-}  # fmt: skip
-
-
-def tiny_study(workdir: Path, study: dict) -> list[dict]:
-    """Run `study` through the profile; its records."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    (workdir / "study.yaml").write_text(json.dumps(study))
-    target = f"results/{study['study']}/runs.csv"
-    config = ["--configfile", str(workdir / "study.yaml")]
-    p = profile_run(workdir, "--profile", "profiles/slurm", *config, *FAST, target)
-    assert p.returncode == 0, p.stderr[-5000:]
-    return [metrics.read(f) for f in (workdir / "results").rglob("metrics.json")]
-
-
-def test_ranks_get_the_cpus_their_cell_asks_for(cluster, tmp_path):
-    """Under task/affinity: the inner srun asks for each task's CPUs, and each rank of a
-    2-node cell may run on threads_per_worker CPUs or more (env.rank_cpus)."""
-    (rec,) = tiny_study(tmp_path, {**TINY, "study": "ci-affinity", "accelerator": "cpu"})
-    assert rec["status"] == "ok", rec["error"]
-    assert "--cpus-per-task=2 " in rec["launch"]["command"], rec["launch"]["command"]
-    assert len(rec["env"]["rank_cpus"]) == 2 and min(rec["env"]["rank_cpus"]) >= 2, rec["env"]
-    assert sorted(rec["env"]["rank_hosts"]) == ["n1", "n2"]
-
-
-def test_a_cuda_cell_on_nodes_without_usable_gpus_fails_naming_cuda(cluster, tmp_path):
-    """The nodes grant (fake) GPUs, no rank can use one: the run fails, never trains on CPU."""
-    study = {**TINY, "study": "ci-nogpu", "accelerator": "cuda",
-             "matrix": {**TINY["matrix"], "strategy": ["torch"], "nodes": [1]}}  # fmt: skip
-    (rec,) = tiny_study(tmp_path, study)
-    assert rec["status"] == "failed", rec["status"]
-    assert "accelerator cuda: rank 0 on host n" in rec["error"], rec["error"]
-    assert "has no usable CUDA GPU" in rec["error"]
 
 
 #: one long run per repeat (digits × 5000 at one worker trains for many minutes): the tests

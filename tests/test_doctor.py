@@ -54,3 +54,13 @@ def test_on_this_cpu_machine(tmp_path, capsys):
     assert ": FAIL " in line and "CUDA" in line
     srun = doctor.srun_line(doctor.asked_by(None), "py")
     assert srun[:3] == ["srun", "--nodes=1", "--ntasks-per-node=1"]
+
+
+def test_setup_stops_where_torch_cannot_use_the_driver():
+    from trainscale.gpu import stack
+
+    assert stack.problems("580.65.06", "13.0", "2.13.0") == []
+    (cpu,) = stack.problems("580.65.06", None, "2.13.0+cpu")
+    assert "torch 2.13.0+cpu is a CPU build" in cpu
+    (old,) = stack.problems("550.54.15", "13.0", "2.13.0")
+    assert "driver 550.54.15 is too old for CUDA 13.0" in old and "torch 2.13.0" in old

@@ -69,3 +69,10 @@ def test_srun_asks_for_each_tasks_cpus_and_one_gpu_per_worker_task():
     assert commands.srun(tf, 4)[4:] == [*per_worker, "--kill-on-bad-exit=1"]
     on_cpu = dataclasses.replace(tf, accelerator="cpu")
     assert "--gpus-per-task=1" not in commands.srun(on_cpu, 4)
+
+
+def test_a_horovod_cuda_cell_needs_horovod_built_with_nccl():
+    device_check.require_nccl("cpu", False, 0)  # gloo is what a CPU cell uses
+    device_check.require_nccl("cuda", True, 0)
+    with pytest.raises(NoUsableGpu, match=r"Horovod is built without NCCL .*make horovod"):
+        device_check.require_nccl("cuda", False, 1)

@@ -61,6 +61,12 @@ def test_discovery_lists_this_host_or_the_allocation(environ, lines):
     assert horovod_hosts.hosts(2, environ) == lines
 
 
+def test_discovery_lists_the_jobs_nodes_the_launcher_gives_it():
+    """Snakemake's jobstep drops SLURM_JOB_NODELIST: the launcher passes the job's nodes."""
+    assert horovod_hosts.hosts(4, {}, ("gpu01", "gpu02")) == ["gpu01:4", "gpu02:4"]
+    assert horovod_hosts.hosts(4, {"SLURM_JOB_NODELIST": "n1"}, ("g1",)) == ["g1:4"]
+
+
 def test_discovery_follows_the_hosts_file(tmp_path):
     f = tmp_path / "hosts"
     env = {"TRAINSCALE_HOROVOD_HOSTS": str(f), "SLURM_JOB_NODELIST": "n1"}

@@ -329,7 +329,8 @@ def test_horovod_multi_node_on_slurm_is_horovodrun_with_the_node_list(elastic):
     line = shlex.join(command(spec(elastic, workers=[4], nodes=[2]), env, "m.json"))
     assert (
         "-np 8 --min-np 1 --max-np 8 --host-discovery-script "
-        "'python -m trainscale.launch.horovod_hosts --slots 4' python -m trainscale.runners"
+        "'python -m trainscale.launch.horovod_hosts --slots 4 --hosts gpu01,gpu02' "
+        "python -m trainscale.runners"
     ) in line
     assert "srun" not in line and "--network-interface" not in line and " -H " not in line
 

@@ -178,6 +178,8 @@ def horovodrun(spec: RunSpec, env: Environment, worker: list[str]) -> list[str]:
         cmd += ["--network-interface", "lo"]
     if catalog.STRATEGIES[spec.strategy].elastic:
         discovery = f"{env.python} -m trainscale.launch.horovod_hosts --slots {spec.workers}"
+        if not local and env.nodes:  # the job's nodes, from the controller (in_allocation)
+            discovery += f" --hosts {','.join(env.nodes[: spec.nodes])}"
         cmd += ["--min-np", "1", "--max-np", str(spec.world_size)]
         cmd += ["--host-discovery-script", discovery]
     elif local:

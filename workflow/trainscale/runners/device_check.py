@@ -80,3 +80,16 @@ def require_gpu(
         f"accelerator cuda: rank {rank} on host {metrics.hostname()} has no usable CUDA GPU "
         f"for {framework}: {why}. The run stops instead of training on the CPU."
     )
+
+
+def require_nccl(accelerator: str, nccl_built: bool, rank: int) -> None:
+    """A Horovod CUDA cell whose Horovod was built without NCCL would all-reduce over gloo
+    on host copies (scripts/build-horovod.sh builds gloo-only where it finds no nvcc): a
+    different measurement under the same name. It stops instead."""
+    if accelerator == "cuda" and not nccl_built:
+        raise NoUsableGpu(
+            f"accelerator cuda: rank {rank} on host {metrics.hostname()}: Horovod is built "
+            "without NCCL (hvd.nccl_built() is false), so its all-reduce would run over gloo on "
+            "the CPU; rebuild it where nvcc and torch's CUDA are (`make horovod` on a GPU node, "
+            "scripts/build-horovod.sh)"
+        )

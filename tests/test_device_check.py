@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from trainscale.launch import commands
+from trainscale.plan.machine import why_no_gpu
 from trainscale.plan.matrix import build_runs
 from trainscale.runners import device_check
-from trainscale.runners.device_check import NoUsableGpu, why_no_gpu
+from trainscale.runners.device_check import NoUsableGpu
 from trainscale.runners.torch.torch_parts import rank_device
 
 from conftest import base_config

@@ -22,8 +22,8 @@ from pathlib import Path
 
 from trainscale.measure import metrics, node_state
 from trainscale.plan import machine
+from trainscale.plan.machine import why_no_gpu
 from trainscale.plan.matrix import train_on
-from trainscale.runners.device_check import why_no_gpu
 
 #: the oldest Linux driver each CUDA major version runs on (NVIDIA's CUDA toolkit release
 #: notes, "minor version compatibility": 12.x needs 525.60.13, 13.x needs 580)

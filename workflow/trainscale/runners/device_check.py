@@ -3,9 +3,10 @@ trains on the CPU instead. A study's answer ranks its cells by speed; one cell s
 CPU (a node with an old driver, TensorFlow without its CUDA libraries) would be ranked as if
 it had run on GPUs.
 
-`why_no_gpu` says why from what a framework reports (pure, so tests call it); `require_gpu`
-raises with the host, the rank and that reason. The runners call it where they pick a device
-(runners.torch.torch_parts.rank_device, runners.tensorflow.keras_loop.physical_gpus).
+`plan.machine.why_no_gpu` says why from what a framework reports (pure: `trainscale doctor`
+says the same); `require_gpu` raises with the host, the rank and that reason. The runners
+call it where they pick a device (runners.torch.torch_parts.rank_device,
+runners.tensorflow.keras_loop.physical_gpus).
 """
 
 from __future__ import annotations
@@ -18,39 +19,6 @@ from trainscale.plan import machine
 
 class NoUsableGpu(RuntimeError):
     """A rank of a cuda run found no GPU it can use; the message names host, rank and why."""
-
-
-def why_no_gpu(
-    framework: str,
-    devices: int,
-    cuda_build: str | None,
-    host_gpus: int,
-    driver: str | None,
-    visible: str | None,
-) -> str | None:
-    """Why `framework` (with `cuda_build`, the CUDA it was built for, None for a CPU build)
-    sees no GPU: `devices` it counts, `host_gpus` the driver lists, `visible` the
-    CUDA_VISIBLE_DEVICES it ran under. None when it has one."""
-    if devices > 0:
-        return None
-    if not cuda_build:
-        return (
-            f"{framework} is built without CUDA (a CPU build): install its CUDA build "
-            "(`make setup` on a host with an NVIDIA driver, docs/gpu-cluster.md)"
-        )
-    if host_gpus == 0:
-        return (
-            "no GPU visible: the host has no NVIDIA driver or GPU (/proc/driver/nvidia/gpus "
-            "is empty); ask SLURM for GPUs (gres) or set `slurm.fake_gpus: true` for a test "
-            "cluster whose GPUs are not real"
-        )
-    if visible is not None and not [v for v in visible.split(",") if v.strip()]:
-        return f"no GPU visible: CUDA_VISIBLE_DEVICES={visible!r} hides the host's {host_gpus}"
-    return (
-        f"the host has {host_gpus} NVIDIA GPU(s) (driver {driver or 'unknown'}) but "
-        f"{framework}, built for CUDA {cuda_build}, can use none: the driver is too old for "
-        f"CUDA {cuda_build}, or its libraries are missing (`trainscale gpu-check` on the node)"
-    )
 
 
 def process_rank() -> int:
@@ -68,7 +36,7 @@ def require_gpu(
     """Raise NoUsableGpu where a run of `accelerator` cuda finds no GPU (`devices` is 0)."""
     if accelerator != "cuda" or devices > 0:
         return
-    why = why_no_gpu(
+    why = machine.why_no_gpu(
         framework,
         devices,
         cuda_build,

@@ -132,8 +132,10 @@ def test_apptainer_study_runs_in_the_image_with_its_variables_and_slurm_options(
     assert asked["OverSubscribe"] == "NO", asked  # --exclusive
     assert asked["Features"] == features and asked["TresPerNode"] == "gres:gpu:2", asked
 
-    # the three settings stay outside the run spec: changing them re-runs nothing
-    study.update(env={"NCCL_DEBUG": "WARN"}, slurm={}, container={"image": "other.sif"})
+    # the three settings stay outside the run spec: changing them re-runs nothing (but
+    # slurm.fake_gpus, which decides what the ranks train on: it stays)
+    study.update(env={"NCCL_DEBUG": "WARN"}, slurm={"fake_gpus": True},
+                 container={"image": "other.sif"})  # fmt: skip
     (work / "study.yaml").write_text(yaml.safe_dump(study))
     again = subprocess.run(
         [SNAKEMAKE, "--directory", str(work), "-n", "results/ci-apptainer/runs.csv",

@@ -77,3 +77,15 @@ def test_a_horovod_cuda_cell_needs_horovod_built_with_nccl():
     device_check.require_nccl("cuda", True, 0)
     with pytest.raises(NoUsableGpu, match=r"Horovod is built without NCCL .*make horovod"):
         device_check.require_nccl("cuda", False, 1)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible here")
+def test_tensorflow_finds_no_gpu_for_a_cuda_run():
+    """The Keras strategies pick their GPUs through physical_gpus: none on cuda stops the run."""
+    pytest.importorskip("tensorflow")
+    from trainscale.runners.tensorflow import keras_loop
+
+    spec = build_runs(base_config(strategy=["tf"]), "cpu")[0][0]
+    assert keras_loop.physical_gpus(spec) == []
+    with pytest.raises(NoUsableGpu, match=r"has no usable CUDA GPU for TensorFlow 2\."):
+        keras_loop.physical_gpus(dataclasses.replace(spec, accelerator="cuda"))

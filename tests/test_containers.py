@@ -151,10 +151,7 @@ def test_cells_the_cluster_options_rule_out_are_dropped_with_the_reason():
     reasons = {(d.values["strategy"], d.values["workers"], d.values["nodes"]): d.reason
                for d in dropped}  # fmt: skip
     assert "slurm.gpus_per_node is 4" in reasons[("torch-ddp", 8, 1)]
-    assert (
-        "horovodrun starts the workers of its other nodes over ssh"
-        in reasons[("horovod-torch", 4, 2)]
-    )
+    assert "across nodes Horovod's workers start outside the" in reasons[("horovod-torch", 4, 2)]
     assert build_runs({**cfg, "container": None}, "cpu")[0]  # CPU: no GPUs to count
 
 

@@ -339,6 +339,7 @@ def test_the_gpu_cluster_pages_say_what_the_code_does():
     assert "--cpus-per-task" in slurm_md and "--gpus-per-task=1" in slurm_md
     # the elastic discovery lists the job's nodes the launcher passes
     assert "passed as `--hosts`" in flat("docs/horovod.md")
+    assert "start through `srun`, inside the job's step, not over ssh" in flat("docs/horovod.md")
     for example in ("h100-llama8b", "h100-resnet50"):
         text = (ROOT / "examples" / f"{example}.yaml").read_text()
         assert "nvcr.io#nvidia/pytorch" not in text and "NCCL_DEBUG: INFO" in text, example

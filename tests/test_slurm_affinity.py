@@ -50,12 +50,20 @@ def tiny_study(workdir: Path, study: dict) -> list[dict]:
 
 def test_ranks_get_the_cpus_their_cell_asks_for(cluster, tmp_path):
     """Under task/affinity: the inner srun asks for each task's CPUs, and each rank of a
-    2-node cell may run on threads_per_worker CPUs or more (env.rank_cpus)."""
-    (rec,) = tiny_study(tmp_path, {**TINY, "study": "ci-affinity", "accelerator": "cpu"})
-    assert rec["status"] == "ok", rec["error"]
-    assert "--cpus-per-task=2 " in rec["launch"]["command"], rec["launch"]["command"]
-    assert len(rec["env"]["rank_cpus"]) == 2 and min(rec["env"]["rank_cpus"]) >= 2, rec["env"]
-    assert sorted(rec["env"]["rank_hosts"]) == ["n1", "n2"]
+    2-node cell may run on threads_per_worker CPUs or more (env.rank_cpus); the same for
+    Horovod, whose workers start through srun too (trainscale.launch.hvdrun, not ssh)."""
+    matrix = {**TINY["matrix"], "strategy": ["torch-ddp", "horovod-torch"]}
+    study = {**TINY, "study": "ci-affinity", "accelerator": "cpu", "matrix": matrix}
+    recs = {r["spec"]["strategy"]: r for r in tiny_study(tmp_path, study)}
+    for rec in recs.values():
+        assert rec["status"] == "ok", rec["error"]
+        assert "--cpus-per-task=2 " in rec["launch"]["command"], rec["launch"]["command"]
+        assert len(rec["env"]["rank_cpus"]) == 2 and min(rec["env"]["rank_cpus"]) >= 2
+        assert sorted(rec["env"]["rank_hosts"]) == ["n1", "n2"]
+    assert (
+        "-m trainscale.launch.hvdrun --hosts n1:1,n2:1"
+        in recs["horovod-torch"]["launch"]["command"]
+    )
 
 
 def test_a_cuda_cell_on_nodes_without_usable_gpus_fails_naming_cuda(cluster, tmp_path):

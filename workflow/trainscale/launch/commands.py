@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -161,8 +162,9 @@ def horovodrun(spec: RunSpec, env: Environment, worker: list[str]) -> list[str]:
 
     Locally `-H localhost:N` on the loopback interface (without `--network-interface lo`
     elastic gloo waits silently for its timeout); every server horovodrun starts binds a port
-    the OS has free, so several runs share a host. Across SLURM nodes horovodrun runs on the
-    first node and starts each node's workers over ssh (`-H n1:W,n2:W`). The elastic form
+    the OS has free, so several runs share a host. Across SLURM nodes the static form is
+    `hvdrun` (each node's workers through srun, no ssh); the elastic form stays horovodrun,
+    which starts each node's workers over ssh. The elastic form
     names a host discovery script (`trainscale.launch.horovod_hosts`) and lets the world shrink to
     one worker and grow back to the spec's. The workers inherit the environment horovodrun
     runs in (it exports it to remote hosts too), so the thread budget in `worker_env` reaches
@@ -173,6 +175,8 @@ def horovodrun(spec: RunSpec, env: Environment, worker: list[str]) -> list[str]:
             f"{spec.strategy} with nodes={spec.nodes} needs a SLURM allocation of that many"
         )
     local = spec.nodes == 1
+    if not local and not catalog.STRATEGIES[spec.strategy].elastic:
+        return hvdrun(spec, env, worker)
     cmd = [env.python, "-m", "horovod.runner.launch", "--gloo", "-np", str(spec.world_size)]
     if local:
         cmd += ["--network-interface", "lo"]
@@ -182,11 +186,19 @@ def horovodrun(spec: RunSpec, env: Environment, worker: list[str]) -> list[str]:
             discovery += f" --hosts {','.join(env.nodes[: spec.nodes])}"
         cmd += ["--min-np", "1", "--max-np", str(spec.world_size)]
         cmd += ["--host-discovery-script", discovery]
-    elif local:
-        cmd += ["-H", f"localhost:{spec.workers}"]
     else:
-        cmd += ["-H", ",".join(f"{h}:{spec.workers}" for h in env.nodes[: spec.nodes])]
+        cmd += ["-H", f"localhost:{spec.workers}"]
     return [*cmd, env.python, *worker]
+
+
+def hvdrun(spec: RunSpec, env: Environment, worker: list[str]) -> list[str]:
+    """Static Horovod across SLURM nodes: `trainscale.launch.hvdrun` starts gloo's rendezvous
+    on the first node and each node's workers through `srun` (one task per node), inside the
+    job's step, as horovodrun would over ssh."""
+    hosts = ",".join(f"{h}:{spec.workers}" for h in env.nodes[: spec.nodes])
+    line = [env.python, "-m", "trainscale.launch.hvdrun", "--hosts", hosts]
+    line += ["--np", str(spec.world_size), "--addr", env.head]
+    return [*line, "--srun", shlex.join(srun(spec, 1)), "--", env.python, *worker]
 
 
 #: launcher form (a catalog row's `launcher`) -> the function building its command line

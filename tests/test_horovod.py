@@ -214,3 +214,18 @@ def test_horovod_with_sgd_trains_one_process_weights(tmp_path, strategy, referen
     print(f"largest difference {strategy} - {reference}: {worst:.2e}")
     for k in ref:
         np.testing.assert_allclose(hvd[k], ref[k], rtol=RTOL, atol=ATOL, err_msg=k)
+
+
+def test_hvdrun_stops_a_nodes_workers_once_one_fails():
+    """A failed worker ends its node's others at once (a peer would wait in a collective)."""
+    import subprocess
+    import sys
+    import time
+
+    from trainscale.launch import hvdrun
+
+    t0 = time.perf_counter()
+    procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]),
+             subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])]  # fmt: skip
+    assert hvdrun.wait_all(procs, every=0.1) == 3 and time.perf_counter() - t0 < 30
+    assert hvdrun.route_interface("127.0.0.1") == "lo"

@@ -22,6 +22,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import time
 
 
 def route_interface(addr: str) -> str:
@@ -61,12 +62,22 @@ def run_node(a: argparse.Namespace) -> int:
         subprocess.Popen(a.command, env={**os.environ, **slot_env(a.addr, a.port, iface, s)})
         for s in mine
     ]
-    codes = [p.wait() for p in procs[:1]]
-    for p in procs[1:]:
-        if codes[0]:
-            p.send_signal(signal.SIGTERM)
-        codes.append(p.wait())
-    return next((c for c in codes if c), 0)
+    return wait_all(procs)
+
+
+def wait_all(procs: list[subprocess.Popen], every: float = 0.5) -> int:
+    """Wait for every process; once one fails, stop the rest (a peer would otherwise wait in
+    a collective for its timeout). The first failure's exit code, or 0."""
+    first = 0
+    while None in (codes := [p.poll() for p in procs]):
+        if first := next((c for c in codes if c), 0):
+            for p, code in zip(procs, codes, strict=True):
+                if code is None:
+                    p.send_signal(signal.SIGTERM)
+            break
+        time.sleep(every)
+    codes = [p.wait() for p in procs]
+    return first or next((c for c in codes if c), 0)
 
 
 def run_driver(a: argparse.Namespace) -> int:

@@ -44,12 +44,15 @@ else
   export HOROVOD_WITHOUT_MPI=1
 fi
 nccl_lib=""
+# the NCCL that torch's CUDA wheel brings (pip package nvidia-nccl-cu*), before any system one
+# (a CUDA devel image's libnccl2): one NCCL per process, torch's and Horovod's the same
+wheel_nccl=$("$PYTHON" -c 'import nvidia.nccl as n; print(list(n.__path__)[0] + "/lib")' 2>/dev/null || true)
 if [[ -n "${HOROVOD_NCCL_HOME:-}" ]]; then
   nccl_lib=$HOROVOD_NCCL_HOME/lib
+elif [[ -n "$wheel_nccl" && -e "$wheel_nccl/libnccl.so.2" ]]; then
+  nccl_lib=$wheel_nccl
 elif ldconfig -p 2>/dev/null | grep -q 'libnccl\.so'; then
   nccl_lib=system
-else  # the NCCL that torch's CUDA wheels bring (pip package nvidia-nccl-cu*)
-  nccl_lib=$("$PYTHON" -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__) + "/lib")' 2>/dev/null || true)
 fi
 if [[ -n "$torch_cuda" ]] && command -v nvcc >/dev/null 2>&1 && [[ -n "$nccl_lib" ]]; then
   export HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_NCCL_LINK=SHARED

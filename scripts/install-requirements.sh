@@ -74,3 +74,14 @@ case $INSTALLER in
   *) say "TRAINSCALE_INSTALLER=$INSTALLER: use auto, uv or pip"; exit 2 ;;
 esac
 say "installed with $how in $((SECONDS - start)) s"
+
+# On a host with an NVIDIA driver: TensorFlow with the CUDA 12 libraries it was built for
+# (tensorflow[and-cuda]: nvidia-*-cu12, beside torch's nvidia-*-cu13: other packages, other
+# sonames), then the driver against torch's CUDA (trainscale.gpu.stack: exit 1 naming both).
+# Nothing of this runs where there is no driver (a CPU machine, a login node).
+if [ -e /proc/driver/nvidia/version ]; then
+  tf=$(grep -E '^tensorflow==' "$REQUIREMENTS")
+  say "NVIDIA driver found: ${tf/==/[and-cuda]==} for TensorFlow's CUDA libraries"
+  pip_ install "${tf/==/[and-cuda]==}"
+  "$PY" -m trainscale.gpu.stack
+fi

@@ -14,14 +14,16 @@
 # and exports them, no program can use them), and slurmdbd on a socket-only MariaDB gives
 # `sacct`, which snakemake-executor-plugin-slurm checks job states with. Node names resolve
 # through SLURM's NodeAddr (127.0.0.1), which trainscale's launcher uses for rendezvous.
-# Env: NNODES=2 CPUS=<nproc> GPUS=2 SLURM_ACCOUNT=trainscale PORT_BASE=16817
+# Env: NNODES=2 CPUS=<nproc> GPUS=2 SLURM_ACCOUNT=trainscale PORT_BASE=16817 TASKPLUGIN=task/none
+# (TASKPLUGIN=task/affinity binds each task to the CPUs its step asked for, as clusters with
+# task/cgroup's ConstrainCores do: tests/test_slurm.py starts it so; cgroups cannot run here)
 set -euo pipefail
 # This cluster's clients read /etc/slurm (see above). A SLURM_CONF from the caller (the Makefile
 # and the tests set one whose controller refuses at once: scripts/slurm-offline.conf) would point
 # this script's own checks elsewhere.
 unset SLURM_CONF
 D=${TRAINSCALE_SLURM_DIR:-/tmp/trainscale-slurm}
-NNODES=${NNODES:-2}; CPUS=${CPUS:-$(nproc)}; GPUS=${GPUS:-2}
+NNODES=${NNODES:-2}; CPUS=${CPUS:-$(nproc)}; GPUS=${GPUS:-2}; TASKPLUGIN=${TASKPLUGIN:-task/none}
 ACCT=${SLURM_ACCOUNT:-trainscale}; PORT_BASE=${PORT_BASE:-16817}
 CTLD_PORT=$PORT_BASE; DBD_PORT=$((PORT_BASE + 2)); NODE_PORT=$((PORT_BASE + 100))
 ETC=/etc/slurm; MARK="# written by trainscale scripts/local-slurm.sh"
@@ -115,7 +117,7 @@ SlurmdPidFile=$D/run/slurmd-%n.pid
 SlurmctldLogFile=$D/log/slurmctld.log
 SlurmdLogFile=$D/log/slurmd-%n.log
 ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
+TaskPlugin=$TASKPLUGIN
 JobAcctGatherType=jobacct_gather/linux
 AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=localhost

@@ -158,6 +158,8 @@ def test_capacity_problems_for_gpus():
     assert machine.capacity_problems(runs, "cuda", cpus=64, gpus=8) == []
     (msg,) = machine.capacity_problems(runs, "cuda", cpus=64, gpus=2)
     assert "matrix.workers [4]" in msg and "2 GPUs" in msg
+    (msg,) = machine.capacity_problems(runs, "cuda", cpus=64, gpus=0)
+    assert msg.startswith("accelerator: cuda, and this machine has no CUDA GPU visible")
 
 
 def test_every_problem_is_listed_at_once():

@@ -7,7 +7,9 @@ import pytest
 
 from conftest import PYTHON, ROOT, run_env
 
-COMMANDS = ("check", "report", "compare", "card", "collectives", "export-data", "gpu-check")
+COMMANDS = (
+    "check", "report", "compare", "card", "collectives", "export-data", "gpu-check", "doctor",
+)  # fmt: skip
 
 
 def trainscale(*args: str, module: str = "trainscale") -> subprocess.CompletedProcess:

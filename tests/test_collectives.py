@@ -220,10 +220,11 @@ def test_the_benchmark_across_slurm_nodes_starts_one_torchrun_per_node_by_srun()
 
     env = Environment(mode="slurm", nodes=("n0", "n1"), port=1, job_id="1")
     cmd = torchrun(benchmark.Sweep("s", workers=1, nodes=2), env, ["-m", "x"])
-    assert cmd[:5] == [
+    assert cmd[:6] == [
         "srun",
         "--nodes=2",
         "--ntasks=2",
         "--ntasks-per-node=1",
+        "--cpus-per-task=1",
         "--kill-on-bad-exit=1",
     ]

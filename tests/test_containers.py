@@ -57,8 +57,11 @@ def test_apptainer_wraps_the_one_node_launcher_and_sets_the_variables_inside():
 def test_apptainer_across_nodes_keeps_srun_outside_and_enters_the_image_per_task():
     s = spec("torch-ddp", workers=[1], nodes=[2])
     argv = command(s, slurm_env(2, APPTAINER), "m.json")
-    assert argv[:5] == commands.srun(s, 1)
-    assert argv[5:8] == ["apptainer", "exec", "--nv"]
+    srun = commands.srun(s, 1)  # with each task's CPUs and, one worker a node, its GPU
+    assert srun[-4:] == ["--cpus-per-task=1", "--gpus-per-task=1", "--gpu-bind=per_task:1",
+                         "--kill-on-bad-exit=1"]  # fmt: skip
+    assert argv[: len(srun)] == srun
+    assert argv[len(srun) : len(srun) + 3] == ["apptainer", "exec", "--nv"]
     tf = spec("tf-multiworker", workers=[1], nodes=[2])
     line = command(tf, slurm_env(2, APPTAINER), "m.json")
     image = line.index("/img/ts.sif")
@@ -81,9 +84,10 @@ def test_pyxis_enters_the_image_through_srun_on_one_node_and_across_nodes():
     assert argv[9] == "env" and "apptainer" not in argv
     two = spec("torch-ddp", workers=[1], nodes=[2])
     argv = command(two, slurm_env(2, PYXIS), "m.json")
-    assert argv[:5] == commands.srun(two, 1) and argv[5].startswith("--container-image=")
+    srun = commands.srun(two, 1)
+    assert argv[: len(srun)] == srun and argv[len(srun)].startswith("--container-image=")
     probe = commands.probe_command(two, slurm_env(2, PYXIS))
-    assert probe[:5] == commands.srun(two, 1) and probe[-2:] == ["-m", "trainscale.launch.devices"]
+    assert probe[: len(srun)] == srun and probe[-2:] == ["-m", "trainscale.launch.devices"]
 
 
 def test_without_a_container_the_line_is_as_before_with_the_variables_in_front():
@@ -147,10 +151,7 @@ def test_cells_the_cluster_options_rule_out_are_dropped_with_the_reason():
     reasons = {(d.values["strategy"], d.values["workers"], d.values["nodes"]): d.reason
                for d in dropped}  # fmt: skip
     assert "slurm.gpus_per_node is 4" in reasons[("torch-ddp", 8, 1)]
-    assert (
-        "horovodrun starts the workers of its other nodes over ssh"
-        in reasons[("horovod-torch", 4, 2)]
-    )
+    assert "across nodes Horovod's workers start outside the" in reasons[("horovod-torch", 4, 2)]
     assert build_runs({**cfg, "container": None}, "cpu")[0]  # CPU: no GPUs to count
 
 
@@ -242,11 +243,11 @@ def test_the_reports_environment_section_shows_the_container_nccl_and_variables(
     for i, image in enumerate(({"image": "ts.sif", "digest": "sha256:ab", "runtime": "apptainer"},
                                None)):  # fmt: skip
         rec = metrics.empty_record(spec("torch").to_dict(), "failed", "x")
-        rec["env"].update(container=image, nccl="2.21.5")
+        rec["env"].update(container=image, nccl={"version": "2.21.5", "transport": "NET/IB"})
         rec["env"]["variables"] = {"NCCL_IB_HCA": "mlx5", "OMP_NUM_THREADS": "1"}
         rec["run"] = f"r{i}"
         recs.append(rec)
     shown = dict(rows.environment(Study(name="s", runs=runs_frame(recs))))
     assert shown["container"] == "apptainer · ts.sif · sha256:ab (1 run); none (1 run)"
-    assert shown["NCCL"] == "2.21.5"
+    assert shown["NCCL"] == "2.21.5" and shown["NCCL transport"] == "NET/IB"
     assert shown["NCCL_IB_HCA"] == "mlx5" and shown["OMP_NUM_THREADS"] == "1"

@@ -81,11 +81,12 @@ def test_launch_forms():
     slurm = Environment(mode="slurm", python="py", nodes=("g1", "g2"), port=2950, job_id="7")
     argv = command(multi, slurm, "m.json")
     i = argv.index("srun")
-    assert argv[i : i + 5] == [
+    assert argv[i : i + 6] == [
         "srun",
         "--nodes=2",
         "--ntasks=2",
         "--ntasks-per-node=1",
+        "--cpus-per-task=4",
         "--kill-on-bad-exit=1",
     ]
     assert "--rdzv-endpoint=g1:2950" in argv and "--nnodes=2" in argv

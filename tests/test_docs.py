@@ -303,3 +303,47 @@ def test_the_gpu_cluster_page_names_what_the_config_and_records_hold():
         assert f"`{name}`" in text and (ROOT / name).is_file(), name
     for field in ("env.variables", "env.nccl", "env.container"):
         assert f"`{field}`" in text, field
+    for field in ("env.nccl.transport", "env.gpus", "env.rank_cpus"):
+        assert f"`{field}`" in text, field
+
+
+def flat(path: str) -> str:
+    """A page's text with its line breaks and runs of spaces as one space."""
+    return " ".join((ROOT / path).read_text().split())
+
+
+def test_the_gpu_cluster_pages_say_what_the_code_does():
+    """Issue 69's contradictions, read back from the code: what `make setup` installs, what
+    the builds compile, what every job asks of SLURM, what Horovod's discovery lists."""
+    from trainscale.gpu.stack import PINNED_TORCH_CUDA
+    from trainscale.launch import slurm
+
+    cluster, slurm_md = flat("docs/gpu-cluster.md"), flat("docs/slurm.md")
+    setup = re.search(r"^setup: (.*)$", (ROOT / "Makefile").read_text(), re.M).group(1)
+    assert "horovod" not in setup.lower() and "(not Horovod)" in cluster
+    assert "`make horovod`" in cluster and "home-directory venvs" not in cluster
+    assert f"CUDA {PINNED_TORCH_CUDA} build" in cluster and "**580 or newer**" in cluster
+    setup_script = (ROOT / "scripts" / "install-requirements.sh").read_text()
+    assert "[and-cuda]" in setup_script and "tensorflow[and-cuda]==2.21.0" in cluster
+    # deepspeed_ops builds only the CPU op: on CUDA its list of ops is empty
+    runner = (ROOT / "workflow/trainscale/runners/torch/deepspeed_zero.py").read_text()
+    assert (
+        'names = ["ShareMemCommBuilder"] if get_accelerator().device_name() == "cpu" else []'
+        in runner
+    )
+    assert "On CUDA the `deepspeed_ops` rule compiles nothing" in cluster
+    # every job's memory: none at Snakemake's 1,000 MB default, the whole node when exclusive
+    profile = yaml.safe_load((ROOT / "profiles" / "slurm" / "config.yaml").read_text())
+    assert profile["default-resources"]["mem_mb"] == 0 and slurm.WHOLE_NODE == 0
+    assert "`--mem=0`" in slurm_md and "sets no memory default" not in slurm_md
+    assert "--cpus-per-task" in slurm_md and "--gpus-per-task=1" in slurm_md
+    # the elastic discovery lists the job's nodes the launcher passes
+    assert "passed as `--hosts`" in flat("docs/horovod.md")
+    assert "start through `srun`, inside the job's step, not over ssh" in flat("docs/horovod.md")
+    for example in ("h100-llama8b", "h100-resnet50"):
+        text = (ROOT / "examples" / f"{example}.yaml").read_text()
+        assert "nvcr.io#nvidia/pytorch" not in text and "NCCL_DEBUG: INFO" in text, example
+    unmeasured = flat("docs/gpu-validation.md").split("Unmeasured: what issue 69 added")[1]
+    items = ("`env.gpus`", "`env.nccl.transport`", "`trainscale doctor`", "`--gpus-per-task=1")
+    for item in (*items, "`tensorflow[and-cuda]`", "`envs/trainscale.def`"):
+        assert item in unmeasured.split("## ")[0], item

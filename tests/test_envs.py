@@ -58,6 +58,14 @@ def test_the_apptainer_definition_installs_the_pinned_requirements():
     assert "DS_BUILD_OPS=0 pip install --no-cache-dir -r /opt/trainscale/requirements.txt" in text
     assert "build-horovod.sh /opt/trainscale/venv/bin/python" in text
     assert "ln -sf /opt/trainscale/venv/bin/python /usr/local/bin/python" in text
+    # one CUDA stack: nvcc of torch's CUDA major, InfiniBand's verbs for NCCL, TensorFlow's
+    # CUDA libraries, and the base image's NCCL left in place (Horovod takes torch's)
+    from trainscale.gpu.stack import PINNED_TORCH_CUDA
+
+    base = re.search(r"^From: nvidia/cuda:(\d+)\.\d+\.\d+-cudnn-devel-", text, re.M)
+    assert base and base.group(1) == PINNED_TORCH_CUDA.split(".")[0], base
+    assert "rdma-core" in text and "libibverbs1" in text and "[and-cuda]" in text
+    assert "apt-get purge" not in text
     files = re.search(r"^%files\n(.*?)\n\n", text, re.M | re.S).group(1).split("\n")
     for line in files:
         src, _ = line.split()

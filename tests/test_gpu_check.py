@@ -35,7 +35,8 @@ def test_gpu_check_skips_every_path_without_cuda_and_exits_0(tmp_path):
         timeout=120,
     )
     assert p.returncode == 0, p.stderr
-    lines = p.stdout.splitlines()
+    devices, *lines = p.stdout.splitlines()
+    assert devices == "device every framework: cpu (no NVIDIA driver on this node)"
     assert [ln.split()[0] for ln in lines] == gpu_check.names()
     assert all(ln.split(None, 1)[1] == "SKIP no CUDA device" for ln in lines), lines
     assert f"{len(gpu_check.names())} skipped" in p.stderr

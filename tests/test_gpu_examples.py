@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from trainscale.launch.slurm import build_mem_mb
+
 from conftest import PYTHON, ROOT, SNAKEMAKE, run_env
 
 EXAMPLES = {"h100-llama8b": 24, "h100-resnet50": 30}  # runs each plans
@@ -70,3 +72,11 @@ def test_the_example_dry_runs_through_the_slurm_profile(name, tmp_path):
         assert "gres=gpu:8" in ln and "constraint=h100" in ln and "--exclusive" in ln, ln
     multi = [ln for ln in trains if "nodes=4" in ln]
     assert multi and all("mpi=srun" in ln for ln in multi)
+    # every job asks for memory from a stated estimate, none for Snakemake's 1,000 MB default:
+    # exclusive ones the whole node (mem_mb 0: --mem=0), builds 2 GiB per compiler process
+    blocks = re.findall(r"^(?:local)?rule (\w+):\n(.*?)(?=^\[|^(?:local)?rule |\Z)", p.stdout,
+                        re.M | re.S)  # fmt: skip
+    memory = {rule: re.search(r"resources: .*\bmem_mb=(\d+)", b).group(1) for rule, b in blocks}
+    assert "1000" not in memory.values(), memory
+    assert memory["train"] == memory["collectives"] == "0", memory
+    assert int(memory["deepspeed_ops"]) == build_mem_mb(8), memory

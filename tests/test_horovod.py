@@ -61,6 +61,12 @@ def test_discovery_lists_this_host_or_the_allocation(environ, lines):
     assert horovod_hosts.hosts(2, environ) == lines
 
 
+def test_discovery_lists_the_jobs_nodes_the_launcher_gives_it():
+    """Snakemake's jobstep drops SLURM_JOB_NODELIST: the launcher passes the job's nodes."""
+    assert horovod_hosts.hosts(4, {}, ("gpu01", "gpu02")) == ["gpu01:4", "gpu02:4"]
+    assert horovod_hosts.hosts(4, {"SLURM_JOB_NODELIST": "n1"}, ("g1",)) == ["g1:4"]
+
+
 def test_discovery_follows_the_hosts_file(tmp_path):
     f = tmp_path / "hosts"
     env = {"TRAINSCALE_HOROVOD_HOSTS": str(f), "SLURM_JOB_NODELIST": "n1"}
@@ -208,3 +214,18 @@ def test_horovod_with_sgd_trains_one_process_weights(tmp_path, strategy, referen
     print(f"largest difference {strategy} - {reference}: {worst:.2e}")
     for k in ref:
         np.testing.assert_allclose(hvd[k], ref[k], rtol=RTOL, atol=ATOL, err_msg=k)
+
+
+def test_hvdrun_stops_a_nodes_workers_once_one_fails():
+    """A failed worker ends its node's others at once (a peer would wait in a collective)."""
+    import subprocess
+    import sys
+    import time
+
+    from trainscale.launch import hvdrun
+
+    t0 = time.perf_counter()
+    procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]),
+             subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])]  # fmt: skip
+    assert hvdrun.wait_all(procs, every=0.1) == 3 and time.perf_counter() - t0 < 30
+    assert hvdrun.route_interface("127.0.0.1") == "lo"

@@ -73,7 +73,8 @@ def test_ddp_multi_node_on_slurm_is_srun_one_task_per_node_running_torchrun():
     argv = command(s, env, "m.json")
     line = shlex.join(argv)
     assert (
-        "srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --kill-on-bad-exit=1 python -m "
+        "srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --cpus-per-task=4 --kill-on-bad-exit=1 "
+        "python -m "
         "torch.distributed.run --nnodes=2 --nproc-per-node=4 --rdzv-backend=c10d "
         "--rdzv-endpoint=gpu01:29411 --rdzv-id=slurm-123 --max-restarts=0"
     ) in line
@@ -247,7 +248,8 @@ def test_tf_multiworker_multi_node_on_slurm_is_srun_one_task_per_worker():
     argv = command(s, env, "m.json")
     line = shlex.join(argv)
     assert (
-        "srun --nodes=2 --ntasks=8 --ntasks-per-node=4 --kill-on-bad-exit=1 "
+        "srun --nodes=2 --ntasks=8 --ntasks-per-node=4 --cpus-per-task=1 --gpus-per-task=1 "
+        "--gpu-bind=per_task:1 --kill-on-bad-exit=1 "
         "env TRAINSCALE_TF_CLUSTER=slurm TRAINSCALE_TF_PORT=29411 "
         "python -m trainscale.runners --spec"
     ) in line
@@ -315,19 +317,23 @@ def test_horovod_elastic_names_a_discovery_script_and_a_world_range(strategy):
 
 
 @pytest.mark.parametrize("elastic", ["horovod-torch-elastic", "horovod-keras-elastic"])
-def test_horovod_multi_node_on_slurm_is_horovodrun_with_the_node_list(elastic):
+def test_horovod_multi_node_on_slurm_is_hvdrun_through_srun(elastic):
+    """Static Horovod across nodes: gloo's rendezvous on the first node, each node's workers
+    started through srun (trainscale.launch.hvdrun), not horovodrun over ssh."""
     s = spec("horovod-torch", workers=[4], nodes=[2])
     env = Environment(mode="slurm", python="python", nodes=("gpu01", "gpu02"), job_id="5")
     line = shlex.join(command(s, env, "m.json"))
     assert (
-        "python -m horovod.runner.launch --gloo -np 8 -H gpu01:4,gpu02:4 python -m "
-        "trainscale.runners"
+        "python -m trainscale.launch.hvdrun --hosts gpu01:4,gpu02:4 --np 8 --addr gpu01 "
+        "--srun 'srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --cpus-per-task=4 "
+        "--kill-on-bad-exit=1' -- python -m trainscale.runners"
     ) in line
-    assert "srun" not in line and "--network-interface" not in line
+    assert "horovod.runner.launch" not in line and "--network-interface" not in line
     line = shlex.join(command(spec(elastic, workers=[4], nodes=[2]), env, "m.json"))
     assert (
         "-np 8 --min-np 1 --max-np 8 --host-discovery-script "
-        "'python -m trainscale.launch.horovod_hosts --slots 4' python -m trainscale.runners"
+        "'python -m trainscale.launch.horovod_hosts --slots 4 --hosts gpu01,gpu02' "
+        "python -m trainscale.runners"
     ) in line
     assert "srun" not in line and "--network-interface" not in line and " -H " not in line
 

@@ -139,3 +139,14 @@ def test_deadline_is_the_runs_timeout_unless_slurm_ends_the_job_sooner():
     assert seconds == 100 - slurm.SLURM_MARGIN_SECONDS
     assert "SLURM time limit of job 7" in why and "TimeLimit 2 min" in why
     assert slurm.deadline(s, LOCAL)[0] == own
+
+
+def test_every_job_asks_for_memory_and_exclusive_ones_the_whole_node():
+    s = spec("torch-ddp", workers=[8], nodes=[2], batch_size=[64])
+    own = slurm.slurm_resources(s, "cuda", 3 * 2**30)
+    assert own["mem_mb"] > 8 * 3 * 1024  # 8 ranks of 3 GiB on each node, with a margin
+    whole = slurm.slurm_resources(s, "cuda", 3 * 2**30, {"exclusive": True})
+    assert whole["mem_mb"] == slurm.WHOLE_NODE == 0 and "--exclusive" in whole["slurm_extra"]
+    # the benchmark of a shape: its largest training run's; a build: 2 GiB a compiler
+    assert slurm.collectives_mem_mb([own["mem_mb"], 1200]) == own["mem_mb"]
+    assert slurm.build_mem_mb(8) == 16 * 1024 + 512

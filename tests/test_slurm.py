@@ -65,9 +65,9 @@ def test_profile_spellings_dry_run_the_default_matrix(tmp_path):
     assert "train " in p.stdout
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    """The local 2-node cluster for this module's tests; always stopped afterwards."""
+def local_cluster(taskplugin: str = "task/none"):
+    """The local 2-node cluster, started with `taskplugin` (scripts/local-slurm.sh's
+    TASKPLUGIN) and always stopped afterwards: a generator for a module's fixture."""
     if os.geteuid() != 0:
         pytest.skip("the local SLURM cluster needs root (slurmd starts jobs as their users)")
     if not shutil.which("apt-get") and not shutil.which("slurmctld"):
@@ -75,20 +75,29 @@ def cluster():
     # the suite points SLURM clients at a controller that refuses at once (conftest): the
     # cluster's clients read its /etc/slurm/slurm.conf, Snakemake's jobstep srun included
     offline = os.environ.pop("SLURM_CONF", None)
+    environ = {**os.environ, "TASKPLUGIN": taskplugin}
     try:
         t0 = time.perf_counter()
-        p = subprocess.run([str(SCRIPT), "start"], capture_output=True, text=True, timeout=900)
+        p = subprocess.run(
+            [str(SCRIPT), "start"], capture_output=True, text=True, timeout=900, env=environ
+        )
         if p.returncode and "apt-get" in p.stderr and not shutil.which("slurmctld"):
             pytest.skip(f"Debian's SLURM packages cannot be installed here: {p.stderr[-500:]}")
         try:
             assert p.returncode == 0, p.stdout + p.stderr
-            print(f"local SLURM up in {time.perf_counter() - t0:.1f} s")
+            print(f"local SLURM ({taskplugin}) up in {time.perf_counter() - t0:.1f} s")
             yield
         finally:
             subprocess.run([str(SCRIPT), "stop"], capture_output=True, text=True, timeout=120)
     finally:
         if offline is not None:
             os.environ["SLURM_CONF"] = offline
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """The local 2-node cluster for this module's tests; always stopped afterwards."""
+    yield from local_cluster()
 
 
 def sacct_states(job_ids: list[str]) -> dict[str, str]:

@@ -34,7 +34,8 @@ STUDY = {
     "repeats": 1,
     "steps_per_epoch": 2,
     "timeout_minutes": 5,
-    "accelerator": "cuda",  # train jobs ask for (fake) GPUs, as on a GPU cluster
+    "accelerator": "cuda",  # train jobs ask for (fake) GPUs, as on a GPU cluster,
+    "slurm": {"fake_gpus": True},  # and their ranks train on the CPU: the GPUs are not real
     "collectives": {"enabled": False},
     "env": {"NCCL_DEBUG": "INFO", "NCCL_SOCKET_IFNAME": "lo", "SITE_FLAG": "on"},
     "matrix": {"strategy": ["torch-ddp"], "model": ["seed-small"], "dataset": ["digits"],
@@ -98,7 +99,8 @@ def test_apptainer_study_runs_in_the_image_with_its_variables_and_slurm_options(
     data.mkdir()
     study = {**STUDY, "study": "ci-apptainer",
              "container": {"image": str(image), "runtime": "apptainer", "mounts": [str(data)]},
-             "slurm": {"exclusive": True, "gpus_per_node": 2, "constraint": features}}  # fmt: skip
+             "slurm": {"exclusive": True, "gpus_per_node": 2, "constraint": features,
+                       "fake_gpus": True}}  # fmt: skip
     work, log = tmp_path / "w", tmp_path / "apptainer.log"
     p = run_study(work, study, "results/ci-apptainer/runs.csv", TRAINSCALE_STANDIN_LOG=str(log))
     assert p.returncode == 0, p.stderr[-5000:]
@@ -130,8 +132,10 @@ def test_apptainer_study_runs_in_the_image_with_its_variables_and_slurm_options(
     assert asked["OverSubscribe"] == "NO", asked  # --exclusive
     assert asked["Features"] == features and asked["TresPerNode"] == "gres:gpu:2", asked
 
-    # the three settings stay outside the run spec: changing them re-runs nothing
-    study.update(env={"NCCL_DEBUG": "WARN"}, slurm={}, container={"image": "other.sif"})
+    # the three settings stay outside the run spec: changing them re-runs nothing (but
+    # slurm.fake_gpus, which decides what the ranks train on: it stays)
+    study.update(env={"NCCL_DEBUG": "WARN"}, slurm={"fake_gpus": True},
+                 container={"image": "other.sif"})  # fmt: skip
     (work / "study.yaml").write_text(yaml.safe_dump(study))
     again = subprocess.run(
         [SNAKEMAKE, "--directory", str(work), "-n", "results/ci-apptainer/runs.csv",

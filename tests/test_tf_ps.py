@@ -231,7 +231,7 @@ def test_tf_ps_multi_node_on_slurm_is_srun_one_task_per_role():
     )
     line = shlex.join(command(s, env, "m.json"))
     assert (
-        "srun --nodes=2 --ntasks=7 --ntasks-per-node=4 --kill-on-bad-exit=1 "
+        "srun --nodes=2 --ntasks=7 --ntasks-per-node=4 --cpus-per-task=1 --kill-on-bad-exit=1 "
         "env TRAINSCALE_TF_CLUSTER=slurm TRAINSCALE_TF_PORT=29411 "
         "TRAINSCALE_NODE_ADDRS=n1=10.0.0.1,n2=10.0.0.2 python -m trainscale.runners --spec"
     ) in line

@@ -17,6 +17,8 @@ from trainscale.launch.container import CONTAINER_ENV, to_environ
 from trainscale.launch.slurm import (
     MEMORY_KEY,
     SLURM_RESOURCE_KEYS,
+    build_mem_mb,
+    collectives_mem_mb,
     slurm_request,
     slurm_resources,
     with_options,
@@ -257,8 +259,8 @@ def job_resources(request, every_request=None):
 
     resources = {}
     keys = list(SLURM_RESOURCE_KEYS)
-    if every_request is not None and any(MEMORY_KEY in r for r in every_request):
-        keys.append(MEMORY_KEY)  # a train job's memory: every run has one
+    if every_request is None or any(MEMORY_KEY in r for r in every_request):
+        keys.append(MEMORY_KEY)  # every job's memory: a run's, a benchmark's, a build's
     for key in keys:
         values = (
             {r.get(key) for r in every_request} if every_request is not None else ()
@@ -272,6 +274,10 @@ def job_resources(request, every_request=None):
 
 #: config `slurm`: --exclusive, the GPUs asked of a node, a constraint (with_options)
 SLURM_OPTIONS = config.get("slurm") or {}
+if SLURM_OPTIONS.get("exclusive"):
+    # exclusive jobs ask for mem_mb 0 (launch.slurm.WHOLE_NODE), for which the plugin sends
+    # no --mem: sbatch reads this variable instead, --mem=0, all of each node's memory
+    os.environ["SBATCH_MEM_PER_NODE"] = "0"
 #: Every run's SLURM request (trainscale.launch.slurm.slurm_resources), made once per run:
 #: its memory per node from the planner's host bytes per rank (trainscale.plan.preflight.memory).
 RUN_REQUESTS = {
@@ -288,13 +294,22 @@ def run_request(wildcards):
 
 def collectives_request(wildcards):
     """The all-reduce benchmark of (workers, nodes) asks for what a training run of that
-    shape asks for (one task per node, the node's workers × threads, GPUs on CUDA)."""
+    shape asks for (one task per node, the node's workers × threads, GPUs on CUDA), and at
+    most the memory of its largest (launch.slurm.collectives_mem_mb)."""
+    workers, nodes = int(wildcards.workers), int(wildcards.nodes)
     request = slurm_request(
-        int(wildcards.workers),
-        int(wildcards.nodes),
+        workers,
+        nodes,
         config["threads_per_worker"],
         ACCELERATOR,
         config["collectives"]["timeout_minutes"],
+    )
+    request[MEMORY_KEY] = collectives_mem_mb(
+        [
+            RUN_REQUESTS[path][MEMORY_KEY]
+            for path, r in RUN_BY_PATH.items()
+            if (r.workers, r.nodes) == (workers, nodes)
+        ]
     )
     return with_options(request, SLURM_OPTIONS, ACCELERATOR)
 
@@ -303,6 +318,7 @@ def build_request(wildcards):
     """A one-process build job (DeepSpeed's ops): one worker's share of a node of the
     study's kind (its constraint)."""
     request = slurm_request(1, 1, config["threads_per_worker"], ACCELERATOR, 30)
+    request[MEMORY_KEY] = build_mem_mb(request["cpus_per_task"])
     constraint = {"constraint": SLURM_OPTIONS.get("constraint")}
     return with_options(request, constraint, ACCELERATOR)
 

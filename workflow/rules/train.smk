@@ -98,6 +98,8 @@ rule horovod:
     conda:
         "../../envs/horovod.yaml"
     threads: BUILD_THREADS
+    resources:
+        mem_mb=build_mem_mb(BUILD_THREADS),
     params:
         python=sys.executable,
         script=f"{workflow.basedir}/scripts/build-horovod.sh",

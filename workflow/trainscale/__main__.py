@@ -53,6 +53,9 @@ COMMANDS: dict[str, Command] = {
         "a built-in data set in the formats users bring",
     ),
     "gpu-check": Command("trainscale.gpu.check", "every GPU path on this node, one line each"),
+    "doctor": Command(
+        "trainscale.gpu.doctor", "is each node fit to run a study: one PASS/FAIL line a node"
+    ),
 }
 
 

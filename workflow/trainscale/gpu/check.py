@@ -111,6 +111,16 @@ def cuda_state() -> tuple[str, str]:
     )
 
 
+def device_lines() -> list[str]:
+    """Which device each framework would use (gpu.frameworks), before the paths that use
+    them; one line on a node without an NVIDIA driver."""
+    if cuda_state()[0] == "none":
+        return ["device every framework: cpu (no NVIDIA driver on this node)"]
+    from trainscale.gpu import frameworks
+
+    return frameworks.lines()
+
+
 def first_visible_gpu() -> str:
     """The CUDA_VISIBLE_DEVICES entry of the first GPU this process may use ("0" if unset)."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -179,6 +189,8 @@ def main(argv: list[str] | None = None, prog: str = "trainscale gpu-check") -> i
     ctx = Context(out=a.out.resolve(), timeout_minutes=a.timeout_minutes)
     ctx.first_gpu = first_visible_gpu()
     t0 = time.perf_counter()
+    for line in device_lines():
+        print(line, flush=True)
     results = check_all(selected, ctx, echo=lambda line: print(line, flush=True))
     counts = {v: sum(r.verdict == v for r in results) for v in (PASS, FAIL, NOT_INSTALLED, SKIP)}
     words = {PASS: "passed", FAIL: "failed", NOT_INSTALLED: "not installed", SKIP: "skipped"}

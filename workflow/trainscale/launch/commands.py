@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,14 +67,31 @@ def single_process(spec: RunSpec, env: Environment, worker: list[str]) -> list[s
 def srun(spec: RunSpec, tasks_per_node: int) -> list[str]:
     """srun across the run's nodes; one failing task ends the step (no rank waits forever).
     Where the run has fewer processes than nodes × tasks_per_node (tf-ps: workers, servers and
-    a chief, not a multiple of the nodes), `--ntasks-per-node` is the most on one node."""
-    return [
+    a chief, not a multiple of the nodes), `--ntasks-per-node` is the most on one node.
+
+    Each task asks for its CPUs (`--cpus-per-task`, as the job asked: slurm.slurm_request):
+    since SLURM 22.05 srun no longer reads SLURM_CPUS_PER_TASK, and a step asking for one CPU
+    a task is confined to one under task/cgroup or task/affinity, its workers sharing it.
+    Where each task is one worker on a GPU of its own, it asks for that GPU, bound to it."""
+    tasks = min(spec.nodes * tasks_per_node, spec.processes)
+    line = [
         "srun",
         f"--nodes={spec.nodes}",
-        f"--ntasks={min(spec.nodes * tasks_per_node, spec.processes)}",
+        f"--ntasks={tasks}",
         f"--ntasks-per-node={tasks_per_node}",
+        f"--cpus-per-task={task_cpus(spec, tasks)}",
         "--kill-on-bad-exit=1",
     ]
+    one_gpu_each = tasks_per_node == spec.workers and spec.processes == spec.world_size
+    if spec.accelerator == "cuda" and one_gpu_each:
+        line[-1:-1] = ["--gpus-per-task=1", "--gpu-bind=per_task:1"]
+    return line
+
+
+def task_cpus(spec: RunSpec, tasks: int) -> int:
+    """CPUs one of a run's `tasks` SLURM tasks needs: its share of the processes, each
+    threads_per_worker threads plus its data-loader workers (as slurm.slurm_request asks)."""
+    return (spec.threads_per_worker + spec.loader_workers) * -(-spec.processes // tasks)
 
 
 def torchrun(spec: RunSpec, env: Environment, worker: list[str]) -> list[str]:
@@ -144,8 +162,9 @@ def horovodrun(spec: RunSpec, env: Environment, worker: list[str]) -> list[str]:
 
     Locally `-H localhost:N` on the loopback interface (without `--network-interface lo`
     elastic gloo waits silently for its timeout); every server horovodrun starts binds a port
-    the OS has free, so several runs share a host. Across SLURM nodes horovodrun runs on the
-    first node and starts each node's workers over ssh (`-H n1:W,n2:W`). The elastic form
+    the OS has free, so several runs share a host. Across SLURM nodes the static form is
+    `hvdrun` (each node's workers through srun, no ssh); the elastic form stays horovodrun,
+    which starts each node's workers over ssh. The elastic form
     names a host discovery script (`trainscale.launch.horovod_hosts`) and lets the world shrink to
     one worker and grow back to the spec's. The workers inherit the environment horovodrun
     runs in (it exports it to remote hosts too), so the thread budget in `worker_env` reaches
@@ -156,18 +175,30 @@ def horovodrun(spec: RunSpec, env: Environment, worker: list[str]) -> list[str]:
             f"{spec.strategy} with nodes={spec.nodes} needs a SLURM allocation of that many"
         )
     local = spec.nodes == 1
+    if not local and not catalog.STRATEGIES[spec.strategy].elastic:
+        return hvdrun(spec, env, worker)
     cmd = [env.python, "-m", "horovod.runner.launch", "--gloo", "-np", str(spec.world_size)]
     if local:
         cmd += ["--network-interface", "lo"]
     if catalog.STRATEGIES[spec.strategy].elastic:
         discovery = f"{env.python} -m trainscale.launch.horovod_hosts --slots {spec.workers}"
+        if not local and env.nodes:  # the job's nodes, from the controller (in_allocation)
+            discovery += f" --hosts {','.join(env.nodes[: spec.nodes])}"
         cmd += ["--min-np", "1", "--max-np", str(spec.world_size)]
         cmd += ["--host-discovery-script", discovery]
-    elif local:
-        cmd += ["-H", f"localhost:{spec.workers}"]
     else:
-        cmd += ["-H", ",".join(f"{h}:{spec.workers}" for h in env.nodes[: spec.nodes])]
+        cmd += ["-H", f"localhost:{spec.workers}"]
     return [*cmd, env.python, *worker]
+
+
+def hvdrun(spec: RunSpec, env: Environment, worker: list[str]) -> list[str]:
+    """Static Horovod across SLURM nodes: `trainscale.launch.hvdrun` starts gloo's rendezvous
+    on the first node and each node's workers through `srun` (one task per node), inside the
+    job's step, as horovodrun would over ssh."""
+    hosts = ",".join(f"{h}:{spec.workers}" for h in env.nodes[: spec.nodes])
+    line = [env.python, "-m", "trainscale.launch.hvdrun", "--hosts", hosts]
+    line += ["--np", str(spec.world_size), "--addr", env.head]
+    return [*line, "--srun", shlex.join(srun(spec, 1)), "--", env.python, *worker]
 
 
 #: launcher form (a catalog row's `launcher`) -> the function building its command line

@@ -173,11 +173,14 @@ def with_options(
     """A job's request with config `slurm`: `exclusive` (sbatch --exclusive: no other job on
     its nodes), `constraint` (sbatch -C: the node features it needs) and `gpus_per_node` (the
     GPUs asked of each node, where they differ from its workers: a node of 8 GPUs for a cell
-    of 4; the planner drops cells of more workers than that)."""
+    of 4; the planner drops cells of more workers than that). Under `exclusive` a job's memory
+    is the whole node's (`WHOLE_NODE`)."""
     options = options or {}
     res = dict(res)
     if options.get("exclusive"):
         res["slurm_extra"] = " ".join(filter(None, [res.get("slurm_extra"), "--exclusive"]))
+        if MEMORY_KEY in res:  # the node is the job's: a predicted --mem only risks an OOM
+            res[MEMORY_KEY] = WHOLE_NODE
     if options.get("constraint"):
         res["constraint"] = options["constraint"]
     if options.get("gpus_per_node") and accelerator == "cuda":
@@ -198,9 +201,31 @@ SLURM_RESOURCE_KEYS = (
     "slurm_extra",
     "constraint",
 )
-#: The memory resource a train job sets (slurm_resources), never None: a rule without it sets
-#: none (Snakemake refuses a memory resource of None).
+#: The memory resource every job that starts processes sets (slurm_resources, collectives_mem_mb,
+#: build_mem_mb), never None (Snakemake refuses a memory resource of None).
 MEMORY_KEY = "mem_mb"
+#: mem_mb of a job under config `slurm.exclusive`: sbatch --mem=0, all of each node's memory.
+#: The plugin sends no --mem for 0; the Snakefile sets SBATCH_MEM_PER_NODE=0 (sbatch's
+#: variable for --mem) for such a study, so that sbatch asks for the whole node.
+WHOLE_NODE = 0
+#: memory of one compiler process of a build job (nvcc's cicc and g++ on DeepSpeed's fused
+#: CUDA kernels and Horovod's ops): 2 GiB, an estimate above the ~1-1.5 GiB such translation
+#: units are commonly reported at (not measured by trainscale); a build runs one per CPU
+BUILD_BYTES_PER_CPU = 2 * 2**30
+
+
+def build_mem_mb(cpus: int) -> int:
+    """A build job's memory (MB): a compiler process per CPU (MAX_JOBS), and the Python that
+    drives it (BUILD_BYTES_PER_CPU; memory_parts.LAUNCHER_BYTES)."""
+    return -(-(cpus * BUILD_BYTES_PER_CPU + memory_parts.LAUNCHER_BYTES) // 2**20)
+
+
+def collectives_mem_mb(train_mem_mb: list[int]) -> int:
+    """The all-reduce benchmark of a (workers, nodes) shape: the largest request of the
+    training runs of that shape. A benchmark rank holds the framework and one message no
+    larger than the study's largest gradient; a training rank of the same shape holds those
+    and its model, optimizer state and data besides, so it never needs less."""
+    return max(train_mem_mb)
 
 
 def slurm_resources(

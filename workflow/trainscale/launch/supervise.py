@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from trainscale.launch import attempts, container
+from trainscale.launch import attempts, container, node_record
 from trainscale.launch.commands import (
     LAUNCHER_FORMS,
     LAUNCHERS,
@@ -58,7 +58,7 @@ from trainscale.launch.slurm import (
     slurm_resources,
     slurm_seconds,
 )
-from trainscale.measure import metrics, variables
+from trainscale.measure import metrics, nccl_log, variables
 from trainscale.measure.timeline import process_start_unix
 from trainscale.plan.preflight import memory
 from trainscale.plan.runspec import RunSpec
@@ -202,11 +202,12 @@ def exception_lines(lines: list[str]) -> list[str]:
     return sorted(seen, key=rank)  # stable: keeps the order above within each rank
 
 
-def _pump(stream, sink, tail: collections.deque) -> None:
+def _pump(stream, sink, tail: collections.deque, nccl: nccl_log.Transports) -> None:
     for line in iter(stream.readline, ""):
         sink.write(line)
         sink.flush()
         tail.append(line)
+        nccl.see(line)
 
 
 def supervise(
@@ -226,12 +227,15 @@ def supervise(
     given = variables.seen({**os.environ, **dict(env.variables), **worker_env(spec, env)})
     cmdline = shlex.join(argv)
     print(f"trainscale: {spec.path}\ntrainscale: launching: {cmdline}", flush=True)
+    node_record.save_topology(out)
+    nccl = nccl_log.Transports()  # NCCL's channel lines in every rank's output
     start_utc, t0 = metrics.utc_now(), time.perf_counter()
     #: the supervisor's moments in the record's timeline (trainscale.measure.timeline)
     times = {"supervisor_start_unix": process_start_unix(), "launched_unix": time.time()}
     kills_before = oom_kills()
     launch = {"command": cmdline, "mode": env.mode, "exit_code": None}
-    child_env = {**os.environ, "TRAINSCALE_LAUNCH": json.dumps(launch), "PYTHONUNBUFFERED": "1"}
+    child_env = {**node_record.nccl_debug(spec.accelerator, dict(os.environ)), **os.environ}
+    child_env.update(TRAINSCALE_LAUNCH=json.dumps(launch), PYTHONUNBUFFERED="1")
     proc = subprocess.Popen(
         argv,
         stdout=subprocess.PIPE,
@@ -260,10 +264,11 @@ def supervise(
         rec = metrics.failure_record(
             spec.to_dict(), "failed", error, start_utc, time.perf_counter() - t0, launch
         )
+        rec = node_record.stamp(rec, nccl.answer)
         metrics.write(out, stamp(rec, spec, attempt, env, image, given, times))
 
     _end_with_us(proc, cancelled)
-    pump = threading.Thread(target=_pump, args=(proc.stdout, sys.stdout, tail), daemon=True)
+    pump = threading.Thread(target=_pump, args=(proc.stdout, sys.stdout, tail, nccl), daemon=True)
     pump.start()
     timed_out = outlived(proc, limit)
     if timed_out:
@@ -281,6 +286,7 @@ def supervise(
                     f"(status {rec['status']} kept)",
                     flush=True,
                 )
+            rec = node_record.stamp(rec, nccl.answer)
             metrics.write(out, stamp(rec, spec, attempt, env, image, times=times))
             return rec["status"]
         except metrics.MetricsError as e:
@@ -304,6 +310,7 @@ def supervise(
     rec = metrics.failure_record(
         spec.to_dict(), status, error, start_utc, time.perf_counter() - t0, launch
     )
+    rec = node_record.stamp(rec, nccl.answer)
     metrics.write(out, stamp(rec, spec, attempt, env, image, given, times))
     print(f"trainscale: recorded status {status!r} in {out}", flush=True)
     return status

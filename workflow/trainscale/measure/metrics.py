@@ -77,7 +77,15 @@ import yaml
 
 import trainscale
 from trainscale.data import imagesets
-from trainscale.measure import classes, datawait, divergence, flops, timeline, variables
+from trainscale.measure import (
+    classes,
+    datawait,
+    divergence,
+    flops,
+    node_state,
+    timeline,
+    variables,
+)
 from trainscale.measure.device_usage import (  # noqa: F401  (runners call metrics.GpuMonitor)
     GpuMonitor,
 )
@@ -239,12 +247,15 @@ def environment(start_utc: str, frameworks: dict[str, str], hostnames: list[str]
         "driver": None,
         "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
         "cpu_count": cpu_count(),
+        "rank_cpus": [cpu_count()],  # the runners' gathers give every rank's
         "start_utc": start_utc,
         "end_utc": utc_now(),
         "trainscale": trainscale.__version__,
         "variables": variables.seen(),
-        "nccl": variables.nccl_version(),
+        # the transport from NCCL's lines, which the supervisor sees (trainscale.launch.supervise)
+        "nccl": {"version": variables.nccl_version(), "transport": None},
         "container": None,  # the launcher's to say (trainscale.launch.container)
+        "gpus": [],  # each node's GPUs (node_state): Recorder.record, or the runner's gather
     }
 
 
@@ -307,6 +318,12 @@ class Recorder:
         self.losses = divergence.LossWatch()
         #: the parts after training that failed ({"part", "error"}: runners/guarded.py)
         self.warnings: list[dict] = []
+        #: this node's GPUs as the run starts (env.gpus' `start`; [] without NVML)
+        self.gpus_at_start = node_state.read()
+
+    def node_gpus(self) -> list[dict]:
+        """`env.gpus` entries of this process's node: its GPUs now and at the start."""
+        return node_state.block(self.gpus_at_start, node_state.read(), hostname())
 
     @property
     def diverged(self) -> bool:
@@ -354,6 +371,8 @@ class Recorder:
         rec["wall_seconds"] = time.perf_counter() - self.t0
         rec["timeline"] = self.timeline.block()
         rec.update(parts)
+        if "env" in parts and not rec["env"].get("gpus"):  # no runner gathered every node's
+            rec["env"]["gpus"] = self.node_gpus()
         rec["warnings"] = list(self.warnings)
         rec["data"] = {**imagesets.data_block(self.spec), **rec["data"]}  # format, input_shape
         if self.spec.get("world_size", 1) > 1:

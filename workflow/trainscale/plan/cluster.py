@@ -53,8 +53,9 @@ def why_not(values: dict, config: dict, accelerator: str) -> str | None:
     launcher = catalog.STRATEGIES[values["strategy"]].launcher
     if image and launcher == "horovodrun" and values["nodes"] > 1:
         return (
-            f"{values['strategy']}: horovodrun starts the workers of its other nodes over ssh, "
-            f"outside the {image.get('runtime', 'apptainer')} container: across nodes run "
+            f"{values['strategy']}: across nodes Horovod's workers start outside the "
+            f"{image.get('runtime', 'apptainer')} container (horovodrun's over ssh, "
+            "hvdrun's srun tasks not wrapped in the image in this version): across nodes run "
             "Horovod without `container`, or on one node"
         )
     return None

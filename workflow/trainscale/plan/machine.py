@@ -29,6 +29,39 @@ def visible_gpus(environ: Mapping[str, str] = os.environ) -> int:
     return min(have, len([e for e in listed.split(",") if e.strip()]))
 
 
+def why_no_gpu(
+    framework: str,
+    devices: int,
+    cuda_build: str | None,
+    host_gpus: int,
+    driver: str | None,
+    visible: str | None,
+) -> str | None:
+    """Why `framework` (with `cuda_build`, the CUDA it was built for, None for a CPU build)
+    sees no GPU: `devices` it counts, `host_gpus` the driver lists, `visible` the
+    CUDA_VISIBLE_DEVICES it ran under. None when it has one."""
+    if devices > 0:
+        return None
+    if not cuda_build:
+        return (
+            f"{framework} is built without CUDA (a CPU build): install its CUDA build "
+            "(`make setup` on a host with an NVIDIA driver, docs/gpu-cluster.md)"
+        )
+    if host_gpus == 0:
+        return (
+            "no GPU visible: the host has no NVIDIA driver or GPU (/proc/driver/nvidia/gpus "
+            "is empty); ask SLURM for GPUs (gres) or set `slurm.fake_gpus: true` for a test "
+            "cluster whose GPUs are not real"
+        )
+    if visible is not None and not [v for v in visible.split(",") if v.strip()]:
+        return f"no GPU visible: CUDA_VISIBLE_DEVICES={visible!r} hides the host's {host_gpus}"
+    return (
+        f"the host has {host_gpus} NVIDIA GPU(s) (driver {driver or 'unknown'}) but "
+        f"{framework}, built for CUDA {cuda_build}, can use none: the driver is too old for "
+        f"CUDA {cuda_build}, or its libraries are missing (`trainscale gpu-check` on the node)"
+    )
+
+
 def detect_accelerator(setting: str = "auto") -> str:
     """Resolve config `accelerator`: 'auto' means 'cuda' when this host has NVIDIA GPUs."""
     if setting != "auto":
@@ -47,6 +80,13 @@ def capacity_problems(runs: list[RunSpec], accelerator: str, cpus: int, gpus: in
             f"matrix.nodes {nodes}: runs across nodes need a cluster; run with "
             "--profile profiles/slurm (docs/slurm.md), or use nodes: [1] here"
         )
+    if accelerator == "cuda" and gpus == 0:  # the runs would fail at once (device_check)
+        return [
+            *problems,
+            "accelerator: cuda, and this machine has no CUDA GPU visible (no NVIDIA driver, "
+            "or CUDA_VISIBLE_DEVICES hides them): its runs would train on no GPU; use "
+            "accelerator: cpu (or auto) here, or run on a GPU cluster (--profile profiles/slurm)",
+        ]
     have, unit = (gpus, "GPUs") if accelerator == "cuda" else (cpus, "CPU cores")
     workers = sorted({r.workers for r in runs if r.workers > have})
     if workers:

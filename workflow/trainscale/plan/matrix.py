@@ -151,8 +151,9 @@ def build_runs(
 ) -> tuple[list[RunSpec], list[Dropped]]:
     """Expand a validated config into run specs (cartesian product minus exclusions).
 
-    `accelerator` is "cpu" or "cuda": what the workers will run on, used only to drop
-    combinations that cannot be parallel there (e.g. DataParallel without GPUs).
+    `accelerator` is "cpu" or "cuda": what the workers will run on, used to drop
+    combinations that cannot be parallel there (e.g. DataParallel without GPUs), and each
+    run's `accelerator` (`train_on`): on "cuda" a rank without a GPU fails its run.
     `gpus_per_node`: the GPUs the ranks of a node will have, where known (a study run on this
     machine: `visible_gpus()`); cells whose ranks would share one where they must not are
     dropped. None: each worker gets a GPU of its own (a cluster's request).
@@ -283,6 +284,7 @@ def build_runs(
             samples=samples,
             ps_tasks=config.get("ps_tasks", 1) if values["strategy"] == "tf-ps" else 0,
             own_model=own,
+            accelerator=train_on(accelerator, config),
             **imagesets.run_fields(values["dataset"], config),
         )
         planted_faults = config.get("faults", [])
@@ -305,6 +307,14 @@ def build_runs(
         )
     faults.check(config.get("faults", []), runs)
     return runs, dropped
+
+
+def train_on(accelerator: str, config: dict) -> str:
+    """The device a study's ranks must train on: its accelerator, but the CPU where config
+    `slurm.fake_gpus` says the cluster's GPUs are gres entries with no device behind them
+    (a test cluster: jobs ask for GPUs as on a GPU cluster, ranks train on the CPU)."""
+    fake = (config.get("slurm") or {}).get("fake_gpus", False)
+    return "cpu" if fake else accelerator
 
 
 def data_shapes(config: dict, seq_lens: list[int]) -> dict[str, list[tuple]]:

@@ -168,6 +168,9 @@ class RunSpec:
     offload: str = "none"  # none | optimizer | params (plan.knobs)
     fused: bool | str = "auto"  # config optimizer.fused: auto | true | false (PyTorch family)
     evaluate: bool = True  # score the test set (False: `trainscale tune`'s runs time steps only)
+    #: the device every rank must train on: "cuda" (a rank without a usable GPU fails the run,
+    #: never falls back to the CPU: trainscale.runners.device_check) or "cpu"
+    accelerator: str = "cpu"
 
     @property
     def processes(self) -> int:

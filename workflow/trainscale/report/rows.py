@@ -421,8 +421,11 @@ def _software(r: pd.DataFrame) -> list[tuple[str, str]]:
         image = parts[0].fillna("?") + " · " + parts[1].fillna("?") + " · "
         image = (image + parts[2].fillna("no digest")).where(parts[1].notna(), "none")
         out.append(("container", _values(image)))
-    if "env.nccl" in r and r["env.nccl"].notna().any():
-        out.append(("NCCL", _values(r["env.nccl"])))
+    # env.nccl: {version, transport}; a version string in records before issue 69
+    for col, name in (("env.nccl", "NCCL"), ("env.nccl.version", "NCCL"),
+                      ("env.nccl.transport", "NCCL transport")):  # fmt: skip
+        if col in r and r[col].notna().any():
+            out.append((name, _values(r[col])))
     for col in sorted(c for c in r.columns if c.startswith("env.variables.")):
         out.append((col.removeprefix("env.variables."), _values(r[col])))
     return out

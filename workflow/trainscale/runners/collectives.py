@@ -60,6 +60,9 @@ class Sweep:
     workers: int
     nodes: int
     strategy: str = "collectives"
+    threads_per_worker: int = 1  # each rank's threads: srun asks for a node's (--cpus-per-task)
+    loader_workers: int = 0
+    accelerator: str = "cpu"  # torchrun's one task a node takes the node's GPUs whole
 
     @property
     def path(self) -> str:
@@ -69,6 +72,10 @@ class Sweep:
     def processes(self) -> int:
         """One process per worker on every node (as RunSpec.processes for a training run)."""
         return self.workers * self.nodes
+
+    @property
+    def world_size(self) -> int:
+        return self.processes
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:
@@ -81,7 +88,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
 
     from trainscale.launch import supervise as launch
 
-    sweep = Sweep(args.study, args.workers, args.nodes)
+    sweep = Sweep(args.study, args.workers, args.nodes, threads_per_worker=args.threads)
     env = launch.in_allocation(launch.detect(), sweep)
     if env.mode == "slurm" and args.nodes > 1 and not env.port:
         env = dataclasses.replace(env, port=launch.free_port())

@@ -40,6 +40,7 @@ import tf_keras as keras  # noqa: E402
 from trainscale import data  # noqa: E402
 from trainscale.measure import metrics  # noqa: E402
 from trainscale.plan.matrix import RunSpec  # noqa: E402
+from trainscale.runners.device_check import require_nccl  # noqa: E402
 from trainscale.runners.tensorflow import keras_loop as loop  # noqa: E402
 from trainscale.runners.tensorflow import keras_tokens  # noqa: E402
 from trainscale.runners.tensorflow.keras_data import eval_dataset, train_dataset  # noqa: E402
@@ -58,7 +59,8 @@ class HorovodKeras(loop.KerasStrategy):
     def configure(self) -> loop.Placement:
         loop.set_threads(self.spec, 1)  # before hvd.init, which starts TensorFlow's runtime
         hvd.init()
-        gpus = tf.config.list_physical_devices("GPU")
+        require_nccl(self.spec.accelerator, bool(hvd_tf.nccl_built()), hvd.rank())
+        gpus = loop.physical_gpus(self.spec)
         if gpus:
             loop.visible_gpus(gpus, hvd.local_rank(), 1, self.spec.strategy)
         if self.fixed_world and hvd.size() != self.spec.world_size:

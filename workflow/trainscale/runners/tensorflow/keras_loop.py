@@ -54,6 +54,7 @@ from trainscale.runners.common import (  # noqa: E402
     steps_per_epoch,
     write_ok,
 )
+from trainscale.runners.device_check import process_rank, require_gpu  # noqa: E402
 from trainscale.runners.guarded import Parts  # noqa: E402
 from trainscale.runners.tensorflow import keras_tokens  # noqa: E402
 from trainscale.runners.tensorflow.keras_data import (  # noqa: E402
@@ -195,6 +196,16 @@ class KerasStrategy:
 
     def teardown(self) -> None:
         """After the record is written (or on a worker that writes none)."""
+
+
+def physical_gpus(spec: RunSpec) -> list:
+    """The GPUs TensorFlow sees in this process; on `accelerator` cuda, none stops the run
+    with why (a CPU build, no device, libraries missing: runners.device_check)."""
+    gpus = tf.config.list_physical_devices("GPU")
+    build = tf.sysconfig.get_build_info()
+    cuda = build.get("cuda_version") if build.get("is_cuda_build") else None
+    require_gpu(spec.accelerator, f"TensorFlow {tf.__version__}", len(gpus), cuda, process_rank())
+    return gpus
 
 
 def visible_gpus(gpus: list, local_rank: int, count: int, strategy: str) -> list:
@@ -448,7 +459,10 @@ def run(plugin: KerasStrategy, out: str) -> None:
 
     # every worker process's peaks, utilisation, energy and host, on rank 0 in rank order
     gathered = parts.run(
-        "memory", lambda: plugin.gather([*memory.finish(), utilization, energy], metrics.hostname())
+        "memory",
+        lambda: plugin.gather(
+            [*memory.finish(), utilization, energy, metrics.cpu_count()], metrics.hostname()
+        ),
     )
     extra = parts.run("framework", plugin.extra_metrics, collective=False) or {}
     if plugin.final_rank(p) == 0:

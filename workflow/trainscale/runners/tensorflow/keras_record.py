@@ -39,6 +39,8 @@ def record(
     hosts = [h for _, h in gathered] if gathered is not None else [metrics.hostname()]
     frameworks = {"tensorflow": tf.__version__, "tf-keras": keras.__version__}
     env = metrics.environment(rec.start_utc, {**frameworks, **plugin.frameworks}, hosts)
+    if gathered is not None:  # each worker's CPUs, the row's last figure
+        env["rank_cpus"] = [int(row[6]) for row, _ in gathered]
     if p.gpu:
         env["cuda"] = tf.sysconfig.get_build_info().get("cuda_version")
         env["driver"] = metrics.driver_version()

@@ -94,7 +94,7 @@ class OneDevice(loop.KerasStrategy):
 
     def configure(self) -> loop.Placement:
         loop.set_threads(self.spec, 1)
-        gpus = tf.config.list_physical_devices("GPU")
+        gpus = loop.physical_gpus(self.spec)
         if gpus:
             loop.visible_gpus(gpus, 0, 1, self.spec.strategy)
         self.strategy = tf.distribute.get_strategy()
@@ -108,7 +108,7 @@ class Mirrored(loop.KerasStrategy):
     def configure(self) -> loop.Placement:
         n = self.spec.workers
         loop.set_threads(self.spec, n)
-        gpus = tf.config.list_physical_devices("GPU")
+        gpus = loop.physical_gpus(self.spec)
         logical = False
         if gpus:
             loop.visible_gpus(gpus, 0, n, self.spec.strategy)
@@ -132,7 +132,7 @@ class MultiWorker(loop.KerasStrategy):
 
     def configure(self) -> loop.Placement:
         loop.set_threads(self.spec, 1)
-        gpus = tf.config.list_physical_devices("GPU")
+        gpus = loop.physical_gpus(self.spec)
         resolver, local_rank = cluster_resolver(self.spec, bool(gpus))
         if gpus:
             loop.visible_gpus(gpus, local_rank, 1, self.spec.strategy)

@@ -48,6 +48,7 @@ from trainscale.plan import catalog  # noqa: E402
 from trainscale.plan.machine import gpu_count  # noqa: E402
 from trainscale.plan.runspec import RunSpec  # noqa: E402
 from trainscale.runners import common  # noqa: E402
+from trainscale.runners.device_check import process_rank, require_gpu  # noqa: E402
 from trainscale.runners.guarded import Parts  # noqa: E402
 from trainscale.runners.tensorflow import keras_flops  # noqa: E402
 from trainscale.runners.tensorflow.keras_data import nhwc, normaliser  # noqa: E402
@@ -276,6 +277,11 @@ class EpochClock(keras.callbacks.Callback):
 def main(spec: RunSpec, out: str) -> None:
     config = tf_config(spec)
     gpus = gpu_count()
+    # every process of a cuda run, the chief's and the servers' too, stops on a node without
+    # GPUs (the chief's error is the one the record shows)
+    build = tf.sysconfig.get_build_info()
+    cuda = build.get("cuda_version") if build.get("is_cuda_build") else None
+    require_gpu(spec.accelerator, f"TensorFlow {tf.__version__}", gpus, cuda, process_rank())
     hide_or_pick_gpu(config, gpus)
     if config["task"]["type"] != "chief":
         serve(spec, config)

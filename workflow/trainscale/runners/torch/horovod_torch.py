@@ -33,6 +33,7 @@ from trainscale.data import tokendata
 from trainscale.measure import metrics
 from trainscale.plan.matrix import RunSpec
 from trainscale.runners.common import Rank
+from trainscale.runners.device_check import require_nccl
 from trainscale.runners.torch.exposed import block, measure_exposed_communication, replica_skipped
 from trainscale.runners.torch.plugin import Plugin, Shard
 from trainscale.runners.torch.torch_loop import run
@@ -51,6 +52,7 @@ class Horovod(Plugin):
     def connect(self, device: torch.device) -> None:
         self.loop.backend = None  # Horovod's own controller and ops, not torch.distributed
         self.elastic = self.spec.strategy == "horovod-torch-elastic"
+        require_nccl(self.spec.accelerator, bool(hvd.nccl_built()), hvd.rank())
         if not self.elastic and hvd.size() != self.spec.world_size:
             raise RuntimeError(
                 f"horovodrun started {hvd.size()} workers, the run needs {self.spec.world_size}"

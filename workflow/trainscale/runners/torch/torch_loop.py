@@ -78,8 +78,12 @@ class Loop:
         spec, p = self.spec, self.plugin
         self.rk = p.rank()
         torch.set_num_threads(spec.threads_per_worker)
-        self.device, shared = rank_device(self.rk.local_rank, self.rk.local_world_size)
+        self.device, shared = rank_device(
+            self.rk.local_rank, self.rk.local_world_size, spec.accelerator
+        )
         self.cuda = self.device.type == "cuda"
+        self.rank_cpus = [metrics.cpu_count()]  # every rank's, once gathered (env.rank_cpus)
+        self.node_gpus: list[dict] = []  # every node's GPUs, once gathered (env.gpus)
         self.backend = group_backend(self.device, shared) if p.grouped else None
         if self.cuda:
             torch.cuda.set_device(self.device)
@@ -283,12 +287,18 @@ class Loop:
         rows = rows.cpu()
         utils = [v for v in rows[:, 4].tolist() if not math.isnan(v)]
         energies = [None if math.isnan(v) else v for v in rows[:, 5].tolist()]
-        devices = self.plugin.gather_object((metrics.hostname(), self.uuid))
+        # each node's GPUs from its local rank 0 (env.gpus), each rank's CPUs (env.rank_cpus)
+        gpus = self.rec.node_gpus() if self.rk.local_rank == 0 else []
+        places = self.plugin.gather_object(
+            (metrics.hostname(), self.uuid, metrics.cpu_count(), gpus)
+        )
+        self.rank_cpus = [place[2] for place in places]
+        self.node_gpus = [gpu for place in places for gpu in place[3]]
         return (
             torch.cat([rows[:, :4], rows[:, 6:8]], dim=1),
             sum(utils) / len(utils) if utils else None,
-            energy_once_per_device(energies, devices),
-            [host for host, _ in devices],
+            energy_once_per_device(energies, [place[:2] for place in places]),
+            [place[0] for place in places],
         )
 
     def report(self, out: str) -> None:
@@ -317,6 +327,8 @@ class Loop:
         env["cuda"] = torch.version.cuda if cuda else None
         env["driver"] = metrics.driver_version() if cuda else None
         env["process_group_backend"] = self.backend
+        env["rank_cpus"] = self.rank_cpus
+        env["gpus"] = self.node_gpus  # [] where not gathered: Recorder.record reads this node
         env.update(p.env_extra)
         memory = {"peak_host_rss_bytes": None, "peak_device_bytes": None, **p.extra_memory}
         if per_rank is not None:

@@ -19,6 +19,7 @@ from trainscale import data
 from trainscale.measure.classes import scores, token_scores
 from trainscale.measure.memory import PhasePeaks, nvml_process_reader
 from trainscale.plan.matrix import RunSpec
+from trainscale.runners.device_check import process_rank, require_gpu
 
 DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -36,14 +37,20 @@ def leave() -> None:
     os._exit(0)
 
 
-def rank_device(local_rank: int, local_world_size: int) -> tuple[torch.device, bool]:
+def rank_device(
+    local_rank: int, local_world_size: int, accelerator: str = "cpu"
+) -> tuple[torch.device, bool]:
     """The device this rank trains on, and whether another rank of this node shares it.
 
     Ranks take the node's visible GPUs in turn (local rank modulo their count), so a run of
     more ranks than GPUs still starts: two ranks on one GPU is how the multi-rank CUDA code
     paths run on a one-GPU machine (`make gpu-check`). The caller must then not use NCCL,
-    which refuses two ranks on one device."""
+    which refuses two ranks on one device. On `accelerator` cuda a rank without a usable GPU
+    raises (runners.device_check): it never trains on the CPU."""
     if not torch.cuda.is_available():
+        require_gpu(
+            accelerator, f"torch {torch.__version__}", 0, torch.version.cuda, process_rank()
+        )
         return torch.device("cpu"), False
     visible = torch.cuda.device_count()
     return torch.device(f"cuda:{local_rank % visible}"), local_world_size > visible

@@ -169,8 +169,11 @@ class LightningRun:
         self.rec = metrics.Recorder(spec.to_dict())
         self.rk = detect_rank()
         torch.set_num_threads(spec.threads_per_worker)
-        self.device, shared = rank_device(self.rk.local_rank, self.rk.local_world_size)
+        self.device, shared = rank_device(
+            self.rk.local_rank, self.rk.local_world_size, spec.accelerator
+        )
         self.cuda = self.device.type == "cuda"
+        self.rank_cpus = [metrics.cpu_count()]  # every rank's, once gathered (env.rank_cpus)
         self.backend = group_backend(self.device, shared)
         if self.cuda:
             torch.cuda.set_device(self.device)
@@ -326,7 +329,9 @@ class LightningRun:
         dist.all_gather(gathered, peaks)
         per_rank = torch.stack(gathered).cpu()
         usage: list = [None] * self.rk.world_size  # (host, GPU, energy, utilisation) per rank
-        dist.all_gather_object(usage, (metrics.hostname(), self.uuid, energy, utilization))
+        place = (metrics.hostname(), self.uuid, energy, utilization, metrics.cpu_count())
+        dist.all_gather_object(usage, place)
+        self.rank_cpus = [u[4] for u in usage]
         if self.cuda:
             energy = energy_once_per_device([u[2] for u in usage], [u[:2] for u in usage])
             utils = [u[3] for u in usage if u[3] is not None]
@@ -347,6 +352,7 @@ class LightningRun:
         env["cuda"] = torch.version.cuda if self.cuda else None
         env["driver"] = metrics.driver_version() if self.cuda else None
         env["process_group_backend"] = self.backend
+        env["rank_cpus"] = self.rank_cpus
         counted = self.parts.run(
             "flops", lambda: flop_count.counted(self.spec, self.info.shape, self.info.num_classes,
                                                 self.device, out, self.spec.world_size),

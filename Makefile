@@ -78,7 +78,7 @@ dryrun: $(STAMP) bytecode
 # slowdown must stand out of 2 repeats' run-to-run spread, which beside another test's training
 # reached a factor of 1.5 (a 95% CI of [0.43, 2.31] on a copy).
 PYTEST_WORKERS ?= 2
-ALONE := tests/test_slurm.py tests/test_slurm_containers.py tests/test_compare.py
+ALONE := tests/test_slurm.py tests/test_slurm_affinity.py tests/test_slurm_containers.py tests/test_compare.py
 pytest:
 	$(MAKE) --no-print-directory pytest-parallel
 	$(MAKE) --no-print-directory pytest-alone

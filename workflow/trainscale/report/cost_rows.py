@@ -1,7 +1,7 @@
 """The report's Cost section: per model, dataset and N, what a million tokens or samples cost
 each cell in device-hours, energy and (where config `cost` gives prices) money, the cheapest
 first; which cell is cheapest where it is not the fastest; and the devices no price applied
-to. The figures are defined once, in `trainscale.analysis.aggregate` (Methods)."""
+to. docs/methods.md defines the figures."""
 
 from __future__ import annotations
 

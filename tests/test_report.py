@@ -455,6 +455,10 @@ def test_report_renders_in_headless_chromium(built, tmp_path):
     assert f"images={len(FIGURES) + 1} broken=0" in check  # + the predicted-scaling figure
     errors = [line for line in console if "trainscale-check" not in line]
     assert errors == [], errors  # no CSP violations, failed loads or script errors
+    # Methods and the captions as the browser built them: markup rendered, links in the page
+    dom = p.stdout
+    assert '<h3 id="methods-per-run-metricsjson">' in dom and "<strong>speedup</strong>" in dom
+    assert 'href="#methods-ranking"' in dom and "``" not in dom and "**" not in dom
     shot = out / "report-screenshot.png"
     p = run_chromium(
         tmp_path,

@@ -50,7 +50,7 @@ TEMPLATE = "report.html.j2"
 
 
 # --------------------------------------------------------------------------------------------
-# definitions from a docstring whose bullets read `- term: text` (the tune page's method)
+# definitions from a docstring whose bullets read `- term: text` (the tune and compare pages)
 
 
 def definitions(doc: str) -> tuple[str, list[tuple[str, list[tuple[str, bool]]]]]:

@@ -120,7 +120,11 @@ def job_count(stdout: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        description=(
+            "How close trainscale's dry-run of a large study comes to Snakemake's own floor."
+        )
+    )
     ap.add_argument("--rounds", type=int, default=3, help="runs of each, alternated (min taken)")
     ap.add_argument("--repeats", type=int, default=5, help="repeats of each cell (5: 8,000 runs)")
     ap.add_argument("--keep", type=Path, help="write the study and the trivial workflow here")

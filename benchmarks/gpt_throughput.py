@@ -110,7 +110,11 @@ def trio(xs: list[float]) -> str:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        description=(
+            "Does the `torch` strategy train a GPT as fast as a bare loop of the same model?"
+        )
+    )
     p.add_argument("--model", default="gpt-micro")
     p.add_argument("--dataset", default="shakespeare", choices=("shakespeare", "synthetic-tokens"))
     p.add_argument("--seq-len", type=int, default=256)

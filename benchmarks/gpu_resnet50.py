@@ -76,7 +76,14 @@ def train(batch: int, case: str, tag: str, a: argparse.Namespace) -> dict:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        description=(
+            "ResNet-50 training on synthetic ImageNet, bf16, one GPU, through trainscale's own "
+            "launcher: what does eager PyTorch reach at the largest batch that fits, and what do "
+            "`memory_format: channels_last` and `compile: true` buy on top (issue 16 part 4; "
+            "docs/gpu-validation.md)?"
+        )
+    )
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--scale", type=int, default=16, help="synthetic-imagenet × scale an epoch")
     p.add_argument("--epochs", type=int, default=3)

@@ -373,7 +373,9 @@ def breakdown_main(a: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        description=("How much does trainscale's runner cost over a minimal hand-written loop?")
+    )
     p.add_argument("--model", default="seed-small")
     p.add_argument("--dataset", default="digits")
     p.add_argument("--scale", type=int, default=64, help="copies of the training set an epoch")

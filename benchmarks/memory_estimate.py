@@ -257,7 +257,9 @@ def study20() -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        description=("How long does the memory pre-flight take, and how close are its predictions?")
+    )
     p.add_argument("--study", type=Path, default=ROOT / ".test" / "gpt.yaml")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--skip-h200", action="store_true")

@@ -30,7 +30,12 @@ import torch
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        description=(
+            "Run nanoGPT's own `bench.py`, its text unchanged, at a smaller GPT's shape and "
+            "on CPU: the peer's side of benchmarks/peer_nanogpt.py."
+        )
+    )
     p.add_argument("checkout", help="a checkout of github.com/karpathy/nanoGPT")
     p.add_argument("--layers", type=int, required=True)
     p.add_argument("--heads", type=int, required=True)

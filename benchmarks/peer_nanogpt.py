@@ -115,7 +115,12 @@ def trio(xs: list[float]) -> str:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        description=(
+            "Does trainscale's `torch` strategy train a GPT as fast as "
+            "nanoGPT's own benchmark does?"
+        )
+    )
     p.add_argument("nanogpt", help="a checkout of github.com/karpathy/nanoGPT")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=2, help="CPU threads of each side")

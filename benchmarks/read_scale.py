@@ -65,7 +65,12 @@ def measure(what: str, runs_dir: str, jobs: int) -> str:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        description=(
+            "How long reading a study takes: metrics files -> validated runs, "
+            "epochs and cell tables."
+        )
+    )
     p.add_argument("runs_dir")
     p.add_argument("--jobs", type=int, default=metrics_tables.default_jobs())
     p.add_argument("--only", choices=("floor", "build"), help=argparse.SUPPRESS)

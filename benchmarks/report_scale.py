@@ -206,7 +206,11 @@ def spread(values: list[float], fmt: str = "{:.1f}") -> str:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        description=(
+            "How long `python -m trainscale.report` takes for a large study, and how much memory."
+        )
+    )
     p.add_argument("--runs", type=int, default=10_000)
     p.add_argument("--jobs", type=int, default=min(len(os.sched_getaffinity(0)), 8))
     p.add_argument("--keep", type=Path, help="write here and keep (default: a temporary dir)")

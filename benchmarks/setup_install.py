@@ -75,7 +75,11 @@ def trio(xs: list[float]) -> str:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        description=(
+            "How long does `make setup`'s install phase take with uv, against pip, on this machine?"
+        )
+    )
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--caches", default="cold,warm", help="cold, warm or both (comma-separated)")
     p.add_argument("--scratch", default=tempfile.gettempdir(), help="where the venvs go")

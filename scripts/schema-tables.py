@@ -120,7 +120,11 @@ def rewritten(page: Path, schema_path: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description=(
+            "Write the key tables of docs/config.md and docs/metrics.md from the JSON schemas."
+        )
+    )
     parser.add_argument("--check", action="store_true", help="exit 1 if a page is out of date")
     args = parser.parse_args(argv)
     stale = []

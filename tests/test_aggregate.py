@@ -13,6 +13,7 @@ import pandas as pd
 import pytest
 
 from trainscale.analysis import aggregate, metrics_tables
+from trainscale.analysis.flags import LOGICAL, OVERSUBSCRIBED, cell_flags
 from trainscale.analysis.study import Study, write_csv
 from trainscale.measure import flops, metrics
 from trainscale.plan.matrix import RunSpec, build_runs
@@ -475,4 +476,13 @@ def test_logical_device_runs_are_labelled_in_tables_and_summary(tmp_path):
     by_n = study.scaling.set_index("world_size")["logical"]
     assert bool(by_n[2]) and not bool(by_n[1])
     text = aggregate.summary_text(study.runs, [], "logical", study.scaling)
-    assert "logical CPU devices: a code-path check, not a speed-up" in text
+    assert f"not ranked ({LOGICAL.note}):" in text and "  logical devices" in text
+
+
+def test_cell_flags_word_each_flag_once():
+    """summary.txt, the report, the ranking and a card take a cell's flags from one place."""
+    row = pd.Series({"oversubscribed": True, "logical": True}).to_dict()
+    assert cell_flags(row) == [OVERSUBSCRIBED, LOGICAL]
+    plain = next(pd.DataFrame({"oversubscribed": [False], "logical": [float("nan")]}).itertuples())
+    assert cell_flags(plain) == [] and cell_flags({}) == []
+    assert LOGICAL.note == "logical CPU devices in one process: a code-path check, not a speed-up"

@@ -26,11 +26,11 @@ from test_collectives import fake_collectives
 
 from trainscale.analysis import aggregate
 from trainscale.analysis.study import Study
-from trainscale.measure import metrics
 from trainscale.plan.matrix import build_runs
 from trainscale.report import cli as report_cli
 from trainscale.report import figures
 from trainscale.report import html as report
+from trainscale.report.methods import METHODS, anchor, methods_html
 
 from conftest import ROOT, validated
 
@@ -353,10 +353,12 @@ def test_report_is_self_contained_escaped_and_complete(built):
     # the N = 2 cells wait 15% of their epochs for data: flagged, and counted above the table
     assert ">input-bound</span>" in page and "cells input-bound</span>" in page
     assert set(study.scaling.loc[study.scaling["input_bound"], "world_size"]) == {2}
-    # Methods quotes the docstrings that define the metrics (the single source)
-    for doc in (metrics.__doc__, aggregate.__doc__):
-        for term, _ in report.definitions(doc)[1]:
-            assert f"<dt>{html.escape(term)}</dt>" in page, term
+    # Methods is docs/methods.md rendered: every bold term, and no markup printed as written
+    methods = page.split('<h2 id="methods">')[1]
+    for term in re.findall(r"^- \*\*(.+?)\*\*:", METHODS.read_text(), re.M):
+        shown = re.sub(r"`([^`]*)`", r"<code>\1</code>", html.escape(term, quote=False))
+        assert f"<strong>{shown}</strong>" in methods, term
+    assert "``" not in page and "**" not in methods and '<h3 id="methods-per-cell' in methods
     assert "includes warm-up" in page and "t1 / (N · tN)" in page and "X(N) / (N · X(1))" in page
     assert "torch-ddp with N = 1" in page
     # numbers for people: 3 significant digits and units
@@ -371,17 +373,24 @@ def test_numbers_are_formatted_for_people():
     assert report.pct(0.4231) == "42.3 %" and report.ratio(1.1875) == "1.19×"
 
 
-def test_definitions_come_from_the_docstrings():
-    intro, items = report.definitions(metrics.__doc__)
-    terms = dict(items)
-    assert "first_epoch_seconds" in terms and "throughput" in terms
-    text = "".join(seg for seg, _ in terms["first_epoch_seconds"])
-    assert "warm-up" in text
-    _, items = report.definitions(aggregate.__doc__)
-    terms = {t: "".join(seg for seg, _ in x) for t, x in items}
-    assert terms["speedup"].startswith("S(N) = X(N) / X(1)")
-    assert "t1 / (N · tN)" in terms["strong-scaling efficiency"]
-    assert "X(N) / (N · X(1))" in terms["weak-scaling efficiency"]
+def test_methods_defines_every_figure_once_with_anchors():
+    """docs/methods.md, as the report renders it: the terms the formulas are checked by, and an
+    anchor per section and per term that captions link to."""
+    text = " ".join(METHODS.read_text().split())
+    assert "first_epoch_seconds**: epoch 1, which includes warm-up" in text
+    assert "**speedup**: S(N) = X(N) / X(1)" in text
+    assert "E = t1 / (N · tN)" in text and "E = X(N) / (N · X(1))" in text
+    rendered = methods_html()
+    ids = re.findall(r' id="([^"]+)"', rendered)
+    assert len(ids) == len(set(ids)) and "<h1" not in rendered
+    assert {"methods-ranking", "methods-comparison-with-the-best", "methods-speedup"} <= set(ids)
+    assert anchor("Per cell (scaling.csv) and the summary") in ids
+    # every caption renders its reST (no backticks shown) and links to an anchor that exists
+    for name in [*FIGURES, "predicted_scaling"]:
+        caption = str(report.caption_html(name))
+        assert "`" not in caption, name
+        assert set(re.findall(r'href="#([^"]+)"', caption)) <= set(ids), name
+    assert 'href="#methods-ranking"' in report.caption_html("ranking")
 
 
 # --------------------------------------------------------------------------------------------
@@ -446,6 +455,10 @@ def test_report_renders_in_headless_chromium(built, tmp_path):
     assert f"images={len(FIGURES) + 1} broken=0" in check  # + the predicted-scaling figure
     errors = [line for line in console if "trainscale-check" not in line]
     assert errors == [], errors  # no CSP violations, failed loads or script errors
+    # Methods and the captions as the browser built them: markup rendered, links in the page
+    dom = p.stdout
+    assert '<h3 id="methods-per-run-metricsjson">' in dom and "<strong>speedup</strong>" in dom
+    assert 'href="#methods-ranking"' in dom and "``" not in dom and "**" not in dom
     shot = out / "report-screenshot.png"
     p = run_chromium(
         tmp_path,

@@ -1,6 +1,6 @@
 """Cell statistics: the per-cell figures of scaling.csv (mean, std and 95% CI over repeats,
 speedup, efficiency, the baselines, the ranking's verdicts) and the per-epoch convergence
-table. Every formula is stated once, in `trainscale.analysis.aggregate`'s docstring."""
+table. docs/methods.md states every formula."""
 
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ PROPORTIONAL = ("throughput", "throughput_per_worker", "tokens_per_second",
 
 
 def ci95(values: Sequence[float]) -> tuple[float, float, float]:
-    """(mean, std, CI half-width) of one sample, by the formulas in the module docstring."""
+    """(mean, std, CI half-width) of one sample, as docs/methods.md defines them."""
     x = np.asarray([v for v in values if v is not None and not pd.isna(v)], dtype=float)
     n = len(x)
     if n == 0:
@@ -125,7 +125,7 @@ def scaling_frame(
     what a million units cost (in device-hours, energy, and money at `prices`), and the
     ranking's verdicts (`trainscale.analysis.ranking.VERDICTS`; TOST at ±`equivalence`).
 
-    Every formula is stated in `trainscale.analysis.aggregate`'s docstring.
+    docs/methods.md states every formula.
     """
     if not len(runs):
         return pd.DataFrame(columns=[*CELL, "world_size", "runs", "ok"])
@@ -192,7 +192,7 @@ def _status_counts(d: pd.DataFrame) -> pd.Series:
 
 
 def _with_baselines(cells: pd.DataFrame) -> pd.DataFrame:
-    """Add baseline, speedup, efficiency and speedup_vs_single columns (see module docstring)."""
+    """Add baseline, speedup, efficiency and speedup_vs_single columns (docs/methods.md)."""
     c = cells
     single = c[(c["workers"] == 1) & (c["nodes"] == 1)]
     base = single[[*BASELINE, "ok", "statuses", "throughput_mean", "steady_epoch_seconds_mean"]]

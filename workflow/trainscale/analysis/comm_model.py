@@ -1,7 +1,7 @@
 """The all-reduce benchmark's table (collectives.csv) and the communication model of every
 DDP-family cell (communication.csv): predicted seconds per optimizer step from the measured bus
-bandwidth, set against the measured step and its exposed communication. The formulas are stated
-once, in `trainscale.analysis.aggregate`'s docstring."""
+bandwidth, set against the measured step and its exposed communication. docs/methods.md
+states the formulas."""
 
 from __future__ import annotations
 
@@ -104,8 +104,8 @@ COMM_COLUMNS = [
 def communication_frame(
     scaling: pd.DataFrame, runs: pd.DataFrame, coll: pd.DataFrame
 ) -> pd.DataFrame:
-    """communication.csv: the communication model of every DDP-family cell with N > 1 (see the
-    module docstring for every formula)."""
+    """communication.csv: the communication model of every DDP-family cell with N > 1
+    (docs/methods.md states every formula)."""
     if not len(scaling) or not len(runs):
         return pd.DataFrame(columns=COMM_COLUMNS)
     scaling = with_axes(scaling, "")

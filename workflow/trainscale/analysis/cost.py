@@ -3,9 +3,9 @@
 A unit is a token on token data (a GPT's windows of seq_len ids) and a sample elsewhere, as in
 tokens/s and samples/s. Each figure is computed per run from its record, so records written
 before this module get them too, then averaged over a cell's ok runs with a 95% CI like every
-metric of scaling.csv (`trainscale.analysis.cells`); the definitions are the bullets "device
-hours per million", "cost per million" and "energy per million" of
-`trainscale.analysis.aggregate`'s docstring (the report's Methods).
+metric of scaling.csv (`trainscale.analysis.cells`); the definitions are the terms "device
+hours per million", "cost per million" and "energy per million" of docs/methods.md (the
+report's Methods).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A cell's 95% confidence interval of throughput from steps and repeats.
 
-The definition (model and assumptions) is the bullet "confidence interval" of
-`trainscale.analysis.aggregate`'s docstring (the report's Methods) and of docs/metrics.md; this
+The definition (model and assumptions) is the term "confidence interval" of docs/methods.md
+(the report's Methods) and of docs/metrics.md; this
 module computes it, once, for scaling.csv (`trainscale.analysis.cells`), and through it for the
 ranking, the summary and `trainscale compare`: the within-run variance of each run from its
 blocks (`within_variance`), each cell's run-to-run variance moderated toward its stratum's
@@ -306,7 +306,7 @@ def pair_df(cells: dict[str, np.ndarray]) -> np.ndarray:
 def cell_intervals(runs: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     """Per cell of `runs` (one row per run: the cell `keys`, `throughput`, NaN unless ok,
     `within_run_var`, `within_run_blocks` and `stratum`, the cell's `stratum_of`), indexed by
-    `keys`, the columns CELL_COLUMNS (aggregate's docstring defines them) and ci95_rel, the
+    `keys`, the columns CELL_COLUMNS (docs/methods.md defines them) and ci95_rel, the
     relative half-width exp(t·√Var) − 1 of every figure that is a fixed multiple of throughput
     or of its inverse (NaN outside the model). Cells whose runs lack batch means are moderated
     too, with no within-run floor (for the verdicts; their CI stays Student's t on throughput

@@ -2,46 +2,8 @@
 that were not measured, with bootstrap bands, and checked by leaving measured world sizes out.
 
 Predictions are labelled (`basis` predicted) and written only to predictions.csv; they never
-enter scaling.csv, the summary or the "fastest" answer. The model, per family (strategy, model,
-dataset, scale, batch size, batch mode, precision), for N workers on `nodes` nodes:
-
-- step time: t_step(N) = t_compute(b) + t_fixed + max(0, t_comm(N, S) − overlap), with b the
-  per-worker batch (batch / N for batch_mode global, batch for per_worker).
-- t_compute(b) = c0 + c1 · b, least squares over the N = 1 runs' step times and the no-sync
-  compute time of every multi-worker run (metrics `communication.compute_seconds_per_step`);
-  where only one per-worker batch was measured, c0 = 0 (compute proportional to the batch: the
-  linear assumption, stated in the row).
-- t_comm(N, S) = v · (2(N − 1) · α + 2(N − 1)/N · S / B): a ring all-reduce of S gradient bytes
-  (parameters × 4, × 2 for DeepSpeed in bf16/fp16), v = 1 (DDP, ZeRO-0/1/2, Horovod, TF) or 1.5
-  (FSDP, ZeRO-3: parameters all-gathered for forward and backward, gradients reduce-scattered).
-  Latency α and bandwidth B come from the all-reduce benchmark (collectives.csv): α = the
-  1 KiB time / 2(n − 1), B from the time at S with the latency taken out, so the model gives
-  the benchmark's own time at its n. One node: the 1-node benchmark with the most workers.
-  More nodes: a multi-node benchmark, else `predict.network` (link GB/s, latency µs), else the
-  network of another cluster's scaling card (`predict.card`), else the intra-node figures
-  (optimistic; said in the row's assumptions).
-- exposed time of a measured run: e = max(0, t_step − compute), t_step = steady epoch seconds
-  / steps per epoch (the rank's shard over its batch, at most config steps_per_epoch); TF
-  runs, which have no compute measurement: t_step − t_compute(b).
-- t_fixed, overlap: least squares of e = t_fixed + max(0, t_comm − overlap) over the measured
-  multi-worker runs (overlap between 0 and the largest t_comm, t_fixed ≥ 0; solved exactly:
-  the sum of squares is piecewise quadratic in the overlap). With one multi-worker world size
-  the two cannot be told apart: the difference e − t_comm goes to t_fixed when positive, else
-  to overlap; with none both are 0.
-- throughput_pred = global batch / t_step; efficiency_pred = throughput / (N · X1), X1 the mean
-  measured throughput at N = 1 (the model's own when N = 1 was not measured).
-- band: 2.5 and 97.5 percentiles of 200 bootstrap refits, each resampling the runs of every
-  measured world size with replacement, reading the benchmark at a random point between its
-  median and 95th-percentile time, and scaling the step by one run's deviation from its cell's
-  mean drawn from the study's repeats (so the band is where one measurement should fall; no
-  such term without repeats); widened to contain the point prediction.
-- measured rows (`basis` measured): mean throughput over the cell's ok runs, band = its 95% CI
-  (cut at 0).
-- leave-one-out check (prediction_check.csv): for each measured world size N > 1, the model
-  fitted without that world size's runs predicts it; error_pct = 100 · (predicted − measured)
-  / measured; in_band says whether the measured mean lies in the predicted band.
-- efficiency knee: the smallest N (measured or predicted) whose efficiency is below 80 %, and
-  below 50 %.
+enter scaling.csv, the summary or the "fastest" answer. docs/methods.md ("Predicted scaling")
+states the model, its fit, its bands and its check.
 """
 
 from __future__ import annotations
@@ -210,7 +172,7 @@ def fits(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, tuple[str, ...]]:
     """(c0, c1, t_fixed, overlap) of the model fitted to each resample picks[i] (indices of
     a's runs, every row with the same world sizes in the same places) with the benchmark read
-    at us[i], and the notes of row 0 (see the module docstring)."""
+    at us[i], and the notes of row 0 (docs/methods.md, "Predicted scaling")."""
     ws, nodes, b = (a[k][picks[0]] for k in ("world_size", "nodes", "b"))
     t_step, comp = a["t_step"][picks], a["compute"][picks]
     one = (ws == 1)[None, :]
@@ -244,7 +206,7 @@ def fits(
 
 
 def fit(obs: pd.DataFrame | dict, net: Network, u: float = 0.0) -> Fit:
-    """The model's parameters from one family's runs (see the module docstring)."""
+    """The model's parameters from one family's runs (docs/methods.md, "Predicted scaling")."""
     a = _arrays(obs) if isinstance(obs, pd.DataFrame) else obs
     picks = np.arange(len(a["world_size"]))[None, :]
     c0, c1, t_fixed, overlap, notes = fits(a, picks, np.array([u]), net)

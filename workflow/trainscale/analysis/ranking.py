@@ -3,9 +3,9 @@ of its steady throughput (exp of the mean log, the quantity the verdicts test) i
 unit (tokens/s on token data), and the verdicts that hold across the whole panel at once:
 which cells could be the fastest (the comparison with the best, `trainscale.analysis.best`),
 which are slower, which are equivalent to the fastest, and what
-the panel resolves (`trainscale.analysis.settle`). The definitions are the bullets "ranking",
-"comparison with the best", "what a study can tell" and "equivalent" in
-`trainscale.analysis.aggregate`'s docstring, quoted in Methods. `fastest` reads the same
+the panel resolves (`trainscale.analysis.settle`). The definitions are the terms "ranking",
+"comparison with the best", "what a study can tell" and "equivalent" of
+docs/methods.md, the report's Methods. `fastest` reads the same
 ranking, so summary.txt, the summary table and the figure name one fastest cell.
 
 Only ok runs count (a cell's means are over its ok runs; a cell without one has no throughput

@@ -6,8 +6,8 @@ difference as the true one, and where the truth is 0 no number of repeats settle
 but what the study resolves: "not told apart: this study resolves differences of ≥ 18 %;
 6 repeats would resolve ≥ 5 %". And "equivalent" only by an equivalence test (TOST) against a
 stated margin (config `report.equivalence`), never from a point estimate. The definitions are
-the bullets "what a study can tell" and "equivalent" of `trainscale.analysis.aggregate`'s
-docstring (the report's Methods); the ranking (`trainscale.analysis.ranking`) applies them.
+the terms "what a study can tell" and "equivalent" of docs/methods.md (the report's Methods);
+the ranking (`trainscale.analysis.ranking`) applies them.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ import pandas as pd
 
 from trainscale.analysis import cost
 from trainscale.analysis.cells import scaling_frame
+from trainscale.analysis.flags import LOGICAL, cell_flags
 from trainscale.analysis.interval import REPEATS
 from trainscale.analysis.ranking import fastest, ranking
 from trainscale.analysis.settle import EQUIVALENCE, METHOD, resolves
@@ -73,8 +74,7 @@ def summary_text(
                 ahead += " (slower)" if r.distinct else " (could be the fastest)"
             mfu_mean = getattr(r, "mfu_mean", None)
             mfu = f", MFU {human(100 * mfu_mean)} %" if pd.notna(mfu_mean) else ""
-            flag = " [oversubscribed]" if r.oversubscribed else ""
-            flag += " [logical CPU devices: a code-path check, not a speed-up]" if r.logical else ""
+            flag = "".join(f" [{f.note}]" for f in cell_flags(r))
             lines.append(
                 f"  {r.model} on {r.dataset}, N={r.world_size}: {r.strategy} "
                 f"(batch {r.batch_size} {r.batch_mode}, scale {r.scale}, {r.precision}) "
@@ -87,7 +87,7 @@ def summary_text(
     lines += cost_lines(scaling)
     logical = scaling[(scaling["ok"] > 0) & scaling["logical"].astype(bool)] if len(fast) else fast
     if len(logical):
-        lines += ["", "not ranked (logical CPU devices: a code-path check, not a speed-up):"]
+        lines += ["", f"not ranked ({LOGICAL.note}):"]
         lines += [
             f"  {r.strategy} {r.model} on {r.dataset}, N={r.world_size}, batch {r.batch_size} "
             f"{r.batch_mode}: {human(r.throughput_mean)} samples/s"
@@ -102,9 +102,8 @@ def summary_text(
             f"{'speedup':>9}{'eff %':>7}{'test acc':>9}{'RSS MiB':>9}",
         ]
         for r in ok.itertuples(index=False):
-            flag = "  oversubscribed" if r.oversubscribed else ""
+            flag = "".join(f"  {f.label}" for f in cell_flags(r))
             flag += "  CI: repeats only" if getattr(r, "interval_method", "") == REPEATS else ""
-            flag += "  logical devices" if r.logical else ""
             eff = human(100 * r.efficiency) if pd.notna(r.efficiency) else "n/a"
             lines.append(
                 f"{r.strategy:<{W}}{r.model:<14}{r.dataset:<19}{r.scale:>5}{r.world_size:>4}"

@@ -35,6 +35,7 @@ import yaml
 
 import trainscale
 from trainscale.analysis import aggregate
+from trainscale.analysis.flags import cell_flags
 from trainscale.measure import collectives, metrics
 from trainscale.plan import catalog
 from trainscale.plan.matrix import MATRIX_KEYS
@@ -285,15 +286,10 @@ def _points(records: list[dict], notes: dict[tuple, list[str]]) -> list[dict]:
         cell_notes = list(notes.get(key, []))
         if c.baseline_note:
             cell_notes.insert(0, c.baseline_note)
-        if c.oversubscribed:
-            cell_notes.append("oversubscribed: more worker threads than cores on a node")
         row = catalog.STRATEGIES.get(c.strategy)
         if row and row.results_note:  # e.g. tf-ps: asynchronous training
             cell_notes.append(row.results_note)
-        if c.logical:
-            cell_notes.append(
-                "logical CPU devices in one process: a code-path check, not a speed-up"
-            )
+        cell_notes += [f.note for f in cell_flags(c)]
         xs = values.get(key, [])
         g["by_n"].append(
             {

@@ -11,13 +11,24 @@ from pathlib import Path
 from trainscale.compare import output as compare_output
 from trainscale.compare import references, verdicts
 
+#: `trainscale compare --help`'s description; docs/compare.md defines every figure.
+DESCRIPTION = """\
+Compare two studies (or two clusters' scaling cards): a regression check CI can run.
+
+    trainscale compare BASE NEW [--threshold 0.05] [--html FILE] [--json FILE]
+    trainscale compare --reference references.yaml STUDY
+
+BASE and NEW are each a study's results folder, any folder of metrics.json files gathered from
+elsewhere, or a scaling-card.json; every folder is first turned into its scaling card, so
+studies and cards are compared alike. Every figure is defined in docs/compare.md."""
+
 
 def main(argv: list[str] | None = None, prog: str = "trainscale compare") -> int:
     """`trainscale compare` (and `python -m trainscale.compare`): exit 1 on a regression."""
     p = argparse.ArgumentParser(
         prog=prog,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        description=verdicts.__doc__.split("Definitions:")[0],
+        description=DESCRIPTION,
         epilog="Exit status: 1 when any cell is slower (with --cost: or dearer) beyond both its "
         "95%% CI and the threshold (with --reference: outside its tolerance), 0 otherwise, 2 on "
         "bad input.",

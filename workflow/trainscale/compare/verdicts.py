@@ -12,19 +12,19 @@ trainscale.compare.references. Definitions:
   batch_mode, workers, nodes, precision); cells of BASE and NEW are matched by these values.
 - throughput ratio: NEW / BASE of the geometric means of the cells' ok repeats, i.e.
   exp(mean ln x_new − mean ln x_base), x the run throughput of trainscale.compare.card.
-- 95% CI from steps and repeats (the default, --ci steps): the model of aggregate's
+- 95% CI from steps and repeats (the default, --ci steps): the model of docs/methods.md's
   "confidence interval" on log throughput (ȳ, each run's within-run variance w̄ from its batch
   means, the run-to-run variance of the cell's pool of strata), with the run-to-run variance
-  pooled over BOTH studies: the two are alike by construction when compared on one cluster
-  (the same strategy and configuration, run the same way), so s² = (ν_b s²_b + ν_n s²_n) /
-  (ν_b + ν_n) with ν_b + ν_n degrees of freedom, σ_a² likewise, and exp(d ± t(0.975, ν) ·
-  √V), d = ȳ_new − ȳ_base, V = (1/n_b + 1/n_n) σ_a² + w̄_b/n_b + w̄_n/n_n, ν Satterthwaite's
-  (s² with its pooled df, each w̄ with its own), floored. Where the two s² are not alike (an F
-  test tells them apart at 1 %: e.g. two clusters) they are not pooled: each side keeps its
-  study's Var(ȳ) and ν is Welch–Satterthwaite's, and the row says so; so does a card made
-  before the pooled parts. A two-cell study of 2 repeats has 2 df of its own, 4 pooled. Where
-  either side's cell lacks the model (records or a card made before batch means; tf-ps) the
-  bootstrap below is used and the row says so.
+  pooled over BOTH studies: the two are alike by construction when compared on one cluster (the
+  same strategy and configuration, run the same way), so s² = (ν_b s²_b + ν_n s²_n) / (ν_b +
+  ν_n) with ν_b + ν_n degrees of freedom, σ_a² likewise, and exp(d ± t(0.975, ν) · √V), d =
+  ȳ_new − ȳ_base, V = (1/n_b + 1/n_n) σ_a² + w̄_b/n_b + w̄_n/n_n, ν Satterthwaite's (s² with its
+  pooled df, each w̄ with its own), floored. Where the two s² are not alike (an F test tells
+  them apart at 1 %: e.g. two clusters) they are not pooled: each side keeps its study's Var(ȳ)
+  and ν is Welch–Satterthwaite's, and the row says so; so does a card made before the pooled
+  parts. A two-cell study of 2 repeats has 2 df of its own, 4 pooled. Where either side's cell
+  lacks the model (records or a card made before batch means; tf-ps) the bootstrap below is used
+  and the row says so.
 - 95% CI by bootstrap (--ci bootstrap): the 2.5th and 97.5th percentiles of
   the log ratio over 10,000 resamplings (with replacement, fixed seed) of each side's repeats.
   With 2 repeats a side it spans every pairwise ratio, min(new)/max(base) to max(new)/min(base):
@@ -46,7 +46,7 @@ trainscale.compare.references. Definitions:
   has, or the study's own `cost` for `compare_with`): NEW / BASE of the geometric means of
   the ok repeats' cost per million tokens or samples, each repeat's N · 10⁶ / (x · u) / 3600
   device-hours (u: seq_len tokens on token data, else 1) at the price of its side's device
-  (trainscale.analysis.aggregate defines cost per million). Its CI is the throughput ratio's,
+  (docs/methods.md defines cost per million). Its CI is the throughput ratio's,
   inverted and times the ratio of the two prices. Cost verdict: dearer when the CI's lower
   end is above 1 and the ratio above 1 + threshold, cheaper the mirror image, same
   otherwise; not comparable where a side's device has no price (its reason names why).

@@ -1,25 +1,8 @@
 """All-reduce microbenchmark, what it records: how fast the study's workers can sum a
 gradient, by message size. The benchmark itself is trainscale.runners.collectives.
 
-The `collectives` rule runs it once per (backend, workers, nodes) of the study: it starts
-itself under torchrun (the same launch form as torch-ddp: srun across SLURM nodes) and rank 0
-writes one JSON with every raw timing. The definitions are nccl-tests' own
-(its doc/PERFORMANCE.md), so the numbers compare with nccl-tests output:
-
-- message size S: bytes of the fp32 tensor every rank contributes and receives summed; the
-  sizes are the powers of 2 from 1 KiB up to the first one at or above the largest gradient of
-  the study's models (parameters × 4 bytes). `--max-bytes` (config `collectives.max_bytes`)
-  cuts the series short at the largest power of 2 at or below it when that is smaller; the
-  record then says `cut_short: true`, and the communication model reads bandwidths above it
-  from the largest size measured.
-- time t: for each repeat, a barrier starts every rank together, then the wall-clock seconds
-  of one `all_reduce` (device synchronised) until the slowest rank returns (the max over ranks
-  of each rank's time). `warmup` untimed repeats come first, then `iters` timed ones; t_p50 and
-  t_p95 are percentiles over the timed repeats (linear interpolation).
-- algorithm bandwidth: algbw = S / t in bytes/s (from t_p50; from t_p95 for the slow tail).
-- bus bandwidth: busbw = algbw · 2(n − 1)/n for n ranks: what each rank's link carries per
-  second in a ring all-reduce (each rank sends and receives 2(n − 1)/n · S bytes), so it is
-  comparable across n and with the link's rated speed.
+The figures (message size, time, algorithm and bus bandwidth) are nccl-tests' own, so the numbers
+compare with nccl-tests output; docs/methods.md ("All-reduce benchmark") defines each.
 """
 
 from __future__ import annotations
@@ -63,7 +46,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def summarise(size: int, seconds: list[float], n: int) -> dict:
-    """One message size's row: the raw timings and the figures defined in the docstring."""
+    """One message size's row: the raw timings and the figures docs/methods.md defines."""
     p50, p95 = percentile(seconds, 50), percentile(seconds, 95)
     return {
         "bytes": size,

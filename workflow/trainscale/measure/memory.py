@@ -1,5 +1,5 @@
 """Peak memory of training and of evaluation, apart (`memory.peak_*` and `memory.eval_peak_*`
-in metrics.json; the definitions are in trainscale.measure.metrics' docstring), and on a GPU
+in metrics.json; docs/methods.md defines them), and on a GPU
 what the process holds beyond its tensors: the caching allocator's reserved peak and NVML's
 per-process figure (`peak_reserved_bytes`, `peak_nvml_process_bytes`)."""
 

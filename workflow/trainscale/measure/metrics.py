@@ -1,61 +1,7 @@
 """Run metrics: what is measured, how derived figures are computed, and how they are written.
 
-Every per-run figure in metrics.json is defined here, once:
-
-- epoch seconds: wall-clock time (`time.perf_counter`) of an epoch's training steps, from a
-  barrier before its first step to a barrier after its last (device synchronised), on rank 0.
-  Evaluation and data-order preparation are outside it.
-- first_epoch_seconds: epoch 1, which includes warm-up (first-iteration allocation, lazy
-  initialisation, communication buckets).
-- steady_epoch_seconds: mean seconds of epochs 2..E.
-- throughput: steady samples per second over all workers = sum(samples, epochs 2..E) /
-  sum(seconds, epochs 2..E); throughput_per_worker = throughput / world size.
-- step_seconds_p50/p95: percentiles of rank 0's per-step wall times within the epoch.
-- step_batch_means: the mean step seconds of each of up to 8 blocks of the epoch's consecutive
-  steps, their lengths differing by at most one (one block per step below 8 steps; null without
-  step times): what the cell's confidence interval learns a run's sampling error from
-  (trainscale.measure.steptimes says why blocks, trainscale.analysis.interval how they are used).
-- test accuracy and loss (`test`): the last evaluation's, over the whole test set, every rank
-  scoring a share, summed over ranks: accuracy = the confusion matrix's diagonal / its total.
-- confusion and per_class_accuracy (`test`): the last evaluation's counts of (true class, argmax
-  class) pairs, rows = true class; a class's accuracy is its diagonal count / its row sum (its
-  recall), by class index, named in `class_names` (trainscale.measure.classes); null on synthetic
-  data.
-- time_to_accuracy_seconds: cumulative epoch seconds until the first epoch whose test accuracy
-  reaches `target_accuracy` (null if never, or no target).
-- peak memory (`memory.peak_*`): training's: max over ranks of each process's peak resident set
-  size (the kernel's high-water mark, VmHWM) and of peak allocated device memory on GPU, from
-  start-up to the end of the last epoch, every evaluation left out (trainscale.measure.memory).
-- evaluation peak memory (`memory.eval_peak_*`): the same peaks over the evaluations alone;
-  null where nothing was evaluated (synthetic data, whose accuracy means nothing).
-- utilization_mean (`device`, percent): on a GPU the mean of NVML's utilisation samples over
-  training, averaged over ranks; on CPU each worker's CPU busy share over its timed epochs,
-  process CPU time / (wall time × threads_per_worker), capped at 100, averaged over ranks
-  (trainscale.measure.device_usage.cpu_busy_percent).
-- energy_joules (`device`): NVML's energy counter over training on a GPU, RAPL package counters
-  over the timed epochs on CPU (one reader per host), summed; null without a sensor, never
-  estimated.
-- tf-ps (ParameterServerStrategy): asynchronous training by design. Each worker step applies
-  one worker's gradient of global/workers samples on the parameter servers without waiting for
-  the others; an epoch is the same samples as every other strategy's, in `steps × workers`
-  such updates (its `steps`), timed on the chief until every scheduled step has finished.
-  device.count is the workers; the `ps_tasks` servers and the chief are in env.ps_tasks and in
-  the core budget (each a process of threads_per_worker threads); memory is the chief's and
-  step_seconds_p50/p95 and step_batch_means are null (a step's time is not seen from the chief).
-- communication (multi-worker runs): compute_seconds_per_step, the median rank-0 step time of
-  extra steps with gradient synchronisation off (after the timed epochs, in no other figure);
-  exposed_seconds_per_step = max(0, steady step − compute); method says how synchronisation
-  was switched off, or is null with the reason (trainscale/runners/torch/exposed.py).
-- flops (`flops.mfu`, `flops.hfu`): MFU = the model FLOP/s a run achieved ÷ its devices'
-  peak FLOP/s at its precision; HFU = the same with the FLOPs the hardware ran, the forward of
-  checkpointed blocks recomputed in the backward pass counted again (equal to MFU without
-  activation checkpointing). trainscale/measure/flops.py defines the counts and the peak's
-  source (a datasheet, or a matrix multiply measured on the host).
-- offload: where a run offloads (matrix offload), what (`optimizer` or `params`), and whether
-  it moved: false on a CPU study, whose device is the host (the offloading code runs).
-- warnings: the measurements after the timed steps that raised (evaluation, the memory gather,
-  exposed communication, the FLOP count, the strategy's own block), each {part, error}; their
-  figures are null and the run keeps its training record and status (runners/guarded.py).
+Every per-run figure of metrics.json is computed here, once; docs/methods.md ("Per run") defines
+each, and the report shows that page as its Methods.
 """
 
 from __future__ import annotations

@@ -1,12 +1,13 @@
 """The report's Cost section: per model, dataset and N, what a million tokens or samples cost
 each cell in device-hours, energy and (where config `cost` gives prices) money, the cheapest
 first; which cell is cheapest where it is not the fastest; and the devices no price applied
-to. The figures are defined once, in `trainscale.analysis.aggregate` (Methods)."""
+to. docs/methods.md defines the figures."""
 
 from __future__ import annotations
 
 from trainscale.analysis import cost
 from trainscale.analysis.aggregate import Study, human
+from trainscale.analysis.flags import cell_flags
 from trainscale.analysis.summary import cheapest_value
 from trainscale.report.rows import MAX_CELLS, _cell_label, na, with_ci
 
@@ -32,7 +33,7 @@ def cost_rows(study: Study) -> list[dict]:
                 else "–",
                 "kwh": with_ci(r.kwh_per_million_mean, r.kwh_per_million_ci95),
                 "cheapest": bool(r.cheapest),
-                "logical": bool(getattr(r, "logical", False)),
+                "flags": cell_flags(r),
                 "runs": f"{r.ok}/{r.runs}",
             }
         )

@@ -20,19 +20,21 @@ from typing import TYPE_CHECKING
 
 import yaml
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
+from markupsafe import Markup, escape
 
 import trainscale
-from trainscale.analysis import aggregate, predict
+from trainscale.analysis import predict
 from trainscale.analysis.aggregate import Study
-from trainscale.measure import collectives, metrics
 from trainscale.report import classes as report_classes
 from trainscale.report import cost_rows, rows
+from trainscale.report.methods import methods_html
 from trainscale.report.rows import mib, pct, ratio, with_ci
 
 if TYPE_CHECKING:  # trainscale.report.figures imports matplotlib: only where figures are planned
     from trainscale.report.figures import Drawn
 
 __all__ = [
+    "caption_html",
     "context",
     "definitions",
     "mib",
@@ -48,7 +50,7 @@ TEMPLATE = "report.html.j2"
 
 
 # --------------------------------------------------------------------------------------------
-# Methods: the definitions, taken from the modules' docstrings (the single source)
+# definitions from a docstring whose bullets read `- term: text` (the tune and compare pages)
 
 
 def definitions(doc: str) -> tuple[str, list[tuple[str, list[tuple[str, bool]]]]]:
@@ -90,9 +92,16 @@ def _code_segments(text: str) -> list[tuple[str, bool]]:
     return [(seg, i % 2 == 1) for i, seg in enumerate(text.split("`")) if seg]
 
 
-def _caption(name: str) -> str:
-    p = REPORTS / "figures" / f"{name}.rst"
-    return " ".join(p.read_text().split()) if p.exists() else ""
+def caption_html(name: str) -> Markup:
+    """A figure's caption (reports/figures/<name>.rst, which Snakemake's report renders too) as
+    HTML: the two reST forms captions use, ``code`` and `text <#anchor>`_, rendered, not shown."""
+    path = REPORTS / "figures" / f"{name}.rst"
+    if not path.exists():
+        return Markup("")
+    text = str(escape(" ".join(path.read_text().split())))
+    text = re.sub(r"``(.+?)``", r"<code>\1</code>", text)
+    text = re.sub(r"`([^`]+?) &lt;(#[\w-]+)&gt;`_", r'<a href="\2">\1</a>', text)
+    return Markup(text)
 
 
 def _embed(png: Path) -> str:
@@ -135,7 +144,7 @@ def figure_entries(
             "name": name,
             "title": RANKED_BY_COST if name == "ranking" and rank_by == "cost" else info["title"],
             "category": info["category"],
-            "caption": _caption(name),
+            "caption": caption_html(name),
             "note": None,
             "images": [],
         }
@@ -179,11 +188,6 @@ def tables_context(study: Study, config: dict | None = None) -> dict:
     runs = study.runs
     counts = runs["status"].value_counts().to_dict() if len(runs) else {}
     over = int(runs["oversubscribed"].astype(bool).sum()) if len(runs) else 0
-    run_intro, run_defs = definitions(metrics.__doc__ or "")
-    cell_intro, cell_defs = definitions(aggregate.__doc__ or "")
-    coll_intro, coll_defs = definitions(collectives.__doc__ or "")
-    pred_intro, pred_defs = definitions(predict.__doc__ or "")
-    run_intro, cell_intro = _code_segments(run_intro), _code_segments(cell_intro)
     scaling = rows.scaling_rows(study)
     communication = rows.communication_rows(study)
     n_failed = sum(n for status, n in counts.items() if status != "ok")
@@ -216,16 +220,7 @@ def tables_context(study: Study, config: dict | None = None) -> dict:
         "environment": rows.environment(study),
         "config": yaml.safe_dump(config, sort_keys=False, allow_unicode=True) if config else None,
         "spec_values": rows.spec_values(study) if len(runs) else "",
-        "methods": {
-            "run_intro": run_intro,
-            "runs": run_defs,
-            "cell_intro": cell_intro,
-            "cells": cell_defs,
-            "coll_intro": _code_segments(coll_intro),
-            "coll": coll_defs,
-            "pred_intro": _code_segments(pred_intro),
-            "pred": pred_defs,
-        },
+        "methods": methods_html(),
     }
 
 

@@ -15,6 +15,7 @@ import yaml
 
 from trainscale.analysis import aggregate
 from trainscale.analysis.aggregate import Study, human, rate
+from trainscale.analysis.flags import cell_flags
 from trainscale.analysis.interval import REPEATS
 from trainscale.analysis.settle import resolves
 from trainscale.analysis.summary import failed_parts
@@ -139,8 +140,7 @@ def summary_rows(study: Study) -> list[dict]:
                 "note": cell_note(r),
                 "runner_up": runner,
                 "could_be": could_be(r),
-                "oversubscribed": bool(r.oversubscribed),
-                "logical": bool(getattr(r, "logical", False)),
+                "flags": cell_flags(r),
                 "runs": f"{r.ok}/{r.runs}",
             }
         )
@@ -253,8 +253,7 @@ def scaling_rows(study: Study) -> list[dict]:
                 "note": cell_note(r),
                 "data_wait": pct(getattr(r, "data_wait_share_mean", None)),
                 "input_bound": bool(getattr(r, "input_bound", False)),
-                "oversubscribed": bool(r.oversubscribed),
-                "logical": bool(getattr(r, "logical", False)),
+                "flags": cell_flags(r),
                 "failed": int(r.failed) > 0,
             }
         )

@@ -13,6 +13,13 @@ from pathlib import Path
 
 #: The workflow's Snakefile, given to Snakemake where the directory it runs in has none.
 SNAKEFILE = Path(__file__).resolve().parents[3] / "Snakefile"
+#: `trainscale tune --help`'s description.
+DESCRIPTION = (
+    "the fastest (or cheapest) cells of a study's matrix without running the whole grid: "
+    "`snakemake tune --configfile STUDY`, with any further arguments passed on (`--profile "
+    "slurm` tunes on a cluster's queue, `-n` shows round 1's jobs). Run it where you run "
+    "snakemake; the results are under results/<study>/tune/ (docs/tune.md)."
+)
 
 
 def command(study: str, rest: list[str], here: Path | None = None) -> list[str]:
@@ -28,7 +35,7 @@ def command(study: str, rest: list[str], here: Path | None = None) -> list[str]:
 def main(argv: list[str] | None = None, prog: str = "trainscale tune") -> int:
     p = argparse.ArgumentParser(
         prog=prog,
-        description=__doc__.split(": ", 1)[1].split("\n\n")[0],
+        description=DESCRIPTION,
         epilog="The study's `tune:` keys set the objective, eta and the budget "
         "(docs/config.md); anything after STUDY goes to snakemake as it is.",
     )

@@ -11,6 +11,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from trainscale.analysis.flags import LOGICAL
 from trainscale.analysis.metrics_tables import run_id
 from trainscale.tune import evidence, race
 from trainscale.tune.race import BEST, GO_ON, STOPPED
@@ -52,11 +53,11 @@ def log_objective(runs: pd.DataFrame, objective: str) -> pd.Series:
 
 
 def excluded(space: dict, runs: pd.DataFrame) -> dict[str, str]:
-    """Cells the race never compares, with why: logical CPU devices (a code path check), and
+    """Cells the race never compares, with why: logical CPU devices (`flags.LOGICAL`), and
     every cell of a cost panel that mixes priced and unpriced devices."""
     out = {}
     for cell in runs.loc[runs["logical"].fillna(False).astype(bool), "cell"]:
-        out[cell] = "logical CPU devices: a code path check, never ranked"
+        out[cell] = f"{LOGICAL.note}; never ranked"
     if space["settings"]["objective"] != "cost":
         return out
     ok = runs[runs["status"] == "ok"]  # a cell without an ok run says nothing of its device

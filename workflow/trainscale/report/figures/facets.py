@@ -4,7 +4,7 @@ error-bar lines every line figure is drawn with.
 Lines are cells that differ only in the x-axis value: the colour (hue) and the facet say which,
 and every other matrix value that varies in the study is a line style ("variant") listed in the
 legend, so no two cells are ever averaged together. Error bars are the cells' 95% confidence
-intervals as scaling.csv gives them (`trainscale.analysis.aggregate` defines them): from steps
+intervals as scaling.csv gives them (docs/methods.md defines them): from steps
 and repeats for throughput, over repeats (Student's t) for the rest.
 """
 

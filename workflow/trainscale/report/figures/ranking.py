@@ -23,6 +23,7 @@ from matplotlib.ticker import EngFormatter, FuncFormatter, MaxNLocator
 from matplotlib.transforms import blended_transform_factory
 
 from trainscale.analysis.aggregate import Study, human
+from trainscale.analysis.flags import LOGICAL, cell_flags
 from trainscale.analysis.interval import NO_INTERVAL, REPEATS
 from trainscale.analysis.settle import pct, resolves
 from trainscale.report.figures.registry import Kind, figure
@@ -60,7 +61,7 @@ def marks(r, could: int = 1) -> str:
     it), the comparison with the best's verdict, and the flags the tables give it."""
     best = "cheapest" if r.ranked_by == "cost" else "fastest"
     if r.logical:
-        words = ["logical devices, not ranked"]
+        words = [f"{LOGICAL.label}, not ranked"]
     elif r.fastest:
         words = [best if could < 2 else f"{best} · 1 of {could} that could be"]
     elif pd.isna(r.value):
@@ -80,8 +81,7 @@ def marks(r, could: int = 1) -> str:
         words.append("CI: repeats only")
     if r.mark:
         words.append(r.mark)
-    if r.oversubscribed:
-        words.append("oversubscribed")
+    words += [f.label for f in cell_flags(r) if f is not LOGICAL]
     return " · ".join(words)
 
 
@@ -163,7 +163,7 @@ def draw_ranking(d: pd.DataFrame, kind: Kind) -> Figure:
     if mfu:
         handles.append(_dot("D", "none", "MFU (top axis)"))
     if d["logical"].any():
-        handles.append(_dot("o", "white", "logical devices (not ranked)"))
+        handles.append(_dot("o", "white", f"{LOGICAL.label} (not ranked)"))
     fig.legend(
         handles=handles,
         loc="upper left",

@@ -277,7 +277,7 @@ SLURM_OPTIONS = config.get("slurm") or {}
 if SLURM_OPTIONS.get("exclusive"):
     # exclusive jobs ask for mem_mb 0 (launch.slurm.WHOLE_NODE), for which the plugin sends
     # no --mem: sbatch reads this variable instead, --mem=0, all of each node's memory
-    os.environ["SBATCH_MEM_PER_NODE"] = "0"
+    os.environ.update(SBATCH_MEM_PER_NODE="0")
 #: Every run's SLURM request (trainscale.launch.slurm.slurm_resources), made once per run:
 #: its memory per node from the planner's host bytes per rank (trainscale.plan.preflight.memory).
 RUN_REQUESTS = {

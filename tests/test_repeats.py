@@ -4,6 +4,8 @@ study's own model (`interval.fit`)."""
 
 from __future__ import annotations
 
+import csv
+import json
 import math
 
 import numpy as np
@@ -11,6 +13,8 @@ import pandas as pd
 import pytest
 
 from trainscale.analysis import interval, repeats
+
+from conftest import ROOT, run_test_study, snakemake
 
 #: Each run's within-run variance (about 1 %) and its batch means.
 WITHIN, BLOCKS = 1e-4, 8
@@ -77,3 +81,30 @@ def test_decide_names_missing_columns():
     with pytest.raises(ValueError, match="repeats_taken"):
         repeats.decide(panel({"a": [1.0, 1.0]}).drop(columns="repeats_taken"),
                        repeats.Repeats(2, 3), 0.02)  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_study_with_repeats_min_max_races_through_snakemake(tmp_path):
+    """.test/tune.yaml as a study (repeats {min: 2, max: 3}; torch-ddp's repeat 1 fails by a
+    planted fault): a dry-run plans the first look as a checkpoint; the study runs 2 repeats
+    of both cells, the look asks a third of the cells it leaves open, and the tables read
+    every repeat made, with each cell's repeats and why."""
+    cfg = str(ROOT / ".test" / "tune.yaml")
+    dry = snakemake(tmp_path, "-n", "--quiet", "host", "--configfile", cfg)
+    assert dry.returncode == 0, dry.stderr
+    assert "repeats_look" in dry.stdout and "checkpoint jobs" in dry.stdout + dry.stderr
+    results, _ = run_test_study(tmp_path, "tune", "scaling.csv", "summary.txt")
+    (look,) = [json.loads(p.read_text()) for p in (results / "repeats").glob("look~*.json")]
+    assert look["look"] == 1 and look["level"] == pytest.approx(0.95)
+    asked = {c["cell"]: c["more"] for c in look["cells"]}
+    assert len(asked) == 2 and sorted(r.rsplit("/", 1)[1] for r in look["next"]) == sorted(
+        "repeat~2" for more in asked.values() if more
+    )
+    made = {p.parent.relative_to(results / "runs").as_posix()
+            for p in (results / "runs").glob("**/metrics.json")}  # fmt: skip
+    assert made == {f"{c}/repeat~{i}" for c, more in asked.items() for i in range(2 + more)}
+    rows = list(csv.DictReader((results / "scaling.csv").open()))
+    for row in rows:
+        assert int(row["repeats_taken"]) == int(row["runs"]) in (2, 3) and row["repeats_reason"]
+    runs = list(csv.DictReader((results / "runs.csv").open()))
+    assert len(runs) == len(made)

@@ -22,6 +22,7 @@ from trainscale.analysis.best import compare_with_best, simultaneous
 from trainscale.analysis.interval import pair_df
 from trainscale.analysis.ranking import GROUP, model_of
 from trainscale.analysis.settle import equivalent, pct
+from trainscale.plan.runspec import MATRIX_KEYS
 
 #: The error of a whole study's looks: the chance that the true fastest leaves the set.
 ALPHA = 0.05
@@ -110,25 +111,61 @@ def reason(
     repeats: Repeats,
 ) -> str:  # fmt: skip
     """Why a ranked cell took the repeats it took (or takes one more), in words."""
+    others = f"{size - 1} other cell" + ("s" if size > 2 else "")
     if not could:
         return f"slower than the panel's fastest ({100 * level:.4g} % simultaneous): resolved"
     if more:
-        return f"could be the fastest with {size - 1} other cells, not resolved: one more repeat"
+        return f"could be the fastest with {others}, not resolved: one more repeat"
     if open_set:
-        return (f"could be the fastest with {size - 1} other cells, not resolved at repeats.max "
-                f"{repeats.high}")  # fmt: skip
+        return f"could be the fastest with {others}, not resolved at repeats.max {repeats.high}"
     if size == 1:
         return "the only cell that could be the fastest: resolved"
     return (f"the {size} cells that could be the fastest are equivalent within "
             f"±{pct(margin)}: resolved")  # fmt: skip
 
 
-def cells_of(runs: pd.DataFrame) -> pd.Series:
+def decide_study(
+    scaling: pd.DataFrame,
+    runs: pd.DataFrame,
+    asked: list[str],
+    repeats: Repeats,
+    equivalence: float,
+) -> pd.DataFrame:
+    """`decide` on a study's tables (scaling.csv and runs.csv of the records so far), every
+    run asked so far by run path in `asked` (failed and invalid ones too), with `next_run`:
+    the run path of the repeat a cell gets next ("" where none)."""
+    table = scaling.assign(cell=cell_ids(scaling, runs))
+    taken = cells_of(pd.Series(asked, dtype=str)).value_counts()
+    table["repeats_taken"] = table["cell"].map(taken).fillna(0).astype(int)
+    out = decide(table, repeats, equivalence)
+    nxt = out["cell"] + "/repeat~" + out["repeats_taken"].astype(str)
+    return out.assign(next_run=nxt.where(out["more"], ""))
+
+
+def cell_ids(scaling: pd.DataFrame, runs: pd.DataFrame) -> np.ndarray:
+    """Each scaling row's cell (its runs' path without the repeat), matched on the matrix
+    keys (runs.csv's `spec.<key>`)."""
+    keys = [k for k in MATRIX_KEYS if k in scaling and f"spec.{k}" in runs]
+    ids = runs[[f"spec.{k}" for k in keys]].set_axis(keys, axis=1)
+    ids = ids.assign(cell=cells_of(runs["run"])).drop_duplicates(keys)
+    merged = scaling[keys].merge(ids, on=keys, how="left", validate="many_to_one")
+    return merged["cell"].to_numpy()
+
+
+def cells_of(run_paths: pd.Series) -> pd.Series:
     """Each run's cell: its run path without the repeat."""
-    return runs["run"].astype(str).str.rsplit("/repeat~", n=1).str[0]
+    return run_paths.astype(str).str.rsplit("/repeat~", n=1).str[0]
 
 
-def with_cells(scaling: pd.DataFrame, runs: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
-    """`scaling` with each row's `cell`, from the runs of the same matrix values `keys`."""
-    ids = runs[keys].assign(cell=cells_of(runs)).drop_duplicates(keys)
-    return scaling.merge(ids, on=keys, how="left", validate="one_to_one")
+def with_repeats(
+    scaling: pd.DataFrame, runs: pd.DataFrame, asked: list[str], repeats: Repeats,
+    equivalence: float,
+) -> pd.DataFrame:  # fmt: skip
+    """scaling.csv of a study with repeats {min, max}: each cell's `repeats_taken` (runs
+    asked, failed and invalid ones too) and `repeats_reason` (why no more, or "not resolved at
+    repeats.max"), as the last look would decide on every record."""
+    decided = decide_study(scaling, runs, asked, repeats, equivalence)
+    cells = pd.Series(cell_ids(scaling, runs))
+    found = decided.set_index("cell")
+    return scaling.assign(repeats_taken=cells.map(found["repeats_taken"]).to_numpy(),
+                          repeats_reason=cells.map(found["repeats_reason"]).to_numpy())  # fmt: skip

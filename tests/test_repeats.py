@@ -77,6 +77,16 @@ def test_panels_decide_apart_and_the_looks_share_the_error():
     assert math.isclose(repeats.Repeats(2, 3).look_level(), 0.95)
 
 
+def test_the_report_says_per_panel_how_many_repeats_each_cell_took_and_why():
+    table = panel({"a": [100, 101], "b": [50, 50.5]}).assign(strategy=["torch", "torch-ddp"])
+    decided = repeats.decide(table, repeats.Repeats(2, 4), 0.02).set_index("cell")
+    table = table.assign(repeats_reason=table["cell"].map(decided["repeats_reason"]))
+    (line,) = repeats.panel_lines(table).values()
+    assert line.startswith("torch 2: the only cell that could be the fastest: resolved; ")
+    assert "torch-ddp 2: slower than the panel's fastest (97.5 % simultaneous)" in line
+    assert repeats.panel_lines(table.drop(columns="repeats_taken")) == {}
+
+
 def test_decide_names_missing_columns():
     with pytest.raises(ValueError, match="repeats_taken"):
         repeats.decide(panel({"a": [1.0, 1.0]}).drop(columns="repeats_taken"),

@@ -169,3 +169,17 @@ def with_repeats(
     found = decided.set_index("cell")
     return scaling.assign(repeats_taken=cells.map(found["repeats_taken"]).to_numpy(),
                           repeats_reason=cells.map(found["repeats_reason"]).to_numpy())  # fmt: skip
+
+
+def panel_lines(scaling: pd.DataFrame) -> dict[tuple, str]:
+    """Per panel (model, dataset, world_size) of a scaling table with `repeats_taken`: the
+    report's line of how many repeats each cell took and why ("torch 3: …; torch-ddp 2: …");
+    none without the columns (an integer `repeats`)."""
+    if "repeats_taken" not in scaling:
+        return {}
+    out = {}
+    for key, panel in scaling.groupby(GROUP, sort=False):
+        parts = [f"{r.strategy} {int(r.repeats_taken)}: {r.repeats_reason}"
+                 for r in panel.itertuples(index=False) if pd.notna(r.repeats_taken)]  # fmt: skip
+        out[tuple(key)] = "; ".join(parts)
+    return out

@@ -156,8 +156,14 @@ if workflow.is_main_process:
         ts_progress.varying(RUNS, [*config["matrix"], "repeat"]),
     )
 print(
-    f"trainscale: study {STUDY!r}: {ts_matrix.summary(RUNS, DROPPED)}"
-    + (f" (repeats {REPEATS_MIN} to {REPEATS_MAX} a cell)" if RACING else ""),
+    f"trainscale: study {STUDY!r}: "
+    + ts_matrix.summary([r for r in RUNS if r.repeat < REPEATS_MIN], DROPPED)
+    + (
+        f"; up to {len(RUNS)} with the repeats the race may add (repeats {REPEATS_MIN} to "
+        f"{REPEATS_MAX} a cell)"
+        if RACING
+        else ""
+    ),
     file=sys.stderr,
 )
 if not config["collectives"]["enabled"]:

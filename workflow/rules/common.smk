@@ -157,13 +157,7 @@ if workflow.is_main_process:
     )
 print(
     f"trainscale: study {STUDY!r}: "
-    + ts_matrix.summary([r for r in RUNS if r.repeat < REPEATS_MIN], DROPPED)
-    + (
-        f"; up to {len(RUNS)} with the repeats the race may add (repeats {REPEATS_MIN} to "
-        f"{REPEATS_MAX} a cell)"
-        if RACING
-        else ""
-    ),
+    + ts_matrix.study_summary(RUNS, DROPPED, config["repeats"]),
     file=sys.stderr,
 )
 if not config["collectives"]["enabled"]:

@@ -347,4 +347,15 @@ def summary(runs: list[RunSpec], dropped: list[Dropped]) -> str:
     return line
 
 
+def study_summary(runs: list[RunSpec], dropped: list[Dropped], repeats: int | dict) -> str:
+    """`summary` of the runs every cell makes (config `repeats`' min), and with {min, max}
+    the most the racing step may add."""
+    low, high = repeat_range(repeats)
+    line = summary([r for r in runs if r.repeat < low], dropped)
+    if high > low:
+        line += (f"; up to {len(runs)} runs with the repeats the race may add (repeats {low} "
+                 f"to {high} a cell)")  # fmt: skip
+    return line
+
+
 CONFIG_SCHEMA = Path(__file__).resolve().parents[2] / "schemas" / "config.schema.yaml"

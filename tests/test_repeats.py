@@ -118,3 +118,5 @@ def test_a_study_with_repeats_min_max_races_through_snakemake(tmp_path):
         assert int(row["repeats_taken"]) == int(row["runs"]) in (2, 3) and row["repeats_reason"]
     runs = list(csv.DictReader((results / "runs.csv").open()))
     assert len(runs) == len(made)
+    summary = (results / "summary.txt").read_text()
+    assert summary.count("    repeats taken: torch ") == 1 and f"{len(made)} runs in 2" in summary

@@ -18,7 +18,7 @@ from trainscale.analysis import interval, moderate
 from trainscale.analysis.study import Study
 from trainscale.data import imagesets
 from trainscale.measure import steptimes
-from trainscale.plan.matrix import build_runs
+from trainscale.plan.matrix import build_runs, repeat_count
 
 from conftest import ROOT, validated
 
@@ -57,7 +57,7 @@ def default_cells() -> tuple[int, int, dict[str, tuple[int, str, int]]]:
         steps = train // replicas // r.per_worker_batch_size
         stratum = interval.stratum_of(r.strategy, r.world_size, "cpu")
         cells[r.path.rsplit("/repeat", 1)[0]] = (steps, stratum, r.world_size)
-    return cfg["repeats"], cfg["epochs"] - 1, cells
+    return repeat_count(cfg["repeats"]), cfg["epochs"] - 1, cells  # every cell's: min
 
 
 def simulate(

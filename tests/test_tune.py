@@ -18,7 +18,7 @@ from test_interval import PHI, SIGMA_A, STEP_CV
 
 from trainscale.measure import metrics, steptimes
 from trainscale.plan import overlay
-from trainscale.plan.matrix import build_runs
+from trainscale.plan.matrix import build_runs, repeat_count, repeat_range
 from trainscale.plan.runspec import ConfigError
 from trainscale.runners.common import evaluates
 from trainscale.tune import cli, results, rule, space
@@ -236,11 +236,14 @@ def test_an_unpriced_device_stops_its_cost_panel_with_a_reason():
 
 
 def test_repeats_takes_an_integer_or_min_and_max():
-    """{min: n, max: n} plans n repeats as the integer n does; max > min, not built yet, and
-    max < min stop with a message naming the fix."""
+    """{min: n, max: n} plans n repeats as the integer n does; max > min plans every repeat
+    a cell may run (the racing step asks for those past min), and max < min stops with a
+    message naming the fix."""
     assert len(build_runs(study("torch", repeats={"min": 3, "max": 3}), "cpu")[0]) == 3
-    with pytest.raises(ConfigError, match=r"repeats: \{min: 2, max: 4\}: .* not built yet"):
-        build_runs(study("torch", repeats={"min": 2, "max": 4}), "cpu")
+    raced = build_runs(study("torch", repeats={"min": 2, "max": 4}), "cpu")[0]
+    assert [r.repeat for r in raced] == [0, 1, 2, 3]
+    assert [r.seed - raced[0].seed for r in raced] == [0, 1, 2, 3]
+    assert repeat_range({"min": 2, "max": 4}) == (2, 4) and repeat_count({"min": 2, "max": 4}) == 2
     with pytest.raises(ConfigError, match="max 1 is below min 2"):
         build_runs(study("torch", repeats={"min": 2, "max": 1}), "cpu")
 

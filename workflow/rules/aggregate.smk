@@ -1,6 +1,6 @@
 rule runs_table:
     input:
-        metrics=all_metrics(),
+        metrics=study_metrics if RACING else all_metrics(),
     output:
         runs=report(
             f"{RESULTS}/runs.csv",
@@ -37,6 +37,8 @@ rule scaling_table:
     localrule: True
     conda:
         "../../envs/torch.yaml"
+    params:
+        repeats=(REPEATS_MIN, REPEATS_MAX) if RACING else None,  # repeats_taken and why
     script:
         "../scripts/scaling_table.py"
 
@@ -62,5 +64,6 @@ rule scaling_card:
         "../../envs/torch.yaml"
     params:
         metrics=all_metrics(),
+        raced=RACED_METRICS,  # those made are in runs.csv (a study with repeats {min, max})
     script:
         "../scripts/scaling_card.py"

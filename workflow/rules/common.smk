@@ -1,6 +1,7 @@
 import gc
 import importlib.util
 import inspect
+import json
 import os
 import sys
 from pathlib import Path
@@ -136,6 +137,11 @@ if _index:
     os.environ[ts_memory.INDEX_ENV] = str(_index)
 else:
     os.environ.pop(ts_memory.INDEX_ENV, None)
+#: config `repeats`: every cell runs REPEATS_MIN repeats (FIRST_RUNS, their paths); with
+#: REPEATS_MAX above it the racing step (repeats.smk) asks for more, which RUNS also plans.
+REPEATS_MIN, REPEATS_MAX = ts_matrix.repeat_range(config["repeats"])
+RACING = REPEATS_MAX > REPEATS_MIN
+FIRST_RUNS = [r.path for r in RUNS if r.repeat < REPEATS_MIN]
 #: Every run by its path; the paths are made here once (RunSpec.path builds one each time) and
 #: everything below that needs them iterates this.
 RUN_BY_PATH = {r.path: r for r in RUNS}
@@ -152,7 +158,9 @@ if workflow.is_main_process:
         ts_progress.varying(RUNS, [*config["matrix"], "repeat"]),
     )
 print(
-    f"trainscale: study {STUDY!r}: {ts_matrix.summary(RUNS, DROPPED)}", file=sys.stderr
+    f"trainscale: study {STUDY!r}: "
+    + ts_matrix.study_summary(RUNS, DROPPED, config["repeats"]),
+    file=sys.stderr,
 )
 if not config["collectives"]["enabled"]:
     print(
@@ -392,8 +400,17 @@ def run_inputs(wildcards):
     return list(RUN_INPUTS[wildcards.run])
 
 
+def metrics_of(paths):
+    return [f"{RESULTS}/runs/{path}/metrics.json" for path in paths]
+
+
 def all_metrics():
-    return [f"{RESULTS}/runs/{path}/metrics.json" for path in RUN_BY_PATH]
+    """The metrics files of every cell's first `repeats.min` repeats (all, with an integer)."""
+    return metrics_of(FIRST_RUNS)
+
+
+#: The metrics files of the repeats past min that the racing step may ask (repeats.smk).
+RACED_METRICS = metrics_of(r.path for r in RUNS if r.repeat >= REPEATS_MIN)
 
 
 def print_results_location():

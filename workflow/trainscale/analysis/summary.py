@@ -15,6 +15,7 @@ from trainscale.analysis.cells import scaling_frame
 from trainscale.analysis.flags import LOGICAL, cell_flags
 from trainscale.analysis.interval import REPEATS
 from trainscale.analysis.ranking import fastest, ranking
+from trainscale.analysis.repeats import panel_lines
 from trainscale.analysis.settle import EQUIVALENCE, METHOD, resolves
 from trainscale.plan import catalog
 
@@ -60,6 +61,7 @@ def summary_text(
             "",
             "fastest strategy per model, dataset and N (geometric mean of repeats ± 95% CI):",
         ]
+        taken = panel_lines(scaling)  # a study with repeats {min, max}
         for r in fast.itertuples(index=False):
             eff = (
                 f"{r.efficiency_kind} efficiency {human(100 * r.efficiency)} %"
@@ -83,6 +85,8 @@ def summary_text(
             if isinstance(r.runner_up, str):
                 lines.append(f"    at 95 %, the fastest is one of {{{r.could_be}}}; "
                              f"{resolves(r.mdd_rel, r.repeats_for_5pct)}")  # fmt: skip
+            if line := taken.get((r.model, r.dataset, r.world_size)):
+                lines.append(f"    repeats taken: {line}")
     lines += ties(scaling, equivalence)
     lines += cost_lines(scaling)
     logical = scaling[(scaling["ok"] > 0) & scaling["logical"].astype(bool)] if len(fast) else fast

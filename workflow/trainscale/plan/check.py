@@ -20,7 +20,7 @@ from trainscale.plan.matrix import (
     ConfigError,
     build_runs,
     data_shapes,
-    summary,
+    study_summary,
 )
 from trainscale.plan.preflight import hf_models, memory, own_models
 
@@ -214,7 +214,7 @@ def check_file(path: str | Path, base: Path | None = None, show_memory: bool = T
         runs, dropped, predicted = fit.within_limits(check, runs, dropped, accelerator, config)
     except ConfigError as e:
         return [f"{path}: {e}"]
-    print(f"{path}: study {config['study']!r}: {summary(runs, dropped)}")
+    print(f"{path}: study {config['study']!r}: {study_summary(runs, dropped, config['repeats'])}")
     if predicted and show_memory:
         print(f"  predicted memory per rank (limit {check.describe()}, {check.source}):")
         print("\n".join(f"    {line}" for line in memory_lines(runs, predicted)))

@@ -43,21 +43,21 @@ DEFAULT_SEQ_LEN = 256
 IMPLEMENTED: frozenset[str] = frozenset(s.name for s in catalog.STRATEGIES.values() if s.runner)
 
 
-def repeat_count(repeats: int | dict) -> int:
-    """The repeats a study plans of each cell from config `repeats` (an integer, or {min,
-    max}); ConfigError naming the fix where {min, max} asks more than is built."""
+def repeat_range(repeats: int | dict) -> tuple[int, int]:
+    """(min, max) of config `repeats` (an integer n is (n, n)): every cell runs `min`
+    repeats, and a cell the racing step asks for gets more, up to `max` (docs/tune.md,
+    "Repeats a study buys"); ConfigError where max < min."""
     if isinstance(repeats, int):
-        return repeats
+        return repeats, repeats
     low, high = repeats["min"], repeats["max"]
     if high < low:
         raise ConfigError(f"repeats: max {high} is below min {low}; give max >= min")
-    if high > low:
-        raise ConfigError(
-            f"repeats: {{min: {low}, max: {high}}}: repeats bought by the racing step are not "
-            f'built yet (docs/tune.md, "Repeats a study buys"); give repeats: {low} or '
-            f"{{min: {high}, max: {high}}}, or tune the study with `trainscale tune`"
-        )
-    return low
+    return low, high
+
+
+def repeat_count(repeats: int | dict) -> int:
+    """The repeats every cell of a study runs (config `repeats`' min)."""
+    return repeat_range(repeats)[0]
 
 
 def effective_lr(lr: float, scaling: str, global_batch: int, base_batch: int) -> float:
@@ -288,7 +288,8 @@ def build_runs(
             **imagesets.run_fields(values["dataset"], config),
         )
         planted_faults = config.get("faults", [])
-        for repeat in range(repeat_count(config["repeats"])):
+        # every repeat a cell may run: the racing step asks those past min (common.smk)
+        for repeat in range(repeat_range(config["repeats"])[1]):
             fault = faults.fault_for(values, repeat, planted_faults)
             planted = {"lr": DIVERGE_LR} if fault and fault.kind == "diverge" else {}
             runs.append(
@@ -353,6 +354,17 @@ def summary(runs: list[RunSpec], dropped: list[Dropped]) -> str:
         reasons = Counter(d.reason for d in dropped)
         parts = "; ".join(f"{n} × {r}" for r, n in reasons.most_common())
         line += f", {len(dropped)} combinations dropped ({parts})"
+    return line
+
+
+def study_summary(runs: list[RunSpec], dropped: list[Dropped], repeats: int | dict) -> str:
+    """`summary` of the runs every cell makes (config `repeats`' min), and with {min, max}
+    the most the racing step may add."""
+    low, high = repeat_range(repeats)
+    line = summary([r for r in runs if r.repeat < low], dropped)
+    if high > low:
+        line += (f"; up to {len(runs)} runs with the repeats the race may add (repeats {low} "
+                 f"to {high} a cell)")  # fmt: skip
     return line
 
 

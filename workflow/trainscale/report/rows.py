@@ -13,7 +13,7 @@ from collections import Counter
 import pandas as pd
 import yaml
 
-from trainscale.analysis import aggregate
+from trainscale.analysis import aggregate, repeats
 from trainscale.analysis.aggregate import Study, human, rate
 from trainscale.analysis.flags import cell_flags
 from trainscale.analysis.interval import REPEATS
@@ -117,6 +117,7 @@ def could_be(r) -> str:
 
 def summary_rows(study: Study) -> list[dict]:
     rows = []
+    taken = repeats.panel_lines(study.scaling)  # a study with repeats {min, max}
     for r in study.fastest.itertuples(index=False):
         runner = "no other strategy ran at this N"
         seq_len = getattr(r, "seq_len", 0)
@@ -142,6 +143,7 @@ def summary_rows(study: Study) -> list[dict]:
                 "could_be": could_be(r),
                 "flags": cell_flags(r),
                 "runs": f"{r.ok}/{r.runs}",
+                "repeats": taken.get((r.model, r.dataset, r.world_size), ""),
             }
         )
     return rows

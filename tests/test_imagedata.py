@@ -486,6 +486,7 @@ def test_loader_processes_hide_the_decode_behind_the_step(tmp_path):
 
 def test_export_data_is_a_snakemake_target(tmp_path):
     (tmp_path / "config.yaml").write_text((ROOT / "config.yaml").read_text())
-    p = snakemake(tmp_path, "-n", "export_data", "--config", "export_data={dataset: cifar10}")
+    p = snakemake(tmp_path, "-n", "export_data", "--quiet", "host", "--config",
+                  "export_data={dataset: cifar10}")  # fmt: skip
     assert p.returncode == 0, p.stderr[-2000:]
     assert "results/export/cifar10" in p.stdout + p.stderr

@@ -258,8 +258,8 @@ def test_the_slurm_request_covers_the_ranks_host_prediction(tmp_path):
     study.write_text(yaml.safe_dump({"study": "hostmem", "matrix": {
         **GPT, "strategy": ["torch-ddp"], "workers": [2]}}))  # fmt: skip
     p = subprocess.run(
-        [SNAKEMAKE, "results/hostmem/scaling.csv", "-n", "--profile", "profiles/slurm",
-         "--directory", str(tmp_path), "--configfile", str(study)],
+        [SNAKEMAKE, "results/hostmem/scaling.csv", "-n", "--quiet", "host", "--profile",
+         "profiles/slurm", "--directory", str(tmp_path), "--configfile", str(study)],
         cwd=ROOT, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert p.returncode == 0, p.stderr[-3000:]

@@ -148,11 +148,12 @@ def test_real_study_through_snakemake(torch_study):
 
 
 def test_predictions_are_on_by_default_and_can_be_turned_off(tmp_path):
-    on = snakemake(tmp_path, "-n", "--configfile", str(ROOT / ".test" / "config.yaml"))
+    quiet = ("--quiet", "host")  # the job blocks shown (docs/config.md)
+    on = snakemake(tmp_path, "-n", *quiet, "--configfile", str(ROOT / ".test" / "config.yaml"))
     assert on.returncode == 0, on.stderr
     assert "prediction_check.csv" in on.stdout
     cfg = write_config(tmp_path, predict={"enabled": False})
-    off = snakemake(tmp_path, "-n", "--configfile", str(cfg))
+    off = snakemake(tmp_path, "-n", *quiet, "--configfile", str(cfg))
     assert off.returncode == 0, off.stderr
     assert "prediction_check.csv" not in off.stdout and "report.html" in off.stdout
 

@@ -86,9 +86,10 @@ def test_a_driver_without_cuda_in_torch_fails_every_path(monkeypatch, tmp_path):
 @pytest.fixture(scope="module")
 def cpu_run(tmp_path_factory) -> gpu_check.Run:
     """A real torch run of the check's base study, launched as the check launches it (on CPU:
-    the run is the same code; only the device differs)."""
+    the run is the same code; only the device differs). A cuda rank without a GPU fails its
+    run, so the study says its GPUs are not real (`slurm.fake_gpus`), as a test cluster's."""
     ctx = gpu_check.Context(out=tmp_path_factory.mktemp("gpu-check"))
-    return gpu_check.train(ctx, "torch-cuda-fp32")
+    return gpu_check.train(ctx, "torch-cuda-fp32", keys={"slurm": {"fake_gpus": True}})
 
 
 def test_a_cpu_run_fails_for_being_on_cpu_only(cpu_run):

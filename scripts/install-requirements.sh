@@ -52,9 +52,9 @@ with_uv() {
   pip_ install "$uv_pin" || return 1
   mapfile -t args < <(pip_settings_for_uv)
   say "uv $("$VENV/bin/uv" --version | cut -d' ' -f2), pip's settings: ${args[*]:-none}"
-  DS_BUILD_OPS=0 "$VENV/bin/uv" pip install --python "$PY" --compile-bytecode \
+  DS_BUILD_OPS=0 "$VENV/bin/uv" pip install --quiet --python "$PY" --compile-bytecode \
     --index-strategy unsafe-best-match "${args[@]}" -r "$REQUIREMENTS" || return 1
-  "$VENV/bin/uv" pip install --python "$PY" --no-deps "${args[@]}" -e . || return 1
+  "$VENV/bin/uv" pip install --quiet --python "$PY" --no-deps "${args[@]}" -e . || return 1
 }
 
 test -x "$PY" || "${PYTHON:-python3}" -m venv "$VENV"

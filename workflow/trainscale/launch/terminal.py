@@ -27,8 +27,14 @@ SHELLCMD = "shellcmd"
 RUN_INFO = "run_info"
 #: Snakemake's events that trainscale's progress lines replace in the terminal
 REPLACED = frozenset({"progress", "job_finished", "resources_info", RUN_INFO})
-#: the scheduler's line before each round of jobs: noise once the blocks are hidden
-CHATTER = re.compile(r"Execute \d+ jobs\.\.\.|Select jobs to execute\.\.\.")
+#: Snakemake's bookkeeping lines (the scheduler's before each round of jobs, the DAG's, the
+#: shell's, a checkpoint's re-evaluation, outputs touched): noise once the blocks are hidden
+CHATTER = re.compile(
+    r"Execute \d+ jobs\.\.\.|Select jobs to execute\.\.\.|Building DAG of jobs\.\.\."
+    r"|Assuming unrestricted shared filesystem usage\.|Using shell: .*|Conda environments: .*"
+    r"|Touching output file .*|DAG of jobs will be updated after completion\."
+    r"|Updating checkpoint dependencies\."
+)
 
 
 class TerminalFilter(logging.Filter):

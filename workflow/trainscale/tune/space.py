@@ -17,7 +17,7 @@ from trainscale.plan.faults import fault_for
 from trainscale.plan.matrix import effective_lr, repeat_count
 from trainscale.plan.prices import Prices
 from trainscale.plan.runspec import DIVERGE_LR, MATRIX_KEYS, ConfigError, Dropped, RunSpec
-from trainscale.tune import race
+from trainscale.tune import budget, race
 from trainscale.tune.race import Settings
 
 __all__ = ["MATRIX_KEYS", "ConfigError", "Prices", "Settings", "Space", "cell_of", "plan"]
@@ -80,6 +80,12 @@ class Space:
         unbounded = dataclasses.replace(self.settings, max_runs=None)  # plan checks it
         asked = race.decide(race.cells_frame(cells), empty, unbounded)
         return {c: list(range(n)) for c, n in zip(asked["cell"], asked["next_runs"], strict=True)}
+
+    def first_round(self) -> budget.FirstRound:
+        """Round 1's runs and the least worker-seconds they spend (`budget`)."""
+        runs = [self.spec(1, f"{c}/repeat~{r}") for c, reps in self.first_runs().items()
+                for r in reps]  # fmt: skip
+        return budget.first_round(runs)
 
     def stratum(self, cell: str) -> str:
         """The cell's stratum of the run-to-run variance (its device told by its records)."""
@@ -162,7 +168,7 @@ def plan(
 ) -> Space:
     """Round 0: the study's planned `runs` (after the memory model's `fit`) and `dropped`
     combinations, and each run's `memory.predicted` block by path (empty where memory.check
-    is off); ConfigError where tune.max_runs cannot pay for round 1."""
+    is off); ConfigError where tune.max_runs or tune.max_worker_hours cannot pay for round 1."""
     settings = Settings.of(config)
     cells: dict[str, RunSpec] = {}
     for r in runs:
@@ -200,6 +206,7 @@ def plan(
             f"tune.max_runs {settings.max_runs}: round 1 runs the {len(cells)} cells "
             f"{first} times in all; raise it to at least {first}, or narrow matrix"
         )
+    budget.check(space.first_round(), settings.max_worker_hours)
     return space
 
 

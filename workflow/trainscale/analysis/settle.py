@@ -118,11 +118,13 @@ def fewest(met) -> float:
     return float(hi)
 
 
-def equivalent(d: np.ndarray, var: np.ndarray, c: float, margin: float) -> np.ndarray:
-    """TOST with the panel's simultaneous critical value `c` at TOST_LEVEL: a log difference
-    `d` from the panel's fastest (variance `var`) is equivalent to 0 within ±`margin` when
-    d ± c · √var lies inside ±ln(1 + margin); the intervals hold for every pair at once, so for
-    a fastest picked from the data too (False where any is missing)."""
+def equivalent(d: np.ndarray, var: np.ndarray, c: float | np.ndarray, margin: float) -> np.ndarray:
+    """TOST, the one test of equivalence here (the ranking, a study's repeats, the tune's
+    race): a log difference `d` (variance `var`) is equivalent to 0 within ±`margin` when
+    d ± c · √var lies inside ±ln(1 + margin) (False where any is missing). `c` is the
+    critical value of each one-sided test: the ranking's is the panel's simultaneous value at
+    TOST_LEVEL, whose intervals hold for every pair at once, so for a fastest picked from the
+    data too; the race's a t quantile per pair at its look's level (an array)."""
     with np.errstate(invalid="ignore"):
         return np.abs(d) + c * np.sqrt(var) < math.log1p(margin)
 

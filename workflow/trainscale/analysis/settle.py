@@ -93,9 +93,13 @@ def resolution(var: np.ndarray, df: np.ndarray, n: np.ndarray, margin: float = E
 
 
 def repeats_to_resolve(
-    var: np.ndarray, df: np.ndarray, n: np.ndarray, gaps: np.ndarray, top: int,
+    var: np.ndarray,
+    df: np.ndarray,
+    n: np.ndarray,
+    gaps: np.ndarray,
+    top: int,
     compared: np.ndarray,
-) -> np.ndarray:  # fmt: skip
+) -> np.ndarray:
     """Per cell, the fewest repeats (of it and of the panel's fastest, cell `top`) that
     resolve its log shortfall in `gaps` (the size observed, not a claim that it is the true
     one), among the `compared` cells: from the pair's own Var(ȳ), moderated as the comparison
@@ -111,9 +115,11 @@ def repeats_to_resolve(
         nu = min(df[i] + reps - n[i], df[top] + reps - n[top])
         return detectable(cells, pair_var, nu) <= gaps[i]
 
-    asked = [compared[i] and i != top and gaps[i] > 0 for i in range(len(gaps))]
-    return np.array([fewest(lambda reps, i=i: met(i, reps)) if ask else math.nan
-                     for i, ask in enumerate(asked)])  # fmt: skip
+    out = np.full(len(gaps), math.nan)
+    for i in np.flatnonzero(np.asarray(compared, bool) & (gaps > 0)):
+        if i != top:
+            out[i] = fewest(lambda reps, i=i: met(i, reps))
+    return out
 
 
 def tost_reach(cells: int, var: float, df: float) -> float:

@@ -3,8 +3,8 @@ against before the first run (docs/tune.md, "The method", 1).
 
 No model here predicts a step's seconds before a run (the memory model predicts bytes), so
 round 0 predicts a floor, pilot-free: each run's set-up at SETUP_FLOOR_SECONDS and each of its
-steps at its FLOPs (6 × the parameters × the samples a step trains: a lower bound, since a
-convolution reuses its weights) over a rate no device of its kind reaches. A tune this floor
+steps at its FLOPs (6 × the parameters × the samples a step trains) over a rate no device of
+its kind reaches. A tune this floor
 stops could not have paid for round 1; a tune it lets start is checked again before every
 later round on its measured seconds (`trainscale.tune.rule.over_budget`).
 """
@@ -27,7 +27,9 @@ SETUP_FLOOR_SECONDS = 0.5
 CPU_THREAD_FLOPS = 250e9
 #: FLOP/s no accelerator reaches: the highest dense peak of any device and precision in PEAKS.
 DEVICE_FLOPS = max(v for _, row in PEAKS for v in row.values() if v)
-#: Training FLOPs per parameter and sample (forward 2, backward 4): a floor for any model.
+#: Training FLOPs per parameter and sample (forward 2, backward 4): a dense layer's, less
+#: than a convolution's (it reuses its weights); an untied embedding costs less than it
+#: counts, which the rates' margin (several times any device's reach) covers.
 FLOPS_PER_PARAM = 6
 
 

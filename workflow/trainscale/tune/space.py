@@ -4,7 +4,8 @@ The cells are the study's own, as the workflow planned them (rules/common.smk: t
 rules and the memory model); this module adds what the tune needs: the cells the memory model
 predicts over the limit dropped even where memory.check: warn keeps them, the panels, how many
 times round 1 runs a cell, and each round's run specs (`evaluate: false`, one warm-up epoch,
-more steady epochs each round). Every import the tune makes from `trainscale.plan` is here.
+more steady epochs each round). Every import the tune makes from `trainscale.plan` is here
+and in `budget` (round 1's predicted floor).
 """
 
 from __future__ import annotations
@@ -83,9 +84,8 @@ class Space:
 
     def first_round(self) -> budget.FirstRound:
         """Round 1's runs and the least worker-seconds they spend (`budget`)."""
-        runs = [self.spec(1, f"{c}/repeat~{r}") for c, reps in self.first_runs().items()
-                for r in reps]  # fmt: skip
-        return budget.first_round(runs)
+        asked = self.first_runs().items()
+        return budget.first_round([self.spec(1, f"{c}/repeat~{r}") for c, rs in asked for r in rs])
 
     def stratum(self, cell: str) -> str:
         """The cell's stratum of the run-to-run variance (its device told by its records)."""

@@ -150,21 +150,20 @@ def test_a_budget_below_round_one_stops_before_any_job():
         plan(cfg)
 
 
-def test_worker_hours_below_round_ones_floor_stop_before_any_job():
-    """Round 0 predicts round 1's least worker-seconds (budget.FirstRound): a budget under it
-    stops the tune before any job, naming the key, the prediction and the fix; one above it
-    plans."""
+def test_worker_hours_below_round_ones_prediction_stop_before_any_job():
+    """Round 0 predicts round 1's worker-seconds (budget.FirstRound): a budget under it stops
+    the tune before any job, naming the key, the prediction and the fix; one above it plans."""
     first = plan(study("torch", "torch-ddp")).first_round()
-    assert first.runs == 6 and first.worker_seconds >= 6 * budget.SETUP_FLOOR_SECONDS
+    assert first.runs == 6 and first.worker_seconds >= 6 * budget.SETUP_SECONDS
     too_small = first.worker_hours * 0.9
     with pytest.raises(ConfigError, match=r"tune.max_worker_hours .* cannot pay for round 1, "
-                       r"predicted before any job at 6 runs, at least .*Raise tune.max_"
+                       r"predicted before any job at 6 runs, .* worker-hours .*Raise tune.max_"
                        r"worker_hours above .*fewer cells.*tune.steps_per_epoch"):  # fmt: skip
         plan(study("torch", "torch-ddp", tune={"max_worker_hours": too_small}))
     assert plan(study("torch", "torch-ddp", tune={"max_worker_hours": first.worker_hours * 1.1}))
 
 
-def test_round_ones_floor_counts_each_runs_steps_at_its_flops():
+def test_round_ones_prediction_counts_each_runs_steps_at_its_flops():
     """A step's floor is 6 × parameters × samples over a rate no device reaches: more steps
     and a larger batch cost more, a CPU worker with more threads less."""
     torch = plan(study("torch"))

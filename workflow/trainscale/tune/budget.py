@@ -2,11 +2,10 @@
 against before the first run (docs/tune.md, "The method", 1).
 
 No model here predicts a step's seconds before a run (the memory model predicts bytes), so
-round 0 predicts a floor, pilot-free: each run's set-up at SETUP_FLOOR_SECONDS and each of its
-steps at its FLOPs (6 × the parameters × the samples a step trains) over a rate no device of
-its kind reaches. A tune this floor
-stops could not have paid for round 1; a tune it lets start is checked again before every
-later round on its measured seconds (`trainscale.tune.rule.over_budget`).
+round 0's prediction is pilot-free and errs low: each run's set-up at SETUP_SECONDS, below
+what tune runs measured, and each of its steps at its FLOPs (6 × the parameters × the samples
+a step trains) over a rate no device of its kind reaches. A tune it lets start is checked
+again before every later round on its measured seconds (`trainscale.tune.rule.over_budget`).
 """
 
 from __future__ import annotations
@@ -19,9 +18,10 @@ from trainscale.measure.flops import PEAKS
 from trainscale.plan.preflight.memory_parts import param_count
 from trainscale.plan.runspec import ConfigError, RunSpec
 
-#: A tune run's set-up and teardown in wall_seconds, at least: the least of 107 tune runs'
-#: wall_seconds on the project's 2-core machine was 0.84 s (seed-small on digits, 2 × 8 steps).
-SETUP_FLOOR_SECONDS = 0.5
+#: A tune run's set-up and teardown in wall_seconds (process start to record, less its
+#: epochs): 84 PyTorch-family tune runs on the project's 2-core machine took 2.4 s (median;
+#: 1.0 s the least), seed-small on digits; a GPU run's CUDA and NCCL start-up adds to it.
+SETUP_SECONDS = 2.0
 #: FLOP/s one CPU thread does not reach: above a core's fp32 peak (AVX-512, 2 FMA units × 16
 #: lanes × 2 FLOPs × 3.5 GHz = 224 GFLOP/s).
 CPU_THREAD_FLOPS = 250e9
@@ -35,21 +35,21 @@ FLOPS_PER_PARAM = 6
 
 @dataclass(frozen=True)
 class FirstRound:
-    """Round 1 as round 0 predicts it: its runs and the least worker-seconds they spend."""
+    """Round 1 as round 0 predicts it: its runs and the worker-seconds they spend."""
 
     runs: int
-    worker_seconds: float  # Σ world_size × wall_seconds, at least
+    worker_seconds: float  # Σ world_size × wall_seconds, predicted (errs low)
 
     @property
     def worker_hours(self) -> float:
         return self.worker_seconds / 3600
 
     def words(self) -> str:
-        """ "6 runs, at least 0.00083 worker-hours (a floor: …)"."""
+        """ "6 runs, 0.0034 worker-hours (…)"."""
         return (
-            f"{self.runs} runs, at least {self.worker_hours:.2g} worker-hours "
-            f"(a floor: each run's set-up {SETUP_FLOOR_SECONDS:g} s, its steps at 6 × parameters "
-            "FLOPs a sample, at a rate no device of its kind reaches)"
+            f"{self.runs} runs, {self.worker_hours:.2g} worker-hours (each run's set-up at "
+            f"{SETUP_SECONDS:g} s, its steps at 6 × parameters FLOPs a sample at a rate no "
+            "device of its kind reaches: an estimate that errs low)"
         )
 
 
@@ -76,14 +76,14 @@ def step_floor_seconds(spec: RunSpec) -> float:
     return FLOPS_PER_PARAM * params * samples / (spec.world_size * rate)
 
 
-def run_floor(spec: RunSpec) -> float:
-    """A tune run's worker-seconds, at least: world_size × (set-up + its steps)."""
-    return spec.world_size * (SETUP_FLOOR_SECONDS + steps(spec) * step_floor_seconds(spec))
+def run_seconds(spec: RunSpec) -> float:
+    """A tune run's worker-seconds, predicted: world_size × (set-up + its steps)."""
+    return spec.world_size * (SETUP_SECONDS + steps(spec) * step_floor_seconds(spec))
 
 
 def first_round(specs: list[RunSpec]) -> FirstRound:
     """Round 1's prediction from the specs of its runs."""
-    return FirstRound(len(specs), math.fsum(run_floor(s) for s in specs))
+    return FirstRound(len(specs), math.fsum(run_seconds(s) for s in specs))
 
 
 def check(first: FirstRound, max_worker_hours: float | None) -> None:

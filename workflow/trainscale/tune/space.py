@@ -5,7 +5,7 @@ rules and the memory model); this module adds what the tune needs: the cells the
 predicts over the limit dropped even where memory.check: warn keeps them, the panels, how many
 times round 1 runs a cell, and each round's run specs (`evaluate: false`, one warm-up epoch,
 more steady epochs each round). Every import the tune makes from `trainscale.plan` is here
-and in `budget` (round 1's predicted floor).
+and in `budget` (round 1's predicted cost).
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ class Space:
         return {c: list(range(n)) for c, n in zip(asked["cell"], asked["next_runs"], strict=True)}
 
     def first_round(self) -> budget.FirstRound:
-        """Round 1's runs and the least worker-seconds they spend (`budget`)."""
+        """Round 1's runs and the worker-seconds they spend, predicted (`budget`)."""
         asked = self.first_runs().items()
         return budget.first_round([self.spec(1, f"{c}/repeat~{r}") for c, rs in asked for r in rs])
 

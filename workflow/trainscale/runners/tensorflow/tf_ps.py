@@ -40,9 +40,7 @@ from trainscale.measure import metrics  # noqa: E402
 from trainscale.measure.memory import memory_block  # noqa: E402
 from trainscale.models import keras_models  # noqa: E402
 from trainscale.plan import catalog  # noqa: E402
-from trainscale.plan.machine import gpu_count  # noqa: E402
 from trainscale.plan.runspec import RunSpec  # noqa: E402
-from trainscale.runners.device_check import process_rank, require_gpu  # noqa: E402
 from trainscale.runners.tensorflow import keras_loop as loop  # noqa: E402
 from trainscale.runners.tensorflow import keras_record  # noqa: E402
 from trainscale.runners.tensorflow.keras_clock import ScheduledEpochClock  # noqa: E402
@@ -50,6 +48,7 @@ from trainscale.runners.tensorflow.keras_data import normaliser  # noqa: E402
 from trainscale.runners.tensorflow.keras_input import resize  # noqa: E402
 from trainscale.runners.tensorflow.tf_ps_cluster import (  # noqa: E402
     hide_or_pick_gpu,
+    node_gpus,
     processes_on_this_node,
     serve,
     tf_config,
@@ -75,13 +74,7 @@ class ParameterServer(loop.KerasStrategy):
     def configure(self) -> loop.Placement:
         """The role from the cluster; a server or worker serves here until stopped."""
         config = tf_config(self.spec)
-        self.gpus = gpu_count()
-        # every process of a cuda run, the chief's and the servers' too, stops on a node
-        # without GPUs (the chief's error is the one the record shows)
-        build = tf.sysconfig.get_build_info()
-        cuda = build.get("cuda_version") if build.get("is_cuda_build") else None
-        version = f"TensorFlow {tf.__version__}"
-        require_gpu(self.spec.accelerator, version, self.gpus, cuda, process_rank())
+        self.gpus = node_gpus(self.spec)
         hide_or_pick_gpu(config, self.gpus)
         if config["task"]["type"] != "chief":
             serve(self.spec, config)  # returns only when stopped
@@ -136,7 +129,9 @@ class ParameterServer(loop.KerasStrategy):
         the chief's, the one row gathered; the threads counted over the processes on the
         chief's node."""
         spec = self.spec
-        peaks = gathered[0][0][:4] if gathered is not None else None
+        memory = keras_record.memory_of(None, False)  # nulls where the gather failed
+        if gathered is not None:
+            memory = memory_block(gathered[0][0][:4], False)
         env = {"ps_tasks": spec.ps_tasks, "note": ASYNC_NOTE}
         if self.gpus:
             env["driver"] = metrics.driver_version()
@@ -150,9 +145,7 @@ class ParameterServer(loop.KerasStrategy):
                 "utilization_mean": None,
                 "energy_joules": None,
             },
-            memory=memory_block(peaks, False)
-            if peaks is not None
-            else {"peak_host_rss_bytes": None, "peak_device_bytes": None},
+            memory=memory,
             env=env,
             gpu_name=None,
             oversubscribed=metrics.oversubscribed(1, threads, metrics.cpu_count()),

@@ -16,7 +16,9 @@ import tensorflow as tf  # noqa: E402
 
 from trainscale.launch import tfrun  # noqa: E402
 from trainscale.launch.slurm import expand_nodelist  # noqa: E402
+from trainscale.plan.machine import gpu_count  # noqa: E402
 from trainscale.plan.runspec import RunSpec  # noqa: E402
+from trainscale.runners.device_check import process_rank, require_gpu  # noqa: E402
 from trainscale.runners.tensorflow.tf import at_node_addrs  # noqa: E402
 
 
@@ -67,6 +69,17 @@ def tf_config(spec: RunSpec) -> dict:
             f"{(1, spec.ps_tasks, spec.world_size)}"
         )
     return config
+
+
+def node_gpus(spec: RunSpec) -> int:
+    """The GPUs of this process's node, counted before TensorFlow starts CUDA. Every process of
+    a cuda run, the chief's and the servers' too, stops on a node without (the chief's error
+    is the one the record shows)."""
+    gpus = gpu_count()
+    build = tf.sysconfig.get_build_info()
+    cuda = build.get("cuda_version") if build.get("is_cuda_build") else None
+    require_gpu(spec.accelerator, f"TensorFlow {tf.__version__}", gpus, cuda, process_rank())
+    return gpus
 
 
 def worker_gpu_slot(config: dict, environ: dict[str, str]) -> int:

@@ -32,6 +32,7 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
 import dataclasses  # noqa: E402
+import functools  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -344,7 +345,7 @@ def run(plugin: KerasStrategy, out: str) -> None:
     # evaluation and the measurements after training: each may fail, the run goes on
     parts = Parts(spec, rec.warnings, lambda e: every_worker(plugin, p.rank, e), rec.timeline)
     fit_steps = plugin.fit_steps(feed.steps)
-    fault = lambda e: maybe_fault(spec, p.rank, e)  # noqa: E731
+    fault = functools.partial(maybe_fault, spec, p.rank)  # before the middle step
     clock = plugin.epoch_clock(lambda *a: end(*a), fault, fit_steps)  # `end` is made next
     end = EpochEnd(
         plugin, p, rec, model, feed, waits, memory, parts, test, fit_steps, clock.per_step_losses

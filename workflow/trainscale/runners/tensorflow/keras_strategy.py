@@ -42,7 +42,7 @@ class Placement:
     gpu: bool  # trains on GPUs (else on CPU)
     replicas: int = 1  # workers (model replicas) in this process: >1 for tf-mirrored only
     logical: bool = False  # the replicas are logical devices carved out of one CPU
-    trains: bool = True  # False: a process that only serves (a parameter server), no loop
+    trains: bool = True  # False: it only serves (a tf-ps server or worker), no loop
 
 
 class KerasStrategy:

@@ -9,7 +9,8 @@ Read top to bottom (a layers contract in pyproject.toml keeps it so):
 - `check`: the config's problems, `trainscale check` and `trainscale fit`;
 - `fit`: the cells over config `memory:`'s limits dropped with the reason and the advice, and
   the largest batch that fits;
-- `matrix`: a config expanded into frozen run specs, with its rules in `speed_options`,
+- `matrix`: a config expanded into frozen run specs, one combination of its values at a time
+  (`combination`: why it cannot run, how its batch splits), with its rules in `speed_options`,
   `knobs`, `faults`, `datafit`, `exclusions`, `cluster` (container, env, SLURM keys),
   `prices`, `overlay` (a study file laid over config.yaml), `deepspeed_config`, and
   `preflight/` (what asks a child process before any job: own and `hf:` models, the memory

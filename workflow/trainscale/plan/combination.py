@@ -13,6 +13,7 @@ from trainscale.data import imagesets, tokens, tokensets
 from trainscale.plan import catalog, cluster, datafit, exclusions, knobs, speed_options
 from trainscale.plan.preflight import hf_models, own_models
 from trainscale.plan.runspec import ConfigError
+from trainscale.plan.studyconfig import StudyConfig
 
 
 def why_not(
@@ -99,6 +100,7 @@ class MatrixContext:
     own models' facts are read as the first combination that needs them meets them."""
 
     config: dict  # the study's config, its hf: models given safe names (hf_models.expand)
+    study: StudyConfig  # the same, typed, the schema's defaults where it lacks a key
     accelerator: str  # cpu | cuda
     gpus_per_node: int | None  # GPUs a node's ranks share where known; None: one each
     axes: dict[str, list]  # matrix key -> its values, the out-of-path ones defaulted
@@ -146,13 +148,13 @@ class BatchSplit:
         return cls(world, global_batch, per_worker_batch, replicas)
 
 
-def pipeline_steps(values: dict, config: dict) -> tuple[int, str]:
+def pipeline_steps(values: dict, study: StudyConfig) -> tuple[int, str]:
     """(micro-batches a step, schedule) of config `microbatches` and `pipeline_schedule`: the
     pipeline's schedule accumulates, grad_accum × microbatches micro-batches a step."""
-    microbatches = config.get("microbatches", 4)
+    microbatches = study.microbatches
     if values["strategy"] == "torch-pipeline":
         microbatches *= values["grad_accum"]
-    return microbatches, config.get("pipeline_schedule", "gpipe")
+    return microbatches, study.pipeline_schedule
 
 
 def drop_reason(values: dict, ctx: MatrixContext) -> str | None:
@@ -161,8 +163,8 @@ def drop_reason(values: dict, ctx: MatrixContext) -> str | None:
     if exclusions.excluded(values, ctx.exclude):
         return "excluded by matrix.exclude"
     own = ctx.own_model(values)
-    microbatches, schedule = pipeline_steps(values, ctx.config)
-    optimizer = ctx.config["optimizer"]["name"]
+    microbatches, schedule = pipeline_steps(values, ctx.study)
+    optimizer = ctx.study.optimizer.name
     return (
         why_not(values, ctx.accelerator, microbatches, schedule, ctx.info(values), own,
                 ctx.gpus_per_node)
@@ -184,18 +186,13 @@ def batch_reason(values: dict, ctx: MatrixContext) -> str | None:
     model = own.row() if own else catalog.MODELS[values["model"]]
     if split.per_worker_batch < 2 and model.batchnorm:
         return f"{values['model']} has BatchNorm: needs at least 2 samples per worker"
-    have = _samples(info, ctx.config)
+    have = (ctx.study.samples if info.synthetic else None) or info.train_samples
     if values["seq_len"] and not info.synthetic:  # a token file: windows of seq_len ids
         have = tokens.window_count(info.train_samples, values["seq_len"])
         if why := datafit.short_of_tokens(values, info, split.replicas, split.per_worker_batch):
             return why
-    return datafit.too_few_steps(values, have, split.replicas, split.per_worker_batch,
-                                 ctx.config.get("steps_per_epoch"))  # fmt: skip
-
-
-def _samples(info: data.DatasetInfo, config: dict) -> int:
-    """Training samples of the data set: config `samples` for a synthetic one where given."""
-    return (config.get("samples") if info.synthetic else None) or info.train_samples
+    steps = ctx.study.steps_per_epoch
+    return datafit.too_few_steps(values, have, split.replicas, split.per_worker_batch, steps)
 
 
 def dataset_info(values: dict, config: dict) -> data.DatasetInfo:

@@ -18,8 +18,8 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
-from trainscale.data import imagesets, tokens, tokensets
-from trainscale.plan import catalog, datafit, exclusions, faults, speed_options
+from trainscale.data import imagesets, tokensets
+from trainscale.plan import catalog, datafit, exclusions, faults, speed_options, studyconfig
 from trainscale.plan.combination import (
     BatchSplit,
     MatrixContext,
@@ -36,7 +36,7 @@ from trainscale.plan.runspec import (
     Dropped,
     RunSpec,
 )
-from trainscale.plan.studyconfig import Repeats
+from trainscale.plan.studyconfig import Repeats, StudyConfig
 
 #: Tokens per window when matrix.seq_len is not given (the schema's default).
 DEFAULT_SEQ_LEN = 256
@@ -86,7 +86,7 @@ def build_runs(
         if why := drop_reason(values, ctx):
             dropped.append(Dropped(values, why))
             continue
-        runs += repeats(fields(values, ctx), values, ctx.config)
+        runs += repeats(fields(values, ctx), values, ctx)
     if not runs:
         raise ConfigError(
             "the matrix is empty after exclusions and impossible combinations: "
@@ -120,8 +120,16 @@ def matrix_context(config: dict, accelerator: str, gpus_per_node: int | None) ->
     own_facts = own_models.check(config, data_shapes(config, seq_lens))
     if own_models.problems(own_facts):
         raise ConfigError("; ".join(own_models.problems(own_facts)))
-    return MatrixContext(config, accelerator, gpus_per_node, axes, matrix.get("exclude", []),
-                         token_sets, own_facts)  # fmt: skip
+    return MatrixContext(
+        config=config,
+        study=StudyConfig.from_filled(config),
+        accelerator=accelerator,
+        gpus_per_node=gpus_per_node,
+        axes=axes,
+        exclude=matrix.get("exclude", []),
+        token_sets=token_sets,
+        own_facts=own_facts,
+    )
 
 
 def _check_strategies(config: dict) -> None:
@@ -160,11 +168,43 @@ def fields(values: dict, ctx: MatrixContext) -> dict:
     """Every RunSpec field of a combination that runs but its repeat's own (repeat, seed,
     fault), made once per combination (a large study has thousands of runs); ConfigError
     where its shards or its grad_accum do not divide its batch."""
-    config, optimizer = ctx.config, ctx.config["optimizer"]
+    study, split = ctx.study, checked_split(values, ctx)
+    framework = catalog.STRATEGIES[values["strategy"]].framework
+    pipe = values["strategy"] == "torch-pipeline"
+    microbatches, schedule = pipeline_steps(values, study)
+    return dict(
+        study=study.study,
+        **values,
+        **optimizer_fields(study, split.global_batch),
+        global_batch_size=split.global_batch,
+        per_worker_batch_size=split.per_worker_batch,
+        world_size=split.world,
+        epochs=study.epochs,
+        threads_per_worker=study.threads_per_worker,
+        timeout_minutes=study.timeout_minutes,
+        target_accuracy=study.target_accuracy,
+        data_dir=study.data_dir,
+        deepspeed_config=study.deepspeed_config if framework == "deepspeed" else None,
+        horovod_timeline=study.horovod_timeline and framework == "horovod",
+        pipeline_schedule=schedule if pipe else None,
+        microbatches=microbatches if pipe else 1,
+        steps_per_epoch=study.steps_per_epoch,
+        eval_tokens=study.eval_tokens,
+        samples=study.samples if ctx.info(values).synthetic else None,
+        ps_tasks=study.ps_tasks if values["strategy"] == "tf-ps" else 0,
+        own_model=ctx.own_model(values),
+        accelerator=train_on(ctx.accelerator, ctx.config),
+        **imagesets.run_fields(values["dataset"], ctx.config),
+    )
+
+
+def checked_split(values: dict, ctx: MatrixContext) -> BatchSplit:
+    """The combination's batch split; ConfigError where a WebDataset's shards give a rank no
+    full batch (plan.datafit) or grad_accum does not divide the per-worker batch."""
     split = BatchSplit.of(values)
-    info = ctx.info(values)
-    datafit.check_shards(values, config, split.replicas, split.global_batch,
-                         split.per_worker_batch)  # fmt: skip
+    datafit.check_shards(
+        values, ctx.config, split.replicas, split.global_batch, split.per_worker_batch
+    )
     if split.per_worker_batch % values["grad_accum"]:
         raise ConfigError(
             f"grad_accum {values['grad_accum']} does not divide the per-worker batch "
@@ -172,46 +212,39 @@ def fields(values: dict, ctx: MatrixContext) -> dict:
             f"{values['batch_size']} on {split.world} workers; choose a grad_accum that "
             "divides it or exclude the cell"
         )
-    framework = catalog.STRATEGIES[values["strategy"]].framework
-    pipe = values["strategy"] == "torch-pipeline"
-    microbatches, schedule = pipeline_steps(values, config)
-    lr = effective_lr(optimizer["lr"], config["lr_scaling"], split.global_batch,
-                      config["base_batch_size"])  # fmt: skip
+    return split
+
+
+def optimizer_fields(study: StudyConfig, global_batch: int) -> dict:
+    """The RunSpec's optimizer fields: config `optimizer`, its lr scaled to the global batch
+    by lr_scaling."""
+    optimizer = study.optimizer
     return dict(
-        study=config["study"], **values, epochs=config["epochs"],
-        optimizer=optimizer["name"], lr=lr, base_lr=optimizer["lr"],
-        lr_scaling=config["lr_scaling"], betas=tuple(optimizer["betas"]), eps=optimizer["eps"],
-        weight_decay=optimizer["weight_decay"], momentum=optimizer["momentum"],
-        fused=optimizer["fused"], global_batch_size=split.global_batch,
-        per_worker_batch_size=split.per_worker_batch, world_size=split.world,
-        threads_per_worker=config["threads_per_worker"],
-        timeout_minutes=config["timeout_minutes"],
-        target_accuracy=config.get("target_accuracy"), data_dir=config["data_dir"],
-        deepspeed_config=config.get("deepspeed_config") if framework == "deepspeed" else None,
-        horovod_timeline=config.get("horovod_timeline", False) and framework == "horovod",
-        pipeline_schedule=schedule if pipe else None, microbatches=microbatches if pipe else 1,
-        steps_per_epoch=config.get("steps_per_epoch"),
-        eval_tokens=config.get("eval_tokens", tokens.EVAL_TOKENS),
-        samples=config.get("samples") if info.synthetic else None,
-        ps_tasks=config.get("ps_tasks", 1) if values["strategy"] == "tf-ps" else 0,
-        own_model=ctx.own_model(values), accelerator=train_on(ctx.accelerator, config),
-        **imagesets.run_fields(values["dataset"], config),
-    )  # fmt: skip
+        optimizer=optimizer.name,
+        lr=effective_lr(optimizer.lr, study.lr_scaling, global_batch, study.base_batch_size),
+        base_lr=optimizer.lr,
+        lr_scaling=study.lr_scaling,
+        betas=optimizer.betas,
+        eps=optimizer.eps,
+        weight_decay=optimizer.weight_decay,
+        momentum=optimizer.momentum,
+        fused=optimizer.fused,
+    )
 
 
-def repeats(spec_fields: dict, values: dict, config: dict) -> list[RunSpec]:
+def repeats(spec_fields: dict, values: dict, ctx: MatrixContext) -> list[RunSpec]:
     """Every repeat a combination may run (config `repeats`' max: the racing step asks for
     those past min, common.smk), each with its seed and the fault planted in it, if any."""
-    planted_faults = config.get("faults", [])
+    planted_faults = ctx.config.get("faults", [])
     runs = []
-    for repeat in range(repeat_range(config["repeats"])[1]):
+    for repeat in range(ctx.study.repeats.max):
         fault = faults.fault_for(values, repeat, planted_faults)
         planted = {"lr": DIVERGE_LR} if fault and fault.kind == "diverge" else {}
         runs.append(
             RunSpec(
                 **{**spec_fields, **planted},
                 repeat=repeat,
-                seed=config["seed"] + repeat,
+                seed=ctx.study.seed + repeat,
                 fault=fault,
             )
         )
@@ -268,4 +301,5 @@ def study_summary(runs: list[RunSpec], dropped: list[Dropped], repeats: int | di
     return line
 
 
-CONFIG_SCHEMA = Path(__file__).resolve().parents[2] / "schemas" / "config.schema.yaml"
+#: The config schema (plan.studyconfig's).
+CONFIG_SCHEMA = studyconfig.CONFIG_SCHEMA

@@ -11,7 +11,6 @@ print; the study's environment, the progress line and the messages stay in commo
 from __future__ import annotations
 
 import copy
-import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -19,7 +18,7 @@ from typing import Any
 from trainscale.plan import check, fit, machine, matrix, prices
 from trainscale.plan.preflight import memory
 from trainscale.plan.runspec import ConfigError, Dropped, RunSpec
-from trainscale.plan.studyconfig import StudyConfig
+from trainscale.plan.studyconfig import StudyConfig, config_schema
 
 #: The checkout (Snakemake's workflow.basedir): the schema's path in an error is given from it.
 REPO_ROOT = matrix.CONFIG_SCHEMA.parents[2]
@@ -63,16 +62,6 @@ class Plan:
     def summary(self) -> str:
         """One line for people: the runs, the drops and their reasons, the race's room."""
         return matrix.study_summary(self.runs, self.dropped, self.config.raw["repeats"])
-
-
-@functools.cache
-def config_schema() -> dict:
-    """The config schema, read once, with libyaml where PyYAML has it (the pure-Python reader
-    took a tenth of a second of every Snakemake start)."""
-    import yaml
-
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    return yaml.load(matrix.CONFIG_SCHEMA.read_text(), Loader=loader)
 
 
 def validated(config: Mapping[str, Any], fill_defaults: bool = True) -> StudyConfig:

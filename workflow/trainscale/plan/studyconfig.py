@@ -2,19 +2,25 @@
 (workflow/schemas/config.schema.yaml), as a frozen record. Planning reads its typed fields; the
 sections not yet typed, and code still written against the dict, read `raw` (read-only).
 
-Every key is described in the schema; no default is written here again: a field's value is the
-filled config's, so a key the schema gives no default is None when the study leaves it out.
+Every key is described in the schema; no default is written here again: a field holds the
+config's value, or where the config lacks the key (a config planned with Snakemake's
+skip_validation, or built by hand), the schema's default; None where the schema has none.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
 from trainscale.plan.runspec import ConfigError
+
+#: The config schema: every key of a study, its type, its default.
+CONFIG_SCHEMA = Path(__file__).resolve().parents[2] / "schemas" / "config.schema.yaml"
 
 
 @dataclass(frozen=True)
@@ -81,14 +87,24 @@ class StudyConfig:
     study: str
     matrix: Mapping[str, Any]  # axis -> its values, and `exclude`
     accelerator: str  # cpu | cuda | auto, as written (plan.machine resolves auto)
-    seed: int
+    seed: int  # the first repeat's; repeat i runs seed + i
     repeats: Repeats
     epochs: int
-    steps_per_epoch: int | None
+    steps_per_epoch: int | None  # None: a whole epoch
+    samples: int | None  # a synthetic data set's training samples; None: its own
+    eval_tokens: int  # test tokens one evaluation of a token set scores
     data_dir: str
     threads_per_worker: int
     timeout_minutes: float
+    target_accuracy: float | None
     optimizer: Optimizer
+    lr_scaling: str  # none | linear | sqrt
+    base_batch_size: int  # the global batch optimizer.lr is given for
+    microbatches: int  # torch-pipeline's micro-batches a step (times grad_accum)
+    pipeline_schedule: str  # torch-pipeline's schedule
+    deepspeed_config: str | None  # the DeepSpeed fragment's path
+    horovod_timeline: bool
+    ps_tasks: int  # tf-ps's parameter servers
     memory: Memory
     collectives: Collectives
     cost: Mapping[str, Any]
@@ -97,47 +113,81 @@ class StudyConfig:
     predict: Mapping[str, Any]
     env: Mapping[str, str]
     container: Mapping[str, Any] | None
-    raw: Mapping[str, Any]  # the whole filled config, read-only, for code not yet typed
+    raw: Mapping[str, Any]  # the whole config as given, read-only, for code not yet typed
 
     @classmethod
     def from_filled(cls, filled: Mapping[str, Any]) -> StudyConfig:
         """The record of a config already checked and filled (plan.check.fill_defaults); a
-        deep copy, so the record never changes with the dict it came from."""
+        deep copy, so the record never changes with the dict it came from. A key the config
+        lacks is the schema's default in its field, and stays absent from `raw`."""
         raw = copy.deepcopy(dict(filled))
+        top = _frozen({**schema_defaults(), **raw})
+        scalars = {name: top.get(name) for name in _SCALARS}
         return cls(
-            study=raw["study"],
-            matrix=_frozen(raw["matrix"]),
-            accelerator=raw.get("accelerator", "auto"),
-            seed=raw.get("seed", 0),
-            repeats=Repeats.parse(raw.get("repeats", 1)),
-            epochs=raw.get("epochs"),
-            steps_per_epoch=raw.get("steps_per_epoch"),
-            data_dir=raw.get("data_dir"),
-            threads_per_worker=raw.get("threads_per_worker"),
-            timeout_minutes=raw.get("timeout_minutes"),
-            optimizer=_section(Optimizer, raw.get("optimizer"), betas=tuple),
-            memory=_section(Memory, raw.get("memory")),
-            collectives=_section(Collectives, raw.get("collectives")),
-            cost=_frozen(raw.get("cost") or {}),
-            report=_frozen(raw.get("report") or {}),
-            tune=_frozen(raw.get("tune") or {}),
-            predict=_frozen(raw.get("predict") or {}),
-            env=_frozen(raw.get("env") or {}),
-            container=_frozen(raw["container"]) if raw.get("container") else None,
+            **scalars,
+            repeats=Repeats.parse(top["repeats"]),
+            optimizer=_section(Optimizer, "optimizer", top, betas=tuple),
+            memory=_section(Memory, "memory", top),
+            collectives=_section(Collectives, "collectives", top),
+            container=top.get("container") or None,
+            **{name: top.get(name) or MappingProxyType({}) for name in _SECTIONS},
             raw=_frozen(raw),
         )
 
     def as_dict(self) -> dict[str, Any]:
-        """A mutable deep copy of the filled config, for code that takes `config: dict`."""
+        """A mutable deep copy of the config as given, for code that takes `config: dict`."""
         return copy.deepcopy(_thawed(self.raw))
 
 
-def _section(kind: type, values: Mapping | None, **convert) -> Any:
-    """A section's record from its filled mapping: a key it lacks is None (a config planned
-    with skip_validation has no defaults filled)."""
-    values = values or {}
-    names = kind.__dataclass_fields__
-    fields = {name: values.get(name) for name in names}
+#: StudyConfig's fields taken as they are (schema-checked scalars and the matrix)
+_SCALARS = (
+    "study",
+    "matrix",
+    "accelerator",
+    "seed",
+    "epochs",
+    "steps_per_epoch",
+    "samples",
+    "eval_tokens",
+    "data_dir",
+    "threads_per_worker",
+    "timeout_minutes",
+    "target_accuracy",
+    "lr_scaling",
+    "base_batch_size",
+    "microbatches",
+    "pipeline_schedule",
+    "deepspeed_config",
+    "horovod_timeline",
+    "ps_tasks",
+)
+#: StudyConfig's sections read by key (not typed yet): {} where absent
+_SECTIONS = ("cost", "report", "tune", "predict", "env")
+
+
+@functools.cache
+def config_schema() -> dict:
+    """The config schema, read once, with libyaml where PyYAML has it (the pure-Python reader
+    took a tenth of a second of every Snakemake start). Not to be changed: copy it first."""
+    import yaml
+
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    return yaml.load(CONFIG_SCHEMA.read_text(), Loader=loader)
+
+
+def schema_defaults(section: str | None = None) -> dict[str, Any]:
+    """{key: the schema's default} of the top level, or of one section's keys."""
+    properties = config_schema()["properties"]
+    if section is not None:
+        properties = properties[section].get("properties", {})
+    return {k: copy.deepcopy(p["default"]) for k, p in properties.items() if "default" in p}
+
+
+def _section(kind: type, name: str, config: Mapping[str, Any], **convert) -> Any:
+    """The record `kind` of the config's section `name`: a key it lacks is the schema's
+    default (None where there is none)."""
+    values = {**schema_defaults(name), **(config.get(name) or {})}
+    fields = {name: values.get(name) for name in kind.__dataclass_fields__}
     for name, to in convert.items():
         if fields[name] is not None:
             fields[name] = to(fields[name])

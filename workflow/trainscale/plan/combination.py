@@ -12,12 +12,12 @@ from trainscale import data
 from trainscale.data import imagesets, tokens, tokensets
 from trainscale.plan import catalog, cluster, datafit, exclusions, knobs, speed_options
 from trainscale.plan.preflight import hf_models, own_models
-from trainscale.plan.runspec import ConfigError
+from trainscale.plan.runspec import CellValues, ConfigError
 from trainscale.plan.studyconfig import StudyConfig
 
 
 def why_not(
-    values: dict,
+    values: CellValues,
     accelerator: str,
     microbatches: int = 1,
     schedule: str = "gpipe",
@@ -61,7 +61,7 @@ def why_not(
 pipeline_batch = catalog.pipeline_batch
 
 
-def _split_batch(values: dict, world: int) -> tuple[int, int]:
+def _split_batch(values: CellValues, world: int) -> tuple[int, int]:
     """(global, per-worker) batch of a cell: the pipeline's and tensor parallelism's own splits
     (catalog.pipeline_batch, catalog.tp_batch), else `batch_sizes`."""
     strategy, size, mode = values["strategy"], values["batch_size"], values["batch_mode"]
@@ -106,18 +106,18 @@ class MatrixContext:
     axes: dict[str, list]  # matrix key -> its values, the out-of-path ones defaulted
     exclude: list  # matrix.exclude
     token_sets: dict[str, bool]  # data set -> whether it is a token set
-    own_facts: dict  # own model -> its pre-flight's facts (own_models.check)
-    infos: dict = field(default_factory=dict)  # (data set, seq_len) -> DatasetInfo
-    own_models: dict = field(default_factory=dict)  # (model, data set, seq_len) -> OwnModel
+    own_facts: dict[str, dict]  # own model -> its pre-flight's facts (own_models.check)
+    infos: dict[tuple, data.DatasetInfo] = field(default_factory=dict)  # by (data set, seq_len)
+    own_models: dict[tuple, own_models.OwnModel] = field(default_factory=dict)  # by model too
 
-    def info(self, values: dict) -> data.DatasetInfo:
+    def info(self, values: CellValues) -> data.DatasetInfo:
         """The combination's data set at its seq_len (its files read once)."""
         key = (values["dataset"], values["seq_len"])
         if key not in self.infos:
             self.infos[key] = dataset_info(values, self.config)
         return self.infos[key]
 
-    def own_model(self, values: dict) -> own_models.OwnModel | None:
+    def own_model(self, values: CellValues) -> own_models.OwnModel | None:
         """The combination's own model with its facts at its data set, None for a built-in."""
         model = values["model"]
         if model not in self.own_facts:
@@ -141,14 +141,14 @@ class BatchSplit:
     replicas: int  # data-parallel replicas, each fed its own batch (catalog.data_replicas)
 
     @classmethod
-    def of(cls, values: dict) -> BatchSplit:
+    def of(cls, values: CellValues) -> BatchSplit:
         world = values["workers"] * values["nodes"]
         global_batch, per_worker_batch = _split_batch(values, world)
         replicas = catalog.data_replicas(values["strategy"], world, values["tp"])
         return cls(world, global_batch, per_worker_batch, replicas)
 
 
-def pipeline_steps(values: dict, study: StudyConfig) -> tuple[int, str]:
+def pipeline_steps(values: CellValues, study: StudyConfig) -> tuple[int, str]:
     """(micro-batches a step, schedule) of config `microbatches` and `pipeline_schedule`: the
     pipeline's schedule accumulates, grad_accum × microbatches micro-batches a step."""
     microbatches = study.microbatches
@@ -157,7 +157,7 @@ def pipeline_steps(values: dict, study: StudyConfig) -> tuple[int, str]:
     return microbatches, study.pipeline_schedule
 
 
-def drop_reason(values: dict, ctx: MatrixContext) -> str | None:
+def drop_reason(values: CellValues, ctx: MatrixContext) -> str | None:
     """Why this combination does not run (excluded, or a rule of the catalog, the cluster, the
     speed options, the knobs, the batch or the data rules it out), or None."""
     if exclusions.excluded(values, ctx.exclude):
@@ -177,7 +177,7 @@ def drop_reason(values: dict, ctx: MatrixContext) -> str | None:
     )  # fmt: skip
 
 
-def batch_reason(values: dict, ctx: MatrixContext) -> str | None:
+def batch_reason(values: CellValues, ctx: MatrixContext) -> str | None:
     """Why the combination's batch cannot run: a BatchNorm model with one sample a rank, too
     few windows of a token file, fewer steps an epoch than steps_per_epoch; None if it can.
     A batch that does not split over the ranks stops the study (ConfigError)."""
@@ -195,7 +195,7 @@ def batch_reason(values: dict, ctx: MatrixContext) -> str | None:
     return datafit.too_few_steps(values, have, split.replicas, split.per_worker_batch, steps)
 
 
-def dataset_info(values: dict, config: dict) -> data.DatasetInfo:
+def dataset_info(values: CellValues, config: dict) -> data.DatasetInfo:
     """data.info of the cell's data set: a token set's at the cell's seq_len."""
     name = values["dataset"]
     if values["seq_len"]:

@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import copy
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from trainscale.plan.matrix import ConfigError, build_runs
 from trainscale.plan.preflight import hf_models, memory, memory_parts
@@ -57,8 +59,8 @@ def within_limits(
     drop = check.mode != "warn"  # off: only the host limit, which drops
     said = [(r, reasons[r.path]) for r in runs if r.path in reasons]  # one run of each cell
     if drop:
-        dropped = [*dropped, *(Dropped({k: getattr(r, k) for k in MATRIX_KEYS}, why)
-                               for r, why in said)]  # fmt: skip
+        new = [Dropped({k: getattr(r, k) for k in MATRIX_KEYS}, why) for r, why in said]
+        dropped = [*dropped, *new]
     else:
         notes += [f"{why} (memory.check: warn, kept)" for _, why in said]
     kept = [r for r in runs if r.path not in over] if drop else runs
@@ -72,7 +74,9 @@ def within_limits(
     return kept, dropped, blocks
 
 
-def _traced(check: Check, runs: list[RunSpec], target: str) -> tuple[dict, dict]:
+def _traced(
+    check: Check, runs: list[RunSpec], target: str
+) -> tuple[dict[str, dict], dict[str, dict]]:
     """({run path: its answer}, {run path: its whole-model replica's answer}) from the
     estimator; both empty when memory.check is off."""
     if check.mode == "off":
@@ -84,14 +88,20 @@ def _traced(check: Check, runs: list[RunSpec], target: str) -> tuple[dict, dict]
 
 
 def _over_limits(
-    check: Check, runs: list[RunSpec], blocks: dict[str, dict], answers: dict[str, dict],
-    config: dict | None, target: str,
-) -> tuple[set[str], dict[str, str]]:  # fmt: skip
+    check: Check,
+    runs: list[RunSpec],
+    blocks: dict[str, dict],
+    answers: dict[str, dict],
+    config: Mapping[str, Any] | None,
+    target: str,
+) -> tuple[set[str], dict[str, str]]:
     """(the paths of every run over the host or the device limit, the reason of the first
     run of each such cell): over the host limit first, then, where memory.check traces,
     over the device's allowed bytes, the reason with the nearest cells that fit and advice."""
-    host_why = {r.path: why for r in runs
-                if (why := host_over(r, blocks[r.path]["host_bytes"], check))}  # fmt: skip
+    host_why = {}
+    for r in runs:
+        if why := host_over(r, blocks[r.path]["host_bytes"], check):
+            host_why[r.path] = why
     host = set(host_why)
     reasons = {r.path: host_why[r.path] for r in _firsts(runs, host)}
     allowed = check.allowed_bytes

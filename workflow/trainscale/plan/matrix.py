@@ -15,8 +15,9 @@ from __future__ import annotations
 import itertools
 import math
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 from trainscale.data import imagesets, tokensets
 from trainscale.plan import catalog, datafit, exclusions, faults, speed_options, studyconfig
@@ -32,6 +33,7 @@ from trainscale.plan.runspec import (
     DIVERGE_LR,
     MATRIX_KEYS,
     OUT_OF_PATH,
+    CellValues,
     ConfigError,
     Dropped,
     RunSpec,
@@ -45,7 +47,7 @@ DEFAULT_SEQ_LEN = 256
 IMPLEMENTED: frozenset[str] = frozenset(s.name for s in catalog.STRATEGIES.values() if s.runner)
 
 
-def repeat_range(repeats: int | dict) -> tuple[int, int]:
+def repeat_range(repeats: int | Mapping[str, int]) -> tuple[int, int]:
     """(min, max) of config `repeats` (an integer n is (n, n)): every cell runs `min`
     repeats, and a cell the racing step asks for gets more, up to `max` (docs/tune.md,
     "Repeats a study buys"); ConfigError where max < min."""
@@ -53,7 +55,7 @@ def repeat_range(repeats: int | dict) -> tuple[int, int]:
     return parsed.min, parsed.max
 
 
-def repeat_count(repeats: int | dict) -> int:
+def repeat_count(repeats: int | Mapping[str, int]) -> int:
     """The repeats every cell of a study runs (config `repeats`' min)."""
     return repeat_range(repeats)[0]
 
@@ -106,7 +108,7 @@ def matrix_context(config: dict, accelerator: str, gpus_per_node: int | None) ->
     except hf_models.HFConfigError as e:
         raise ConfigError(str(e)) from None
     matrix = config["matrix"]
-    _check_strategies(config)
+    _check_strategies(matrix["strategy"], config.get("deepspeed_config"))
     seq_lens = matrix.get("seq_len") or [DEFAULT_SEQ_LEN]
     axes = {**{k: [v] for k, v in OUT_OF_PATH.items()}, **speed_options.axes(config), **matrix,
             "seq_len": seq_lens}  # fmt: skip
@@ -132,17 +134,15 @@ def matrix_context(config: dict, accelerator: str, gpus_per_node: int | None) ->
     )
 
 
-def _check_strategies(config: dict) -> None:
+def _check_strategies(strategies: list[str], fragment: str | None) -> None:
     """ConfigError where matrix.strategy names one this version cannot run, or a DeepSpeed
-    strategy's config fragment does not exist."""
-    not_yet = [s for s in config["matrix"]["strategy"] if s not in IMPLEMENTED]
+    strategy's config fragment (config `deepspeed_config`) does not exist."""
+    not_yet = [s for s in strategies if s not in IMPLEMENTED]
     if not_yet:
         raise ConfigError(
             f"matrix.strategy: {', '.join(not_yet)} not implemented in this version of trainscale "
             f"(available: {', '.join(sorted(IMPLEMENTED))}); remove it from matrix.strategy"
         )
-    fragment = config.get("deepspeed_config")
-    strategies = config["matrix"]["strategy"]
     uses_deepspeed = any(catalog.strategy(s).framework == "deepspeed" for s in strategies)
     if uses_deepspeed and fragment and not Path(fragment).is_file():
         raise ConfigError(
@@ -152,7 +152,7 @@ def _check_strategies(config: dict) -> None:
         )
 
 
-def combos(axes: dict[str, list], token_sets: dict[str, bool]) -> Iterator[dict]:
+def combos(axes: dict[str, list], token_sets: dict[str, bool]) -> Iterator[CellValues]:
     """Every combination of the axes' values, as {matrix key: value}, in MATRIX_KEYS order; an
     image data set has no seq_len: one combination at seq_len 0 for all of the axis' values."""
     for combo in itertools.product(*(axes[k] for k in MATRIX_KEYS)):
@@ -164,7 +164,7 @@ def combos(axes: dict[str, list], token_sets: dict[str, bool]) -> Iterator[dict]
         yield values
 
 
-def fields(values: dict, ctx: MatrixContext) -> dict:
+def fields(values: CellValues, ctx: MatrixContext) -> dict[str, Any]:
     """Every RunSpec field of a combination that runs but its repeat's own (repeat, seed,
     fault), made once per combination (a large study has thousands of runs); ConfigError
     where its shards or its grad_accum do not divide its batch."""
@@ -198,7 +198,7 @@ def fields(values: dict, ctx: MatrixContext) -> dict:
     )
 
 
-def checked_split(values: dict, ctx: MatrixContext) -> BatchSplit:
+def checked_split(values: CellValues, ctx: MatrixContext) -> BatchSplit:
     """The combination's batch split; ConfigError where a WebDataset's shards give a rank no
     full batch (plan.datafit) or grad_accum does not divide the per-worker batch."""
     split = BatchSplit.of(values)
@@ -215,7 +215,7 @@ def checked_split(values: dict, ctx: MatrixContext) -> BatchSplit:
     return split
 
 
-def optimizer_fields(study: StudyConfig, global_batch: int) -> dict:
+def optimizer_fields(study: StudyConfig, global_batch: int) -> dict[str, Any]:
     """The RunSpec's optimizer fields: config `optimizer`, its lr scaled to the global batch
     by lr_scaling."""
     optimizer = study.optimizer
@@ -232,7 +232,7 @@ def optimizer_fields(study: StudyConfig, global_batch: int) -> dict:
     )
 
 
-def repeats(spec_fields: dict, values: dict, ctx: MatrixContext) -> list[RunSpec]:
+def repeats(spec_fields: dict[str, Any], values: CellValues, ctx: MatrixContext) -> list[RunSpec]:
     """Every repeat a combination may run (config `repeats`' max: the racing step asks for
     those past min, common.smk), each with its seed and the fault planted in it, if any."""
     planted_faults = ctx.config.get("faults", [])
@@ -290,7 +290,9 @@ def summary(runs: list[RunSpec], dropped: list[Dropped]) -> str:
     return line
 
 
-def study_summary(runs: list[RunSpec], dropped: list[Dropped], repeats: int | dict) -> str:
+def study_summary(
+    runs: list[RunSpec], dropped: list[Dropped], repeats: int | Mapping[str, int]
+) -> str:
     """`summary` of the runs every cell makes (config `repeats`' min), and with {min, max}
     the most the racing step may add."""
     low, high = repeat_range(repeats)

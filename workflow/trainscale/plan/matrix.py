@@ -193,7 +193,7 @@ def fields(values: CellValues, ctx: MatrixContext) -> dict[str, Any]:
         samples=study.samples if ctx.info(values).synthetic else None,
         ps_tasks=study.ps_tasks if values["strategy"] == "tf-ps" else 0,
         own_model=ctx.own_model(values),
-        accelerator=train_on(ctx.accelerator, ctx.config),
+        accelerator=train_on(ctx.accelerator, ctx.config.get("slurm")),
         **imagesets.run_fields(values["dataset"], ctx.config),
     )
 
@@ -251,11 +251,11 @@ def repeats(spec_fields: dict[str, Any], values: CellValues, ctx: MatrixContext)
     return runs
 
 
-def train_on(accelerator: str, config: dict) -> str:
+def train_on(accelerator: str, slurm: Mapping[str, Any] | None) -> str:
     """The device a study's ranks must train on: its accelerator, but the CPU where config
     `slurm.fake_gpus` says the cluster's GPUs are gres entries with no device behind them
     (a test cluster: jobs ask for GPUs as on a GPU cluster, ranks train on the CPU)."""
-    fake = (config.get("slurm") or {}).get("fake_gpus", False)
+    fake = (slurm or {}).get("fake_gpus", False)
     return "cpu" if fake else accelerator
 
 

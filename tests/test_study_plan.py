@@ -62,3 +62,15 @@ def test_prices_that_cannot_apply_stop_the_plan():
     config = {**study_config(".test/config.yaml"), "cost": {"device_hour": {"H100": 2.0}}}
     with pytest.raises(ConfigError, match="has no 'cpu-core' price"):
         study_plan(config, "cpu")
+
+
+def test_study_config_types_the_keys_and_takes_the_schemas_defaults():
+    given = {"study": "s", "matrix": {"strategy": ["torch"]}, "optimizer": {"lr": 0.5}}
+    study = StudyConfig.from_filled(given)
+    assert study.optimizer.lr == 0.5 and study.optimizer.name == "adam"  # the schema's
+    assert study.optimizer.betas == (0.9, 0.999) and study.microbatches == 4
+    assert (study.repeats.min, study.repeats.max, study.memory.check) == (1, 1, None)
+    assert study.raw["matrix"]["strategy"] == ("torch",) and "epochs" not in study.raw
+    assert study.as_dict() == given  # the config as given, a copy
+    with pytest.raises(ConfigError, match="repeats: max 1 is below min 2"):
+        StudyConfig.from_filled({**given, "repeats": {"min": 2, "max": 1}})

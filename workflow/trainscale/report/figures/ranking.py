@@ -156,9 +156,15 @@ def draw_ranking(d: pd.DataFrame, kind: Kind) -> Figure:
         ax.set_title(f"{model} · {dataset} · {label('world_size', n)}", pad=pad, fontsize=9.5)
     title = RANKED_BY_COST if d["ranked_by"].iloc[0] == "cost" else kind.title
     fig.suptitle(title, x=0.1 / width, ha="left", y=1 - 0.08 / height, va="top", fontsize=11)
-    by_cost = d["ranked_by"].iloc[0] == "cost"
+    _legend(fig, d, mfu, width, height)
+    return fig
+
+
+def _legend(fig: Figure, d: pd.DataFrame, mfu: bool, width: float, height: float) -> None:
+    """The legend under the title, on one row: the dots and bars, the best's band, MFU's
+    diamonds and logical devices' hollow dots where the figure has them."""
     what, best = ("geometric mean throughput", "fastest")
-    if by_cost:
+    if d["ranked_by"].iloc[0] == "cost":
         what, best = "cost per million", "cheapest"
     handles = [
         Line2D(
@@ -186,7 +192,6 @@ def draw_ranking(d: pd.DataFrame, kind: Kind) -> Figure:
         columnspacing=1.6,
         borderaxespad=0,
     )
-    return fig
 
 
 def _left_out(ax, row: int, hidden: int) -> None:

@@ -252,8 +252,8 @@ def main() -> int:
     print(f"  floor         {spread(floors, '{:.2f}')} s (json.load of every file, same pool)")
     bar = RATIO_BARS.get(a.runs)
     ratios = [w / f for w, f in zip(walls, floors, strict=True)]
-    print(f"  report/floor  {spread(ratios)}× side by side, {min(walls) / min(floors):.1f}× best "
-          f"of each" + (f" (bar ≤ {bar:g}×)" if bar else ""))  # fmt: skip
+    best = f"{min(walls) / min(floors):.1f}× best of each" + (f" (bar ≤ {bar:g}×)" if bar else "")
+    print(f"  report/floor  {spread(ratios)}× side by side, {best}")
     html = tmp / "cli" / "report.html"
     print(f"  report.html   {html.stat().st_size / 2**20:.1f} MiB")
     load1, load5, _ = os.getloadavg()

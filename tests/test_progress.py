@@ -96,16 +96,42 @@ def test_the_terminal_lines_are_bounded_whatever_the_runs():
 def test_a_failed_run_and_the_steps_reach_the_terminal(tmp_path):
     said, clock = [], Clock()
     p = progress.Progress(
-        lambda w: str(tmp_path / w["run"] / "metrics.json"), ["workers"],
-        lambda line, shown: said.append((line.split("]")[0][13:], shown)), clock=clock,
-    )  # fmt: skip
+        lambda w: str(tmp_path / w["run"] / "metrics.json"),
+        ["workers"],
+        lambda line, shown: said.append((line.split("]")[0][13:], shown)),
+        clock=clock,
+    )
     p.handle_event(event("run_info", stats={"train": 40}))
     for i in range(1, 6):
         write(tmp_path, f"r{i}", status="oom" if i == 3 else "ok", spec={"workers": 1})
         p.handle_event(event("job_info", jobid=i, rule_name="train", wildcards={"run": f"r{i}"}))
         p.handle_event(event("job_finished", job_id=i))
-    assert said == [("1/40", True), ("2/40", True), ("3/40", True), ("4/40", True),
-                    ("5/40", False)]  # fmt: skip
+    shown = [("1/40", True), ("2/40", True), ("3/40", True), ("4/40", True), ("5/40", False)]
+    assert said == shown
+
+
+def test_watch_marks_the_lines_only_the_log_file_keeps(tmp_path):
+    """watch's lines go through Snakemake's logger, those the terminal holds back marked."""
+    records: list[logging.LogRecord] = []
+    log = logging.getLogger("test-watch")
+    log.propagate = False
+    log.setLevel(logging.INFO)
+    keep = logging.Handler()
+    keep.emit = records.append
+    log.addHandler(keep)
+    handler = progress.watch(log, lambda w: str(tmp_path / w["run"] / "metrics.json"), [])
+    log.info("stats", extra={"event": "run_info", "stats": {"train": 40}})
+    for i in (1, 2, 3):
+        write(tmp_path, f"r{i}", status="ok", spec={"strategy": "torch"})
+        job = {"event": "job_info", "jobid": i, "rule_name": "train", "wildcards": {"run": f"r{i}"}}
+        log.info("job", extra=job)
+        log.info("done", extra={"event": "job_finished", "job_id": i})
+    log.removeHandler(handler)
+    log.removeHandler(keep)
+    lines = [r for r in records if r.getMessage().startswith("trainscale: [")]
+    said = [(r.getMessage()[:18], getattr(r, progress.DETAIL)) for r in lines]
+    held = [("trainscale: [1/40]", False), ("trainscale: [2/40]", False)]
+    assert said == [*held, ("trainscale: [3/40]", True)]
 
 
 def test_durations_and_the_keys_that_tell_cells_apart():

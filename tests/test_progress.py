@@ -91,6 +91,7 @@ def test_the_terminal_lines_are_bounded_whatever_the_runs():
     assert racing == [76, 80, 84, 88, 92, 96, 100]
     assert all(progress.shown(d, 12, failed=False) for d in range(1, 13))
     assert all(progress.shown(d, None, failed=False) for d in range(1, 5))  # total not known
+    assert all(progress.shown(d, 0, failed=False) for d in range(1, 5))  # a resumed race
 
 
 def test_a_failed_run_and_the_steps_reach_the_terminal(tmp_path):

@@ -76,8 +76,9 @@ def rate(record: Mapping) -> str:
 def shown(done: int, total: int | None, failed: bool) -> bool:
     """Whether the line of the `done`-th finished run (of `total` planned, None: not known)
     belongs in the terminal: the first, a failed one, the last planned, and one per
-    1/STEPS of `total` (racing repeats past `total` keep that pace)."""
-    if failed or done == 1 or total is None or done == total:
+    1/STEPS of `total` (racing repeats past `total` keep that pace; with none planned at the
+    start, a resumed race, every line)."""
+    if failed or done == 1 or not total or done == total:
         return True
     return done % -(-total // STEPS) == 0
 

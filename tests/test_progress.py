@@ -35,8 +35,8 @@ class Clock:
 def test_a_line_per_finished_run_with_what_is_left(tmp_path):
     lines, clock = [], Clock()
     p = progress.Progress(
-        lambda w: str(tmp_path / w["run"] / "metrics.json"), ["workers"], lines.append,
-        clock=clock,
+        lambda w: str(tmp_path / w["run"] / "metrics.json"), ["workers"],
+        lambda line, shown: lines.append(line), clock=clock,
     )  # fmt: skip
     log = logging.getLogger("test-progress")
     log.addHandler(p)
@@ -76,6 +76,63 @@ def test_a_line_per_finished_run_with_what_is_left(tmp_path):
     log.info("done", extra={"event": "job_finished", "job_id": 4})
     assert "512 tokens/s" in lines[3]
     log.removeHandler(p)
+
+
+def test_the_terminal_lines_are_bounded_whatever_the_runs():
+    """The first, one per 5 % of the runs planned, every failed one and the last planned: at
+    most STEPS + 1 lines and the failures, however many runs; racing repeats past the planned
+    total keep the pace; a small study shows every line."""
+    for total in (75, 1_000, 100_000):
+        lines = [d for d in range(1, total + 1) if progress.shown(d, total, failed=False)]
+        assert lines[0] == 1 and lines[-1] == total
+        assert progress.STEPS <= len(lines) <= progress.STEPS + 1, (total, len(lines))
+    assert progress.shown(7, 75, failed=True) and not progress.shown(7, 75, failed=False)
+    racing = [d for d in range(76, 101) if progress.shown(d, 75, failed=False)]
+    assert racing == [76, 80, 84, 88, 92, 96, 100]
+    assert all(progress.shown(d, 12, failed=False) for d in range(1, 13))
+    assert all(progress.shown(d, None, failed=False) for d in range(1, 5))  # total not known
+    assert all(progress.shown(d, 0, failed=False) for d in range(1, 5))  # a resumed race
+
+
+def test_a_failed_run_and_the_steps_reach_the_terminal(tmp_path):
+    said, clock = [], Clock()
+    p = progress.Progress(
+        lambda w: str(tmp_path / w["run"] / "metrics.json"),
+        ["workers"],
+        lambda line, shown: said.append((line.split("]")[0][13:], shown)),
+        clock=clock,
+    )
+    p.handle_event(event("run_info", stats={"train": 40}))
+    for i in range(1, 6):
+        write(tmp_path, f"r{i}", status="oom" if i == 3 else "ok", spec={"workers": 1})
+        p.handle_event(event("job_info", jobid=i, rule_name="train", wildcards={"run": f"r{i}"}))
+        p.handle_event(event("job_finished", job_id=i))
+    shown = [("1/40", True), ("2/40", True), ("3/40", True), ("4/40", True), ("5/40", False)]
+    assert said == shown
+
+
+def test_watch_marks_the_lines_only_the_log_file_keeps(tmp_path):
+    """watch's lines go through Snakemake's logger, those the terminal holds back marked."""
+    records: list[logging.LogRecord] = []
+    log = logging.getLogger("test-watch")
+    log.propagate = False
+    log.setLevel(logging.INFO)
+    keep = logging.Handler()
+    keep.emit = records.append
+    log.addHandler(keep)
+    handler = progress.watch(log, lambda w: str(tmp_path / w["run"] / "metrics.json"), [])
+    log.info("stats", extra={"event": "run_info", "stats": {"train": 40}})
+    for i in (1, 2, 3):
+        write(tmp_path, f"r{i}", status="ok", spec={"strategy": "torch"})
+        job = {"event": "job_info", "jobid": i, "rule_name": "train", "wildcards": {"run": f"r{i}"}}
+        log.info("job", extra=job)
+        log.info("done", extra={"event": "job_finished", "job_id": i})
+    log.removeHandler(handler)
+    log.removeHandler(keep)
+    lines = [r for r in records if r.getMessage().startswith("trainscale: [")]
+    said = [(r.getMessage()[:18], getattr(r, progress.DETAIL)) for r in lines]
+    held = [("trainscale: [1/40]", False), ("trainscale: [2/40]", False)]
+    assert said == [*held, ("trainscale: [3/40]", True)]
 
 
 def test_durations_and_the_keys_that_tell_cells_apart():
@@ -120,6 +177,8 @@ def test_the_terminal_shows_progress_and_errors_and_the_log_file_keeps_every_blo
             (None, "Execute 2 jobs..."), (None, "trainscale: [1/2] ok torch")]  # fmt: skip
     for name, message in said:
         log.info(message, extra={"event": name} if name else {})
+    # a run's line the terminal holds back (trainscale.launch.progress.watch, DETAIL)
+    log.info("trainscale: [2/40] ok torch", extra={progress.DETAIL: True})
     for handler in (terminal, file):
         log.removeHandler(handler)
         handler.close()
@@ -127,3 +186,4 @@ def test_the_terminal_shows_progress_and_errors_and_the_log_file_keeps_every_blo
     assert shown == ["Error in rule train:", "trainscale: [1/2] ok torch"]
     kept = (tmp_path / "snakemake.log").read_text()
     assert "rule train:" in kept and "Finished jobid: 1" in kept and "Error in rule" in kept
+    assert "trainscale: [2/40] ok torch" in kept

@@ -102,15 +102,27 @@ def test_the_ranking_figure_has_a_panel_per_model_and_n_fastest_on_top():
     ]  # fmt: skip
     ax = panels[0]
     ticks = [t.get_text() for t in ax.get_yticklabels()]
-    assert ticks == STRATEGIES[::-1]  # the last is the fastest: on top
+    # the last is the fastest: on top; ROWS of the 14 drawn, the other two counted
+    assert ticks == STRATEGIES[::-1][: ranking_figure.ROWS]
     texts = [t.get_text() for t in ax.texts]
     assert texts[0] == "fastest · 1 of 3 that could be" and "could be the fastest" in texts[1]
-    assert all(t.endswith("slower") for t in texts[-3:])  # far behind: slower
+    assert all(t.endswith("slower") for t in texts[-4:-1])  # far behind: slower
+    assert texts[-1] == "… 2 more cells ranked below these (scaling.csv)"
     assert "this panel resolves differences of ≥ " in ax.get_xlabel()
     # legible with 14 strategies: rows a fixed height, panels wrapped two to a row
     width, height = fig.get_size_inches()
     assert width < 15 and ranking_figure.ROW_H * len(STRATEGIES) * 2 < height < 16
     assert any(isinstance(a, Text) and "MFU" in a.get_text() for a in fig.findobj(Text))
+
+
+def test_a_panel_never_leaves_out_a_cell_that_could_be_the_fastest():
+    tied = {"ok": 10, "runs": 10, "throughput_ci95": 8.0}
+    rows = [
+        {"strategy": st, "throughput_mean": 100.0 + 0.01 * i, **tied}
+        for i, st in enumerate(STRATEGIES)
+    ]
+    drawn, hidden = ranking_figure._panel(ranking(scaling(rows)))
+    assert len(drawn) == len(STRATEGIES) > ranking_figure.ROWS and hidden == 0
 
 
 def test_a_panel_with_one_x_value_is_left_out_and_an_empty_figure_is_not_drawn():

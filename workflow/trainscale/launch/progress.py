@@ -1,6 +1,11 @@
-"""Progress a person can follow while a study runs: one line per finished run (its cell,
+"""Progress a person can follow while a study runs: a line per finished run (its cell,
 status, throughput and how long its job took), how many runs remain, and an estimate of the
 time left from the runs so far.
+
+The terminal shows a bounded number of them, whatever the study's size: the first run's, one
+per twentieth of the runs planned at the start (STEPS), every failed run's and the last planned
+run's. Snakemake's log file keeps every run's line (the others are marked DETAIL, which
+`trainscale.launch.terminal` holds back from the terminal), and `--quiet host` shows them all.
 
 It lives in the Snakemake process, as a handler on Snakemake's logger (added by
 workflow/rules/common.smk), and reads each run's record when Snakemake reports its job
@@ -23,6 +28,12 @@ from pathlib import Path
 #: Snakemake's log events this reads (snakemake_interface_logger_plugins.common.LogEvent, a
 #: StrEnum: each member equals its value as a string)
 RUN_INFO, JOB_INFO, JOB_FINISHED, JOB_ERROR = "run_info", "job_info", "job_finished", "job_error"
+#: Lines the terminal shows in a study (besides the first, the failed and the last planned run):
+#: one per 1/STEPS of the runs planned at the start, as Snakemake's "N of M steps (5%) done".
+STEPS = 20
+#: The log record's attribute, true on a line only Snakemake's log file shows (the terminal
+#: holds it back under the profiles' quiet setting: trainscale.launch.terminal).
+DETAIL = "trainscale_detail"
 
 
 def duration(seconds: float) -> str:
@@ -62,18 +73,28 @@ def rate(record: Mapping) -> str:
     return f"{samples:,.0f} samples/s" if samples else "-"
 
 
+def shown(done: int, total: int | None, failed: bool) -> bool:
+    """Whether the line of the `done`-th finished run (of `total` planned, None: not known)
+    belongs in the terminal: the first, a failed one, the last planned, and one per
+    1/STEPS of `total` (racing repeats past `total` keep that pace; with none planned at the
+    start, a resumed race, every line)."""
+    if failed or done == 1 or not total or done == total:
+        return True
+    return done % -(-total // STEPS) == 0
+
+
 class Progress(logging.Handler):
-    """One line, given to `say`, per finished job of `rule`, read from its record
-    (`record_of`: the record's path from the job's wildcards). The count of jobs comes from
-    Snakemake's job stats at the start; the estimate is the time since the first of them
-    started, per run finished, times the runs left (so it counts the jobs that run side by
-    side)."""
+    """One line, given to `say` with whether it belongs in the terminal (`shown`), per finished
+    job of `rule`, read from its record (`record_of`: the record's path from the job's
+    wildcards). The count of jobs comes from Snakemake's job stats at the start; the estimate
+    is the time since the first of them started, per run finished, times the runs left (so it
+    counts the jobs that run side by side)."""
 
     def __init__(
         self,
         record_of: Callable[[Mapping], str],
         cell_keys: list[str],
-        say: Callable[[str], None],
+        say: Callable[[str, bool], None],
         rule: str = "train",
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -126,7 +147,7 @@ class Progress(logging.Handler):
             if left:
                 eta = (now - self.first) / self.done * left
                 line += f", about {duration(eta)} left"
-        self.say(line)
+        self.say(line, shown(self.done, self.total, failed or status != "ok"))
 
 
 def watch(
@@ -134,7 +155,11 @@ def watch(
 ) -> Progress:
     """Add a Progress handler for the `train` jobs to Snakemake's `logger`; its lines go
     through that logger (no event of their own: this handler passes them by), so they reach
-    the terminal and Snakemake's log file as its own lines do."""
-    handler = Progress(record_of, cell_keys, logger.info)
+    Snakemake's log file as its own lines do, and the terminal those `shown` (DETAIL false)."""
+
+    def say(line: str, brief: bool) -> None:
+        logger.info(line, extra={DETAIL: not brief})
+
+    handler = Progress(record_of, cell_keys, say)
     logger.addHandler(handler)
     return handler

@@ -5,10 +5,11 @@ The profiles (profiles/default, profiles/slurm) set Snakemake's `quiet: [rules, 
 hides the job blocks and the host line. Snakemake applies the setting to its log file too, and
 hides a failed job's error block with the others; `show_people` undoes both: the log file
 (.snakemake/log/) keeps every block, and the terminal shows error blocks (and the shell
-commands `-p` asks for). It also keeps from
-the terminal what the progress lines replace: the "N of M steps done" and "Finished jobid"
-lines, the table of jobs (but in a dry-run) and the scheduler's "Execute N jobs..." (quiet
-`progress` would stop the events the progress lines are made from). `--quiet host` on the
+commands `-p` asks for). It also keeps from the terminal what the progress lines replace: the
+"N of M steps done" and "Finished jobid" lines, the table of jobs (but in a dry-run) and the
+scheduler's "Execute N jobs..."; and the progress lines only the log file keeps (those marked
+trainscale.launch.progress.DETAIL: most runs' lines in a large study). Quiet
+`progress` would stop the events the progress lines are made from. `--quiet host` on the
 command line (which replaces the profile's list) shows everything again (docs/config.md).
 """
 
@@ -17,6 +18,8 @@ from __future__ import annotations
 import copy
 import logging
 import re
+
+from trainscale.launch.progress import DETAIL
 
 #: Snakemake's error events (snakemake_interface_logger_plugins.common.LogEvent values): its
 #: quiet setting `rules` hides them with the job blocks; the terminal shows them
@@ -40,7 +43,7 @@ CHATTER = re.compile(
 class TerminalFilter(logging.Filter):
     """Snakemake's filter of its terminal handler, letting errors (and shell commands asked
     for) through and holding back what the progress lines replace (but a dry-run's table of
-    jobs)."""
+    jobs) and the progress lines marked DETAIL."""
 
     def __init__(self, snakemake_filter: logging.Filter) -> None:
         super().__init__()
@@ -52,7 +55,9 @@ class TerminalFilter(logging.Filter):
             return True
         if event == SHELLCMD and getattr(self.inner, "printshellcmds", False):
             return True  # asked for (-p), which the quiet setting `rules` would hide
-        if event in REPLACED or CHATTER.fullmatch(str(record.msg)):
+        if event in REPLACED or getattr(record, DETAIL, False):
+            return False
+        if CHATTER.fullmatch(str(record.msg)):
             return False
         return self.inner.filter(record)
 

@@ -91,25 +91,24 @@ def build(
     predicting = wants_predictions(study.runs, config)
 
     tables: dict = {}
+    predicted: dict = {}
 
     def meanwhile() -> None:  # in this process while the pool draws the figures
         study.write(out, jobs=jobs)
         if predicting:
             predictions(study.runs, study.collectives, config, csv, check_csv, fig_dir)
+            png = fig_dir / f"{predict_plot.NAME}.png"
+            predicted.update(predict_plot.section(csv, check_csv, png))
         tables.update(report.tables_context(study, config))
 
     drawn = figures(study, fig_dir, config, jobs=jobs, meanwhile=meanwhile)
-    predicted = None
-    if predicting:
-        png = fig_dir / f"{predict_plot.NAME}.png"
-        predicted = predict_plot.section(csv, check_csv, png)
     report.write_html(
         study,
         out / "report.html",
         fig_dir,
         config=config,
         drawn=drawn,
-        predicted=predicted,
+        predicted=predicted or None,
         tables=tables or None,
     )
     return study

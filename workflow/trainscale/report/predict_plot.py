@@ -112,6 +112,7 @@ def knees(pred: pd.DataFrame, check: pd.DataFrame) -> list[dict]:
     out = []
     if not len(pred):
         return out
+    checks = _by_family(check)
     for key, fam in pred.groupby(FAMILY, sort=True, dropna=False):
         fam = fam.sort_values("world_size")
         k = dict(zip(FAMILY, key, strict=True))
@@ -123,12 +124,7 @@ def knees(pred: pd.DataFrame, check: pd.DataFrame) -> list[dict]:
             r = below.iloc[0]
             return f"N = {int(r.world_size)} ({r.basis})"
 
-        held = check
-        if len(check):
-            mask = pd.Series(True, index=check.index)
-            for c in FAMILY:
-                mask &= check[c].astype(str) == str(k[c])
-            held = check[mask]
+        held = checks.get(tuple(str(k[c]) for c in FAMILY), check.iloc[:0])
         done = held[held["predicted"].notna()] if len(held) else held
         if len(done):
             checked = ", ".join(
@@ -151,6 +147,18 @@ def knees(pred: pd.DataFrame, check: pd.DataFrame) -> list[dict]:
             }
         )
     return out
+
+
+def _by_family(check: pd.DataFrame) -> dict[tuple[str, ...], pd.DataFrame]:
+    """The held-out checks by family, their keys as text (the two tables are read from CSV,
+    where a key's type may differ): one grouping, not a mask over every check per family."""
+    if not len(check):
+        return {}
+    keys = check[FAMILY].astype(str)
+    return {
+        tuple(key): check.loc[at]
+        for key, at in keys.groupby(FAMILY, sort=False, dropna=False).groups.items()
+    }
 
 
 def section(predictions_csv: str | Path, check_csv: str | Path, png: str | Path) -> dict:

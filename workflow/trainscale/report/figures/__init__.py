@@ -7,7 +7,8 @@ May import: analysis and every stage below it.
 # row per cell, and the per-epoch convergence table), so a figure shows exactly what the tables say.
 # - `registry`: the kinds (reports/figures.yaml) and the `@figure` decorator modules register with;
 # - `style`: colours (STRATEGY_COLOURS), labels and the theme;
-# - `facets`: the facet engine (grid, legend, the generic figure of error-bar lines);
+# - `facets`: the facet engine (grid, legend, title, x axis);
+# - `lined`: the generic figure of error-bar lines (`lines`, `LineOptions`) and its kinds;
 # - `select`: what a figure draws when its panels would hold more than 8 strategies, or its
 #   facets would exceed 12;
 # - `ranking`, `scaling`, `timing`, `throughput`, `accuracy`, `resources`: the figure kinds

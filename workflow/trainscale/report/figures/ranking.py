@@ -7,9 +7,10 @@ bars (from steps and repeats; over repeats only where the records lack step time
 and the fastest's CI as a grey band. The marks follow the comparison with the best (every cell
 of the panel at once), not the bars' overlap: "could be the fastest" or "slower", and under the
 panel what it resolves. MFU is a second, hollow dot per cell on the top axis. Rows are a fixed
-height, so 20 strategies stay as legible as 3. Under config `report.rank_by: cost` the dots
-are each cell's cost per million tokens or samples, the cheapest on top, and the marks say
-how much dearer each cell is.
+height, so 12 strategies stay as legible as 3; a panel shows its ROWS best cells and every cell
+that could be the best, and counts the others in a last row (scaling.csv lists them). Under
+config `report.rank_by: cost` the dots are each cell's cost per million tokens or samples, the
+cheapest on top, and the marks say how much dearer each cell is.
 """
 
 from __future__ import annotations
@@ -40,6 +41,10 @@ MARKS_LINE = 30
 TICKS = 5
 #: The figure's title under config `report.rank_by: cost` (figures.yaml has throughput's).
 RANKED_BY_COST = "Strategies ranked by cost per million tokens or samples"
+#: Rows a panel shows at most, besides every cell that could be the best (the rest are counted
+#: in one row): a glance, and at 10,000 runs (432 cells, 27 a panel) the rows' text was most
+#: of the report's drawing time.
+ROWS = 12
 #: Cell keys that may tell two rows of one strategy apart (the rest are the panel's).
 CONFIG = ["batch_size", "batch_mode", "scale", "precision", "nodes", "seq_len",
           "activation_checkpointing", "offload"]  # fmt: skip
@@ -85,19 +90,21 @@ def marks(r, could: int = 1) -> str:
     return " · ".join(words)
 
 
-def _panel(sub: pd.DataFrame) -> pd.DataFrame:
-    """A panel's rows, best first (as `trainscale.analysis.ranking` orders them), with their
-    label and marks."""
-    sub = sub.copy()
+def _panel(sub: pd.DataFrame) -> tuple[pd.DataFrame, int]:
+    """A panel's rows to draw, best first (as `trainscale.analysis.ranking` orders them), with
+    their label and marks, and how many rows below them are left out (ROWS)."""
+    could = int(sub["could_be_fastest"].sum())
+    keep = (np.arange(len(sub)) < ROWS) | sub["could_be_fastest"].to_numpy(bool)
+    keep |= sub["fastest"].to_numpy(bool)
+    sub = sub[keep].copy()
     # what tells a strategy's cells apart, named only where it has several (batch 64, 256)
     config = labels(sub, [k for k in CONFIG if k in sub], only_varying=True)
     several = sub["strategy"].duplicated(keep=False)
     sub["_label"] = sub["strategy"] + config.where(several, "").map(
         lambda s: f" · {s}" if s else ""
     )
-    could = int(sub["could_be_fastest"].sum())
     sub["_marks"] = [_wrap(marks(r, could)) for r in sub.itertuples(index=False)]
-    return sub
+    return sub, int((~keep).sum())
 
 
 def _wrap(text: str) -> str:
@@ -116,17 +123,19 @@ def _wrap(text: str) -> str:
 @figure("ranking", data=_ranking, row=("model", "dataset"), col=("world_size",))
 def draw_ranking(d: pd.DataFrame, kind: Kind) -> Figure:
     keys = ["model", "dataset", "world_size"]
-    panels = [(k, _panel(g)) for k, g in d.groupby(keys, sort=True)]
+    panels = [(k, *_panel(g)) for k, g in d.groupby(keys, sort=True)]
     colours = palette(d["strategy"], "strategy")
     mfu = bool(d["mfu_mean"].notna().any())
-    longest_label = max(p["_label"].str.len().max() for _, p in panels)
-    longest_marks = max(len(line) for _, p in panels for m in p["_marks"] for line in m.split("\n"))
+    longest_label = max(p["_label"].str.len().max() for _, p, _ in panels)
+    longest_marks = max(
+        len(line) for _, p, _ in panels for m in p["_marks"] for line in m.split("\n")
+    )
     label_w = 0.3 + 0.062 * longest_label
     marks_w = 0.25 + 0.056 * longest_marks
     panel_w = label_w + PLOT_W + marks_w
     ncols = min(WRAP, len(panels))
     nrows = -(-len(panels) // ncols)
-    n_max = max(len(p) for _, p in panels)
+    n_max = max(len(p) + int(hidden > 0) for _, p, hidden in panels)
     plot_h = ROW_H * (n_max + 0.6)
     top_h = TITLE_H + (MFU_H if mfu else 0.0)
     cell_h = top_h + plot_h + XLABEL_H
@@ -134,20 +143,28 @@ def draw_ranking(d: pd.DataFrame, kind: Kind) -> Figure:
     width = ncols * panel_w + (ncols - 1) * GAP_W + 0.2
     height = head + nrows * cell_h
     fig = Figure(figsize=(width, height))
-    for i, (key, p) in enumerate(panels):
+    for i, (key, p, hidden) in enumerate(panels):
         r, c = divmod(i, ncols)
         left = 0.1 + c * (panel_w + GAP_W) + label_w
         bottom = height - head - r * cell_h - top_h - plot_h
         ax = fig.add_axes((left / width, bottom / height, PLOT_W / width, plot_h / height))
         _draw_panel(ax, p, colours, mfu)
+        if hidden:
+            _left_out(ax, len(p), hidden)
         model, dataset, n = key
         pad = 22 if mfu else 6
         ax.set_title(f"{model} · {dataset} · {label('world_size', n)}", pad=pad, fontsize=9.5)
     title = RANKED_BY_COST if d["ranked_by"].iloc[0] == "cost" else kind.title
     fig.suptitle(title, x=0.1 / width, ha="left", y=1 - 0.08 / height, va="top", fontsize=11)
-    by_cost = d["ranked_by"].iloc[0] == "cost"
+    _legend(fig, d, mfu, width, height)
+    return fig
+
+
+def _legend(fig: Figure, d: pd.DataFrame, mfu: bool, width: float, height: float) -> None:
+    """The legend under the title, on one row: the dots and bars, the best's band, MFU's
+    diamonds and logical devices' hollow dots where the figure has them."""
     what, best = ("geometric mean throughput", "fastest")
-    if by_cost:
+    if d["ranked_by"].iloc[0] == "cost":
         what, best = "cost per million", "cheapest"
     handles = [
         Line2D(
@@ -175,7 +192,22 @@ def draw_ranking(d: pd.DataFrame, kind: Kind) -> Figure:
         columnspacing=1.6,
         borderaxespad=0,
     )
-    return fig
+
+
+def _left_out(ax, row: int, hidden: int) -> None:
+    """Row `row` of the panel: how many of its cells are not drawn, and where they are."""
+    ax.set_ylim(row + 0.6, -0.6)
+    ax.text(
+        0.01,
+        row,
+        f"… {hidden} more cell{'s' if hidden > 1 else ''} ranked below these (scaling.csv)",
+        transform=blended_transform_factory(ax.transAxes, ax.transData),
+        ha="left",
+        va="center",
+        fontsize=7.5,
+        color="0.35",
+        fontstyle="italic",
+    )
 
 
 def _dot(marker: str, face: str, text: str) -> Line2D:

@@ -11,8 +11,8 @@ from matplotlib.figure import Figure
 
 from trainscale.analysis.aggregate import Study
 from trainscale.measure.datawait import INPUT_BOUND_SHARE
-from trainscale.report.figures.facets import lines, reference_handle
-from trainscale.report.figures.lined import draw_lines, lines_figure
+from trainscale.report.figures.facets import reference_handle
+from trainscale.report.figures.lined import LineOptions, draw_lines, lines, lines_figure
 from trainscale.report.figures.registry import Kind, figure, ok_cells
 
 WARMUP_KINDS = {
@@ -66,9 +66,7 @@ def draw_data_wait(d: pd.DataFrame, kind: Kind) -> Figure:
     def ref(ax, sub):
         ax.axhline(100 * INPUT_BOUND_SHARE, color="0.2", linestyle="--", linewidth=0.9)
 
-    return lines(
-        d,
-        kind,
+    opts = LineOptions(
         x="world_size",
         y="data_wait_pct",
         err="data_wait_ci",
@@ -76,5 +74,8 @@ def draw_data_wait(d: pd.DataFrame, kind: Kind) -> Figure:
         xlabel="workers N (world size)",
         ylabel="data wait, % of steady epoch",
         ref=ref,
-        legend_extra=[reference_handle(f"input-bound above {100 * INPUT_BOUND_SHARE:.0f} %", "--")],
+        legend_extra=(
+            reference_handle(f"input-bound above {100 * INPUT_BOUND_SHARE:.0f} %", "--"),
+        ),
     )
+    return lines(d, kind, opts)

@@ -129,8 +129,9 @@ if _index:
     os.environ[ts_memory.INDEX_ENV] = str(_index)
 else:
     os.environ.pop(ts_memory.INDEX_ENV, None)
-# While the study runs, one line per finished run: its cell (the matrix keys that vary here),
-# status, throughput and time, the runs left and an estimate of the time left
+# While the study runs, a line per finished run in the log (on the terminal: the first, one per
+# 5 % of the runs, failures and the last): its cell (the matrix keys that vary here), status,
+# throughput and time, the runs left and an estimate of the time left
 # (trainscale.launch.progress; it reads the records Snakemake's finished jobs wrote).
 if workflow.is_main_process:
     # the profile's quiet setting hides Snakemake's job blocks from the terminal, not its log

@@ -44,7 +44,7 @@ RANKED_BY_COST = "Strategies ranked by cost per million tokens or samples"
 #: Rows a panel shows at most, besides every cell that could be the best (the rest are counted
 #: in one row): a glance, and at 10,000 runs (432 cells, 27 a panel) the rows' text was most
 #: of the report's drawing time.
-ROWS = 12
+ROWS = 16
 #: Cell keys that may tell two rows of one strategy apart (the rest are the panel's).
 CONFIG = ["batch_size", "batch_mode", "scale", "precision", "nodes", "seq_len",
           "activation_checkpointing", "offload"]  # fmt: skip

@@ -5,7 +5,10 @@ JSON, a self-contained HTML page in the study report's style, and the rows of th
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from trainscale.analysis.aggregate import human
 from trainscale.report.html import stylesheet, templates
@@ -33,7 +36,7 @@ def _points(v) -> str:
     return "–" if _na(v) else f"{100 * v:+.3g} pt"
 
 
-def _side(s: dict | None, reference: bool) -> str:
+def _side(s: Mapping[str, Any] | None, reference: bool) -> str:
     if s is None:
         return "missing"
     if s["mean"] is None:
@@ -44,7 +47,7 @@ def _side(s: dict | None, reference: bool) -> str:
     return f"{human(s['mean'])}{ci} (n={s['n']})"
 
 
-def _interval(r: dict, reference: bool) -> str:
+def _interval(r: Mapping[str, Any], reference: bool) -> str:
     if reference:
         lo, hi = r.get("bounds") or (None, None)
         return f"allowed [{_x(lo)}, {'∞' if hi is None else _x(hi)}]"
@@ -53,37 +56,56 @@ def _interval(r: dict, reference: bool) -> str:
     return f"[{r['ci_low']:.3g}, {r['ci_high']:.3g}]"
 
 
-def rows(result: dict) -> list[dict]:
+@dataclass(frozen=True)
+class ShownCell:
+    """A cell of a comparison as the table, the page and the report show it: every figure
+    formatted."""
+
+    label: str
+    verdict: str
+    base: str
+    new: str
+    ratio: str
+    interval: str  # its 95 % CI, or a reference's allowed bounds
+    accuracy: str
+    memory: str
+    reason: str
+    notes: list[str]
+    cost: str
+    cost_verdict: str | None  # None: no prices given
+    cost_reason: str
+
+
+def rows(result: dict) -> list[ShownCell]:
     """One row of formatted strings per cell, slower cells first."""
     reference = result["mode"] == "reference"
     order = {"slower": 0, "faster": 1, "not comparable": 2, "same": 3}
-    out = []
-    for r in sorted(result["cells"], key=lambda r: order[r["verdict"]]):
-        mem = _signed_pct(r["memory_change"])
-        if r["memory"] and r["memory_change"] is not None:
-            mem += f" ({r['memory']})"
-        why = r["reason"]
-        cost = "–"
-        if r.get("cost_ratio") is not None:
-            cost = f"{_x(r['cost_ratio'])} [{r['cost_ci_low']:.3g}, {r['cost_ci_high']:.3g}]"
-        out.append(
-            {
-                "label": r["label"],
-                "verdict": r["verdict"],
-                "base": _side(r["base"], reference),
-                "new": _side(r["new"], False),
-                "ratio": _x(r["ratio"]),
-                "interval": _interval(r, reference),
-                "accuracy": _points(r["accuracy_change"]),
-                "memory": mem,
-                "reason": why,
-                "notes": r["notes"],
-                "cost": cost,
-                "cost_verdict": r.get("cost_verdict"),
-                "cost_reason": r.get("cost_reason", ""),
-            }
-        )
-    return out
+    return [shown(r, reference) for r in sorted(result["cells"], key=lambda r: order[r["verdict"]])]
+
+
+def shown(r: Mapping[str, Any], reference: bool) -> ShownCell:
+    """A cell's row of the comparison (`verdicts.compare_cell`'s) formatted."""
+    mem = _signed_pct(r["memory_change"])
+    if r["memory"] and r["memory_change"] is not None:
+        mem += f" ({r['memory']})"
+    cost = "–"
+    if r.get("cost_ratio") is not None:
+        cost = f"{_x(r['cost_ratio'])} [{r['cost_ci_low']:.3g}, {r['cost_ci_high']:.3g}]"
+    return ShownCell(
+        label=r["label"],
+        verdict=r["verdict"],
+        base=_side(r["base"], reference),
+        new=_side(r["new"], False),
+        ratio=_x(r["ratio"]),
+        interval=_interval(r, reference),
+        accuracy=_points(r["accuracy_change"]),
+        memory=mem,
+        reason=r["reason"],
+        notes=r["notes"],
+        cost=cost,
+        cost_verdict=r.get("cost_verdict"),
+        cost_reason=r.get("cost_reason", ""),
+    )
 
 
 def headline(result: dict) -> str:
@@ -122,13 +144,13 @@ def text(result: dict) -> str:
     lines += ["", head]
     for r in rows(result):
         lines.append(
-            f"{r['verdict']:<15}{r['ratio']:>9}  {r['interval']:<24}{r['base']:<24}{r['new']:<24}"
-            f"{r['accuracy']:>10}{r['memory']:>20}  {r['label']}"
+            f"{r.verdict:<15}{r.ratio:>9}  {r.interval:<24}{r.base:<24}{r.new:<24}"
+            f"{r.accuracy:>10}{r.memory:>20}  {r.label}"
         )
-        if r["cost_verdict"]:  # prices given
-            what = r["cost"] if r["cost"] != "–" else r["cost_reason"]
-            lines.append(f"{'':<15}  cost per million NEW/BASE: {r['cost_verdict']}, {what}")
-        for note in ([r["reason"]] if r["reason"] else []) + r["notes"]:
+        if r.cost_verdict:  # prices given
+            what = r.cost if r.cost != "–" else r.cost_reason
+            lines.append(f"{'':<15}  cost per million NEW/BASE: {r.cost_verdict}, {what}")
+        for note in ([r.reason] if r.reason else []) + r.notes:
             lines.append(f"{'':<15}  {note}")
     if result["environment"]:
         lines += ["", "environment and config differences (BASE -> NEW):"]

@@ -1,5 +1,5 @@
 """A scaling card's machine and config blocks: the hosts, devices, versions and interconnect
-the runs saw, and every study-wide setting of their specs."""
+the runs saw, and every study-wide setting of their specs; and how two cards' differ."""
 
 from __future__ import annotations
 
@@ -79,3 +79,36 @@ def study_config(records: list[dict]) -> dict[str, list[str]]:
     if records:
         out["repeats"] = {str(max(r["spec"]["repeat"] for r in records) + 1)}
     return {k: sorted(v) for k, v in sorted(out.items())}
+
+
+def _flat_machine(card: dict) -> dict[str, str]:
+    m = card["machine"]
+    out = {
+        "hosts": str(m["host_count"]),
+        "max nodes per run": str(m["max_nodes_per_run"]),
+        "devices": ", ".join(m["device_kinds"]) or "–",
+        "CPU model": "; ".join(m["cpu_models"]) or "–",
+        "GPU model": "; ".join(m["gpu_models"]) or "–",
+        "CPUs per node": ", ".join(map(str, m["cpus_per_node"])) or "–",
+        "interconnect": m["interconnect"]["seen"],
+        "collective backends": ", ".join(m["interconnect"]["backends"]) or "–",
+        "launch modes": ", ".join(m["interconnect"]["launch_modes"]) or "–",
+    }
+    for k in ("cuda", "nccl", "driver"):  # named even when not recorded: a difference shows
+        out[k] = "not recorded"
+    for k, v in m["versions"].items():
+        out[k] = "; ".join(v)
+    for k, v in card["config"].items():
+        out[f"config: {k}"] = "; ".join(v)
+    return out
+
+
+def environment_diff(base: dict, new: dict) -> list[dict]:
+    """Every machine entry and config key whose values differ (absent on one side: '–')."""
+    a, b = _flat_machine(base), _flat_machine(new)
+    keys = [k for k in a if k in b] + [k for k in a if k not in b] + [k for k in b if k not in a]
+    return [
+        {"key": k, "base": a.get(k, "–"), "new": b.get(k, "–")}
+        for k in keys
+        if a.get(k, "–") != b.get(k, "–")
+    ]

@@ -66,6 +66,7 @@ import numpy as np
 from trainscale.analysis.aggregate import CELL
 from trainscale.analysis.interval import combined, t_quantile
 from trainscale.compare import card as ts_card
+from trainscale.compare.machine import environment_diff
 from trainscale.compare.sides import Side, StepModel
 from trainscale.plan.prices import CPU_KEY, Prices
 from trainscale.plan.runspec import OUT_OF_PATH
@@ -308,43 +309,6 @@ def cost_fields(
     said = higher[verdict(ratio, lo, hi, threshold)]
     return {"cost_ratio": ratio, "cost_ci_low": lo, "cost_ci_high": hi, "cost_verdict": said,
             "cost_reason": ""}  # fmt: skip
-
-
-# --------------------------------------------------------------------------------------------
-# environment
-
-
-def _flat_machine(card: dict) -> dict[str, str]:
-    m = card["machine"]
-    out = {
-        "hosts": str(m["host_count"]),
-        "max nodes per run": str(m["max_nodes_per_run"]),
-        "devices": ", ".join(m["device_kinds"]) or "–",
-        "CPU model": "; ".join(m["cpu_models"]) or "–",
-        "GPU model": "; ".join(m["gpu_models"]) or "–",
-        "CPUs per node": ", ".join(map(str, m["cpus_per_node"])) or "–",
-        "interconnect": m["interconnect"]["seen"],
-        "collective backends": ", ".join(m["interconnect"]["backends"]) or "–",
-        "launch modes": ", ".join(m["interconnect"]["launch_modes"]) or "–",
-    }
-    for k in ("cuda", "nccl", "driver"):  # named even when not recorded: a difference shows
-        out[k] = "not recorded"
-    for k, v in m["versions"].items():
-        out[k] = "; ".join(v)
-    for k, v in card["config"].items():
-        out[f"config: {k}"] = "; ".join(v)
-    return out
-
-
-def environment_diff(base: dict, new: dict) -> list[dict]:
-    """Every machine entry and config key whose values differ (absent on one side: '–')."""
-    a, b = _flat_machine(base), _flat_machine(new)
-    keys = [k for k in a if k in b] + [k for k in a if k not in b] + [k for k in b if k not in a]
-    return [
-        {"key": k, "base": a.get(k, "–"), "new": b.get(k, "–")}
-        for k in keys
-        if a.get(k, "–") != b.get(k, "–")
-    ]
 
 
 # --------------------------------------------------------------------------------------------

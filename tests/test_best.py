@@ -166,11 +166,33 @@ def test_compare_with_best_by_hand_on_records():
     assert study.slower.shape == (2, 4) and study.slower[1].tolist() == b.slower.tolist()
 
 
+def test_a_noisy_cell_says_it_needs_more_repeats_than_the_panels_median():
+    """`repeats_to_resolve` reads the cell's own (moderated) Var(ȳ) and the fastest's, not the
+    panel's median: of two cells 10 % behind, the one four times as noisy needs more, and the
+    quiet one's count is its own pair's by hand."""
+    var = np.array([0.01, 0.01, 0.01, 0.01, 0.04, 0.01]) ** 2
+    df, n = np.full(6, 4.0), np.full(6, 2.0)
+    gaps = np.array([0.0, 0.1, 0.0, 0.0, 0.1, 0.0])
+    quiet, noisy = settle.repeats_to_resolve(var, df, n, gaps, 0, np.ones(6, bool))[[1, 4]]
+    assert quiet < noisy
+
+    def reach(reps: int, v: float) -> float:  # the pair (cell, fastest) at reps, 1 df more each
+        nu = 4 + (reps - 2)
+        return (settle.panel_value(6, nu) + interval.t_scalar(nu, 0.8)) * math.sqrt(
+            (v + 0.01**2) * 2 / reps
+        )
+
+    assert reach(int(quiet), 0.01**2) <= 0.1 < reach(int(quiet) - 1, 0.01**2)
+    assert reach(int(noisy), 0.04**2) <= 0.1 < reach(int(noisy) - 1, 0.04**2)
+    skipped = settle.repeats_to_resolve(var, df, n, gaps, 0, np.arange(6) != 4)
+    assert np.isnan(skipped[4])  # not compared: nothing asked
+
+
 def test_resolution_and_equivalence_by_hand():
     """mdd and the repeats asked from the df the comparison uses (a cell's d₀ + n − 1: one
     more per repeat), the panel's own critical value; TOST at the simultaneous 90 % value."""
     var, df, n = np.full(6, 0.04**2), np.full(6, 4.0), np.full(6, 2.0)
-    got = settle.resolution(var, df, n, [0.0, 0.3])
+    got = settle.resolution(var, df, n)
     c = float(best.simultaneous(var, df, np.ones(6, bool)))
     assert settle.panel_value(6, 4) == pytest.approx(c)
     t8 = interval.t_scalar(4, 0.8)
@@ -185,8 +207,9 @@ def test_resolution_and_equivalence_by_hand():
     reps = int(got["repeats_for_5pct"])
     assert mdd(reps) <= -math.log(0.95) < mdd(reps - 1)
     assert not got["repeats_for_2pct"] <= reps  # more, or beyond MAX_REPEATS (NaN)
-    assert math.isnan(got["repeats_to_resolve"][0])
-    big = int(got["repeats_to_resolve"][1])
+    asked = settle.repeats_to_resolve(var, df, n, [0.0, 0.3, 0, 0, 0, 0], 0, np.ones(6, bool))
+    assert math.isnan(asked[0]) and np.isnan(asked[2:]).all()
+    big = int(asked[1])  # equal cells: the pair's own variance is the median pair's
     assert mdd(big) <= 0.3 < mdd(big - 1)
     assert math.isnan(got["repeats_for_equivalence"])  # ±2 % at 4 % a cell: beyond 100
     quiet = settle.resolution(np.full(6, 0.005**2), df, n)

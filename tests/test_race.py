@@ -13,7 +13,9 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+from scipy import stats
 
+from trainscale.analysis import best, repeats, settle
 from trainscale.tune import race
 
 #: Simulated tunes per check.
@@ -149,3 +151,17 @@ def test_the_cap_cuts_cells_that_could_still_be_the_best():
     cut = out[out["reason"].str.startswith("cut by the cap; could still be the best")]
     assert len(cut) == 6 and (cut["decision"] == race.STOPPED).all()
     assert (out["next_runs"][out["decision"] == race.GO_ON] == 1).all()
+
+
+def test_the_race_and_a_studys_repeats_share_one_looks_level_and_one_tost():
+    """One Bonferroni split over looks (`best.look_level`) and one TOST (`settle.equivalent`)
+    serve the race, a study's repeats and the ranking."""
+    assert race.LOOK_LEVEL == best.look_level(race.MAX_LOOKS) == 1 - 0.05 / 6
+    assert repeats.Repeats(2, 2 + race.MAX_LOOKS).look_level() == race.LOOK_LEVEL
+    var, df = np.full(2, 1e-6), np.full((2, 2), 30.0)
+    assert race.equivalent(np.log([1.0, 0.99]), var, df, 0.02)
+    assert not race.equivalent(np.log([1.0, 0.97]), var, df, 0.02)
+    assert not race.equivalent(np.log([1.0, 0.99]), np.array([1e-6, np.nan]), df, 0.02)
+    t = stats.t.ppf(race.LOOK_LEVEL, 30)
+    reach = math.log(1.02) - math.log(1 / 0.99) - 1e-9
+    assert settle.equivalent(np.array([math.log(0.99)]), np.array([(reach / t) ** 2]), t, 0.02)

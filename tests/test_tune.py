@@ -6,6 +6,7 @@ workflow and the `trainscale tune` command."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
 import subprocess
@@ -16,12 +17,13 @@ import pytest
 import yaml
 from test_interval import PHI, SIGMA_A, STEP_CV
 
+from trainscale import data
 from trainscale.measure import metrics, steptimes
 from trainscale.plan import overlay
 from trainscale.plan.matrix import build_runs, repeat_count, repeat_range
 from trainscale.plan.runspec import ConfigError
 from trainscale.runners.common import evaluates
-from trainscale.tune import cli, records, results, rule, space
+from trainscale.tune import budget, cli, records, results, rule, space
 from trainscale.tune.space import MATRIX_KEYS
 
 from conftest import PYTHON, ROOT, load_yaml, run_env, snakemake, validated
@@ -150,6 +152,35 @@ def test_a_budget_below_round_one_stops_before_any_job():
     cfg = study("torch", "torch-ddp", tune={"max_runs": 5})
     with pytest.raises(ConfigError, match=r"tune.max_runs 5: round 1 runs the 2 cells 6 times"):
         plan(cfg)
+
+
+def test_worker_hours_below_round_ones_prediction_stop_before_any_job():
+    """Round 0 predicts round 1's worker-seconds (budget.FirstRound): a budget under it stops
+    the tune before any job, naming the key, the prediction and the fix; one above it plans."""
+    first = plan(study("torch", "torch-ddp")).first_round()
+    assert first.runs == 6 and first.worker_seconds >= 6 * budget.SETUP_SECONDS
+    too_small = first.worker_hours * 0.9
+    with pytest.raises(ConfigError, match=r"tune.max_worker_hours .* cannot pay for round 1, "
+                       r"predicted before any job at 6 runs, .* worker-hours .*Raise tune.max_"
+                       r"worker_hours above .*fewer cells.*tune.steps_per_epoch"):  # fmt: skip
+        plan(study("torch", "torch-ddp", tune={"max_worker_hours": too_small}))
+    assert plan(study("torch", "torch-ddp", tune={"max_worker_hours": first.worker_hours * 1.1}))
+
+
+def test_round_ones_prediction_counts_each_runs_steps_at_its_flops():
+    """A step's floor is 6 × parameters × samples over a rate no device reaches: more steps
+    and a larger batch cost more, a CPU worker with more threads less."""
+    torch = plan(study("torch"))
+    spec = torch.spec(1, f"{next(iter(torch.cells))}/repeat~0")
+    base = budget.step_floor_seconds(spec)
+    assert base > 0
+    wider = dataclasses.replace(spec, global_batch_size=2 * spec.global_batch_size)
+    assert budget.step_floor_seconds(wider) == pytest.approx(2 * base)
+    threads = dataclasses.replace(spec, threads_per_worker=2 * spec.threads_per_worker)
+    assert budget.step_floor_seconds(threads) == pytest.approx(base / 2)
+    assert budget.steps(dataclasses.replace(spec, steps_per_epoch=8)) == spec.epochs * 8
+    digits = data.info("digits").train_samples // spec.global_batch_size  # caps a longer epoch
+    assert budget.steps(dataclasses.replace(spec, steps_per_epoch=10**9)) == spec.epochs * digits
 
 
 # --------------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 # checkpoints before them.
 import functools
 import json
+import sys
 
 TUNE_DIR = f"{RESULTS}/tune"
 TUNE_SPACE = f"{TUNE_DIR}/round~0/space.json"
@@ -16,9 +17,14 @@ def tune_space():
     from trainscale.tune import space
 
     try:
-        return space.plan(config, RUNS, DROPPED, PREDICTED)
+        planned = space.plan(config, RUNS, DROPPED, PREDICTED)
     except space.ConfigError as e:
         raise ValueError(f"config: {e}") from None
+    print(
+        f"trainscale: tune {STUDY!r}, round 1 predicted: {planned.first_round().words()}",
+        file=sys.stderr,
+    )
+    return planned
 
 
 @functools.cache

@@ -42,6 +42,9 @@ from trainscale.analysis.interval import t_scalar, welch_df
 
 #: The simultaneous confidence level of the intervals.
 LEVEL = 0.95
+#: The error a race of looks spends in all (the tune's race, a study's repeats {min, max}):
+#: the chance that the true best leaves the set over every look.
+ALPHA = 0.05
 #: Monte-Carlo draws of a critical value: its level is then known to ±0.5 points (1 se).
 DRAWS = 2000
 #: The fixed seed of those draws: one panel gets one value on every machine.
@@ -53,6 +56,13 @@ CHUNK = 32
 #: Degrees of freedom at which the studentized range's values are computed (`critical="range"`):
 #: a pair's df is floored to the nearest below (errs wide), so a handful serve every study.
 DF_GRID = (*range(1, 11), 12, 15, 20, 24, 30, 40, 60, 120, 240)
+
+
+def look_level(looks: int, alpha: float = ALPHA) -> float:
+    """Each look's simultaneous level in a race of at most `looks` looks that spends `alpha`
+    in all: 1 − alpha / looks (Bonferroni's split of the level over a fixed maximum of looks),
+    so the true best is called slower at some look with probability at most `alpha`."""
+    return 1 - alpha / max(looks, 1)
 
 
 def df_floor(df: np.ndarray | float) -> np.ndarray:

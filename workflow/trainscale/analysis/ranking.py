@@ -26,6 +26,7 @@ from trainscale.analysis.settle import (
     EQUIVALENCE,
     TOST_LEVEL,
     equivalent,
+    repeats_to_resolve,
     resolution,
     verdict_text,
 )
@@ -175,10 +176,11 @@ def verdicts(s: pd.DataFrame, ranked: pd.Series, by: str, equivalence: float) ->
     """`s` (a panel-sorted ranking) with VERDICTS per ranked cell, each panel at once: the
     comparison with the best's `could_be_fastest`, `mcb_low`, `mcb_high` and `slower`
     (`distinguishable` its copy, for older readers); the panel's `mdd_rel`,
-    `repeats_for_5pct`, `repeats_for_2pct` and `repeats_for_equivalence`, and each cell's
-    `repeats_to_resolve` (`settle.resolution`); `equivalent` to the panel's best by TOST at
-    ±`equivalence` with the panel's simultaneous value, none where the study's repeats cannot
-    pass it. Cells not ranked are neither could-be-fastest nor slower."""
+    `repeats_for_5pct`, `repeats_for_2pct` and `repeats_for_equivalence` (`settle.resolution`),
+    and each cell's `repeats_to_resolve` (`settle.repeats_to_resolve`: its own pair's);
+    `equivalent` to the panel's best by TOST at ±`equivalence` with the panel's simultaneous
+    value, none where the study's repeats cannot pass it. Cells not ranked are neither
+    could-be-fastest nor slower."""
     out = {c: np.zeros(len(s), bool) if c in FLAGS else np.full(len(s), np.nan) for c in VERDICTS}
     model = model_of(s, by)
     best_of = s["fastest"].to_numpy()
@@ -194,9 +196,10 @@ def verdicts(s: pd.DataFrame, ranked: pd.Series, by: str, equivalence: float) ->
         inside = b.compared
         top = int(np.flatnonzero(best_of[at])[0])
         d = cells["score"] - cells["score"][top]
-        told = resolution(var[inside], df[inside], cells["throughput_n"][inside],
-                          np.where(inside, -d, np.nan), equivalence)  # fmt: skip
+        n = cells["throughput_n"]
+        told = resolution(var[inside], df[inside], n[inside], equivalence)
         found |= told
+        found["repeats_to_resolve"] = repeats_to_resolve(var, df, n, -d, top, inside)
         n0 = float(np.median(cells["throughput_n"][inside])) if inside.any() else np.nan
         can = told["repeats_for_equivalence"] <= n0  # else TOST cannot succeed: none marked
         c = simultaneous(var, df, inside, TOST_LEVEL)

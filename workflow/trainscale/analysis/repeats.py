@@ -18,14 +18,12 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from trainscale.analysis.best import compare_with_best, simultaneous
+from trainscale.analysis.best import ALPHA, compare_with_best, look_level, simultaneous
 from trainscale.analysis.interval import pair_df
 from trainscale.analysis.ranking import GROUP, model_of
 from trainscale.analysis.settle import equivalent, pct
 from trainscale.plan.runspec import MATRIX_KEYS
 
-#: The error of a whole study's looks: the chance that the true fastest leaves the set.
-ALPHA = 0.05
 #: The columns `decide` returns (one row per cell).
 COLUMNS = ["cell", "repeats_taken", "more", "repeats_reason"]
 
@@ -43,8 +41,8 @@ class Repeats:
         return self.high - self.low
 
     def look_level(self) -> float:
-        """Each look's simultaneous level (Bonferroni over the looks)."""
-        return 1 - ALPHA / max(self.looks, 1)
+        """Each look's simultaneous level (`best.look_level`: Bonferroni over the looks)."""
+        return look_level(self.looks, ALPHA)
 
 
 def decide(scaling: pd.DataFrame, repeats: Repeats, equivalence: float) -> pd.DataFrame:

@@ -64,16 +64,12 @@ def detectable(cells: int, var: float, df: float) -> float:
     return (panel_value(cells, math.floor(df)) + t_scalar(df, POWER)) * math.sqrt(var)
 
 
-def resolution(
-    var: np.ndarray, df: np.ndarray, n: np.ndarray, gaps=(), margin: float = EQUIVALENCE
-) -> dict:
+def resolution(var: np.ndarray, df: np.ndarray, n: np.ndarray, margin: float = EQUIVALENCE) -> dict:
     """A panel's `mdd_rel` (the smallest shortfall 1 − x/x_best it resolves: `detectable`
     as a fraction), `repeats_for_5pct` and `repeats_for_2pct` (the fewest repeats per cell
     that would bring it to 5 % and 2 %; NaN beyond MAX_REPEATS) and `repeats_for_equivalence`
-    (the fewest at which TOST at ±`margin` can succeed: c · √(2 V) < ln(1 + margin)), and
-    `repeats_to_resolve`, per log shortfall in `gaps`, the fewest that resolve one that large
-    (the size observed, not a claim that it is the true one), from its
-    compared cells' Var(ȳ), df and repeats: the df the comparison uses. A pair of the panel's
+    (the fewest at which TOST at ±`margin` can succeed: c · √(2 V) < ln(1 + margin)), from
+    its compared cells' Var(ȳ), df and repeats: the df the comparison uses. A pair of the panel's
     typical cell: Var = 2 · the median Var(ȳ); at n repeats the median cell's per-run variance
     n₀ · Var(ȳ) over n, on the median df plus (n − n₀): a cell's df is its prior's d₀ plus its
     own n − 1, so one more per repeat."""
@@ -93,10 +89,36 @@ def resolution(
         out[key] = fewest(lambda reps, t=target: detectable(cells, *at(reps)) <= -math.log1p(-t))
     tost = lambda reps: tost_reach(cells, *at(reps)) < math.log1p(margin)  # noqa: E731
     out["repeats_for_equivalence"] = fewest(tost)
-    out["repeats_to_resolve"] = [
-        fewest(lambda reps, g=g: detectable(cells, *at(reps)) <= g) if g > 0 else math.nan
-        for g in np.asarray(gaps, dtype=float)
-    ]
+    return out
+
+
+def repeats_to_resolve(
+    var: np.ndarray,
+    df: np.ndarray,
+    n: np.ndarray,
+    gaps: np.ndarray,
+    top: int,
+    compared: np.ndarray,
+) -> np.ndarray:
+    """Per cell, the fewest repeats (of it and of the panel's fastest, cell `top`) that
+    resolve its log shortfall in `gaps` (the size observed, not a claim that it is the true
+    one), among the `compared` cells: from the pair's own Var(ȳ), moderated as the comparison
+    reads them, not the panel's median, so a noisy cell says it needs more. At r repeats the
+    pair's variance is (V_i n_i + V_top n_top) / r, on the smaller of the two cells' df, each
+    grown by one a repeat (a cell's df is its prior's d₀ plus its own n − 1). NaN for the
+    fastest, a cell not behind it or not compared, and beyond MAX_REPEATS."""
+    var, df, n, gaps = (np.asarray(a, dtype=float) for a in (var, df, n, gaps))
+    cells = int(np.sum(compared))
+
+    def met(i: int, reps: float) -> bool:
+        pair_var = (var[i] * n[i] + var[top] * n[top]) / reps
+        nu = min(df[i] + reps - n[i], df[top] + reps - n[top])
+        return detectable(cells, pair_var, nu) <= gaps[i]
+
+    out = np.full(len(gaps), math.nan)
+    for i in np.flatnonzero(np.asarray(compared, bool) & (gaps > 0)):
+        if i != top:
+            out[i] = fewest(lambda reps, i=i: met(i, reps))
     return out
 
 
@@ -118,11 +140,13 @@ def fewest(met) -> float:
     return float(hi)
 
 
-def equivalent(d: np.ndarray, var: np.ndarray, c: float, margin: float) -> np.ndarray:
-    """TOST with the panel's simultaneous critical value `c` at TOST_LEVEL: a log difference
-    `d` from the panel's fastest (variance `var`) is equivalent to 0 within ±`margin` when
-    d ± c · √var lies inside ±ln(1 + margin); the intervals hold for every pair at once, so for
-    a fastest picked from the data too (False where any is missing)."""
+def equivalent(d: np.ndarray, var: np.ndarray, c: float | np.ndarray, margin: float) -> np.ndarray:
+    """TOST, the one test of equivalence here (the ranking, a study's repeats, the tune's
+    race): a log difference `d` (variance `var`) is equivalent to 0 within ±`margin` when
+    d ± c · √var lies inside ±ln(1 + margin) (False where any is missing). `c` is the
+    critical value of each one-sided test: the ranking's is the panel's simultaneous value at
+    TOST_LEVEL, whose intervals hold for every pair at once, so for a fastest picked from the
+    data too; the race's a t quantile per pair at its look's level (an array)."""
     with np.errstate(invalid="ignore"):
         return np.abs(d) + c * np.sqrt(var) < math.log1p(margin)
 

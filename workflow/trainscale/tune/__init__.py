@@ -38,7 +38,8 @@ method, as the report's Methods states it:
   tune.equivalence (TOST, each pair at the look's level: an intersection-union test), or when
   the budget runs out (the race's 6th look; tune.max_runs, which keeps room for the winners'
   confirmation runs; tune.max_worker_hours, predicted from each cell's measured set-up,
-  warm-up and steady epoch seconds). Its cells left are the winning set (decision `best`).
+  warm-up and steady epoch seconds, and before round 1 from each run's set-up and its steps
+  at its FLOPs, erring low). Its cells left are the winning set (decision `best`).
 - confirmation: each winner then runs tune.confirm (2) more times; its estimate and interval
   come from those runs alone (the run-to-run variance pooled with every run of the race),
   because the runs that picked a winner overstate it. A winner without them (confirm 0, or no

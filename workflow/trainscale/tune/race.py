@@ -26,13 +26,15 @@ import numpy as np
 import pandas as pd
 
 from trainscale.analysis import interval
-from trainscale.analysis.best import compare_with_best
+from trainscale.analysis.best import ALPHA, compare_with_best, look_level
+from trainscale.analysis.settle import equivalent as tost
 
 GO_ON, STOPPED, BEST = "go on", "stopped", "best"
-#: The error of the whole race: the chance that the true best of a panel is stopped.
-ALPHA = 0.05
-#: The most looks a race makes; each look's intervals hold at 1 − ALPHA / MAX_LOOKS.
+#: The most looks a race makes; each look's intervals hold at 1 − ALPHA / MAX_LOOKS
+#: (`best.look_level`; ALPHA, the whole race's error, is `best.ALPHA`).
 MAX_LOOKS = 6
+#: Each look's simultaneous level.
+LOOK_LEVEL = look_level(MAX_LOOKS, ALPHA)
 #: Successive halving's rate where tune.cap is true: at most 1/ETA of a panel's cells go on.
 ETA = 3
 #: The fewest degrees of freedom of a panel's first look's pooled run-to-run variance.
@@ -79,11 +81,6 @@ def empty_evidence() -> pd.DataFrame:
 def cells_frame(cells: list[dict]) -> pd.DataFrame:
     """`decide`'s cells from rows of CELL_COLUMNS."""
     return pd.DataFrame(cells, columns=list(CELL_COLUMNS))
-
-
-def look_alpha() -> float:
-    """The error each look's simultaneous intervals are allowed (Bonferroni over the looks)."""
-    return ALPHA / MAX_LOOKS
 
 
 def first_runs(cells: int) -> int:
@@ -201,7 +198,7 @@ def look_panel(
     y, w, k = arrays(panel, runs, {c: slice(0, state[c].target) for c in panel})
     fit = interval.fit(y, w, k, np.array([strata[c] for c in panel]))
     on = np.array([c in alive for c in panel])
-    level = 1 - look_alpha()
+    level = LOOK_LEVEL
     pair_df = interval.pair_df(fit.columns())
     best = compare_with_best(np.where(on, fit.ybar, np.nan), fit.var, fit.vdf, pair_df,
                              level=level)  # fmt: skip
@@ -251,16 +248,14 @@ def equivalent(ybar: np.ndarray, var: np.ndarray, pair_df: np.ndarray, margin: f
     """TOST of every pair of the cells given (their ȳ, Var(ȳ) and pairs' df): each pair's
     one-sided tests at the look's error α, its difference ± t(1 − α, ν) · s inside
     ±ln(1 + margin). "All pairs equivalent" is an intersection of the pairs' hypotheses, so
-    the pairs' tests at α each hold it at α (Berger 1982's intersection-union test)."""
+    the pairs' tests at α each hold it at α (Berger 1982's intersection-union test); each
+    pair's test is `settle.equivalent`'s."""
     from scipy import stats
 
-    if not np.all(np.isfinite(var)):
-        return False
     off = ~np.eye(len(ybar), dtype=bool)
-    t = stats.t.ppf(1 - look_alpha(), np.floor(pair_df[off]))  # floored df: errs wide
-    spread = np.abs(ybar[:, None] - ybar[None, :])[off]
-    reach = spread + t * np.sqrt((var[:, None] + var[None, :])[off])
-    return bool(np.all(reach < math.log1p(margin)))
+    t = stats.t.ppf(LOOK_LEVEL, np.floor(pair_df[off]))  # floored df: errs wide
+    d = (ybar[:, None] - ybar[None, :])[off]
+    return bool(np.all(tost(d, (var[:, None] + var[None, :])[off], t, margin)))
 
 
 def over_runs(state: dict[str, Cell], have: dict[str, int], settings: Settings) -> bool:

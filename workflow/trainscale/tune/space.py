@@ -4,7 +4,8 @@ The cells are the study's own, as the workflow planned them (rules/common.smk: t
 rules and the memory model); this module adds what the tune needs: the cells the memory model
 predicts over the limit dropped even where memory.check: warn keeps them, the panels, how many
 times round 1 runs a cell, and each round's run specs (`evaluate: false`, one warm-up epoch,
-more steady epochs each round). Every import the tune makes from `trainscale.plan` is here.
+more steady epochs each round). Every import the tune makes from `trainscale.plan` is here
+and in `budget` (round 1's predicted cost).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from trainscale.plan.faults import fault_for
 from trainscale.plan.matrix import effective_lr, repeat_count
 from trainscale.plan.prices import Prices
 from trainscale.plan.runspec import DIVERGE_LR, MATRIX_KEYS, ConfigError, Dropped, RunSpec
-from trainscale.tune import race
+from trainscale.tune import budget, race
 from trainscale.tune.race import Settings
 from trainscale.tune.records import DroppedCell, Grid, RoundZero, TriedCell, Values
 
@@ -81,6 +82,11 @@ class Space:
         unbounded = dataclasses.replace(self.settings, max_runs=None)  # plan checks it
         asked = race.decide(race.cells_frame(cells), empty, unbounded)
         return {c: list(range(n)) for c, n in zip(asked["cell"], asked["next_runs"], strict=True)}
+
+    def first_round(self) -> budget.FirstRound:
+        """Round 1's runs and the worker-seconds they spend, predicted (`budget`)."""
+        asked = self.first_runs().items()
+        return budget.first_round([self.spec(1, f"{c}/repeat~{r}") for c, rs in asked for r in rs])
 
     def stratum(self, cell: str) -> str:
         """The cell's stratum of the run-to-run variance (its device told by its records)."""
@@ -176,7 +182,7 @@ def plan(
 ) -> Space:
     """Round 0: the study's planned `runs` (after the memory model's `fit`) and `dropped`
     combinations, and each run's `memory.predicted` block by path (empty where memory.check
-    is off); ConfigError where tune.max_runs cannot pay for round 1."""
+    is off); ConfigError where tune.max_runs or tune.max_worker_hours cannot pay for round 1."""
     settings = Settings.of(config)
     cells: dict[str, RunSpec] = {}
     for r in runs:
@@ -210,6 +216,7 @@ def plan(
             f"tune.max_runs {settings.max_runs}: round 1 runs the {len(cells)} cells "
             f"{first} times in all; raise it to at least {first}, or narrow matrix"
         )
+    budget.check(space.first_round(), settings.max_worker_hours)
     return space
 
 

@@ -16,7 +16,7 @@ import yaml
 
 from trainscale.analysis import aggregate, repeats
 from trainscale.analysis.aggregate import Study, human, rate
-from trainscale.analysis.flags import cell_flags
+from trainscale.analysis.flags import INPUT_BOUND, cell_flags
 from trainscale.analysis.interval import REPEATS
 from trainscale.analysis.settle import resolves
 from trainscale.analysis.summary import failed_parts
@@ -214,6 +214,7 @@ def scaling_row(r: Any) -> dict[str, object]:
             + f" ({reached}/{r.ok} reached)"
         )
     eff = "–" if na(r.efficiency) else f"{pct(r.efficiency)} {r.efficiency_kind}"
+    input_bound = bool(getattr(r, "input_bound", False))
     return {
         "strategy": r.strategy,
         "model": r.model,
@@ -250,8 +251,8 @@ def scaling_row(r: Any) -> dict[str, object]:
         "memory_error": memory_errors(r),
         "note": cell_note(r),
         "data_wait": pct(getattr(r, "data_wait_share_mean", None)),
-        "input_bound": bool(getattr(r, "input_bound", False)),
-        "flags": cell_flags(r),
+        "input_bound": input_bound,
+        "flags": [*cell_flags(r), *([INPUT_BOUND] if input_bound else [])],
         "failed": int(r.failed) > 0,
     }
 

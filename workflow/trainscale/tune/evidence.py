@@ -44,7 +44,7 @@ def runs_table(records: list[tuple[int, str, dict]], prices: Prices | None) -> p
     steady seconds per step, `tune_steps`: the steps of its epochs); and `price`, one device-
     hour's price at `prices` (NaN where none applies)."""
     rows = []
-    for round, path, rec in records:
+    for number, path, rec in records:
         s, epochs = rec["spec"], rec.get("epochs") or []
         ok = rec["status"] == "ok"
         w, k = within_variance(epochs) if ok else (None, 0)
@@ -53,7 +53,7 @@ def runs_table(records: list[tuple[int, str, dict]], prices: Prices | None) -> p
         steady = [e for e in epochs[1:] if e.get("steps")]
         rows.append({
             "cell": cell_of(run_id(path)),
-            "round": round,
+            "round": number,
             "repeat": s["repeat"],
             "status": rec["status"],
             "error": (rec.get("error") or "").strip().split("\n")[0],

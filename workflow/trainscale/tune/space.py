@@ -105,20 +105,20 @@ class Space:
         and SLURM request are its, and so is its memory prediction."""
         return self.cells[cell_of(run_path)]
 
-    def spec(self, round: int, run_path: str) -> RunSpec:
-        """The run spec behind `run_path` in `round`; ValueError naming it where the tune has
+    def spec(self, number: int, run_path: str) -> RunSpec:
+        """The run spec behind `run_path` in round `number`; ValueError naming it where the tune has
         no such run."""
         cell, _, repeat = run_path.rpartition("/repeat~")
         if cell not in self.cells or not repeat.isdigit() or int(repeat) >= self.max_repeats:
             raise ValueError(
-                f"{run_path} is not a run of round {round} of study {self.study!r}'s tune"
+                f"{run_path} is not a run of round {number} of study {self.study!r}'s tune"
             )
-        key = (cell, round, int(repeat))
+        key = (cell, number, int(repeat))
         if key not in self._specs:
             self._specs[key] = self._spec(*key)
         return self._specs[key]
 
-    def _spec(self, cell: str, round: int, repeat: int) -> RunSpec:
+    def _spec(self, cell: str, number: int, repeat: int) -> RunSpec:
         base = self.cells[cell]
         values = {k: getattr(base, k) for k in MATRIX_KEYS}
         fault = fault_for(values, repeat, self.faults)

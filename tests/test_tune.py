@@ -223,6 +223,8 @@ def test_rounds_on_synthetic_records_stop_the_slower_and_end_with_a_winning_set(
     assert winners and {c.values["strategy"] for c in winners} <= {"torch-ddp", "lightning-ddp"}
     assert all("confirmation runs" in c.reason for c in winners)
     assert records.Round.from_json(json.loads(json.dumps(last.to_json()))) == last
+    older = [{k: v for k, v in c.items() if k != "ran"} for c in last.to_json()["cells"]]
+    assert {c.ran for c in records.Round.from_json({**last.to_json(), "cells": older}).cells} == {1}
     csv = results.table(round_zero(s), rounds)
     assert list(csv.columns[:17]) == ["round", *MATRIX_KEYS]
     assert {"estimate", "ci_low", "ci_high", "decision", "reason"} <= set(csv.columns)

@@ -100,7 +100,7 @@ def test_compare_says_a_diverged_cell_is_not_comparable():
     new = {**side, "ok": 0, "statuses": {"diverged": 2}}
     key = dict.fromkeys(CELL, 0) | {"strategy": "torch", "tp": 1}
     row = compare_cell(tuple(key.values()), Side.of(side), Side.of(new), 0.05, "bootstrap")
-    assert (row["verdict"], row["reason"]) == ("not comparable", "diverged in NEW (2 diverged)")
+    assert (row.verdict, row.reason) == ("not comparable", "diverged in NEW (2 diverged)")
 
 
 def test_steps_the_grad_scaler_skipped_are_counted_without_a_sync_per_step():

@@ -57,7 +57,7 @@ trainscale.compare.references. Definitions:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +66,7 @@ import numpy as np
 from trainscale.analysis.aggregate import CELL
 from trainscale.analysis.interval import combined, t_quantile
 from trainscale.compare import card as ts_card
+from trainscale.compare.cellrow import CellRow
 from trainscale.compare.machine import environment_diff
 from trainscale.compare.sides import Side, StepModel
 from trainscale.plan.prices import CPU_KEY, Prices
@@ -201,42 +202,32 @@ def _change(new: float | None, base: float | None) -> float | None:
 
 def compare_cell(
     key: tuple, b: Side | None, n: Side | None, threshold: float, method: str
-) -> dict[str, Any]:
+) -> CellRow:
     """A cell's row of the comparison: its throughput ratio, CI and verdict, or why it is not
     comparable, and the accuracy and memory changes beside them."""
-    row = {
-        "cell": dict(zip(CELL, key, strict=True)),
-        "label": label(key),
-        "base": b.summary() if b else None,
-        "new": n.summary() if n else None,
-        "ratio": None,
-        "ci_low": None,
-        "ci_high": None,
-        "verdict": "not comparable",
-        "reason": "",
-        "ci": None,
+    row = CellRow(
+        cell=dict(zip(CELL, key, strict=True)),
+        label=label(key),
+        base=b.summary() if b else None,
+        new=n.summary() if n else None,
         **side_changes(b, n),
-        "notes": sorted({*(b.notes if b else []), *(n.notes if n else [])}),
-    }
-    row["reason"] = not_comparable(b, n)
-    if row["reason"]:
-        return row
+        notes=sorted({*(b.notes if b else []), *(n.notes if n else [])}),
+    )
+    if why := not_comparable(b, n):
+        return replace(row, reason=why)
     models = (b.model, n.model) if method == "steps" else (None, None)
     if None not in models:
         ratio, lo, hi, note = log_ratio_model(*models)
-        row["ci"] = "steps"
-        row["notes"] = [*row["notes"], note] if note else row["notes"]
+        ci, notes = "steps", [*row.notes, note] if note else row.notes
     else:
         for side, p in (("BASE", b), ("NEW", n)):
             if p.n < 2:
-                row["reason"] = f"single repeat in {side}: no confidence interval"
-                return row
-        row["ci"] = "bootstrap" if method == "steps" else method
-        if method == "steps":
-            row["notes"] = [*row["notes"], FALLBACK]
-        ratio, lo, hi = log_ratio_ci(b.values, n.values, row["ci"])
-    row.update(ratio=ratio, ci_low=lo, ci_high=hi, verdict=verdict(ratio, lo, hi, threshold))
-    return row
+                return replace(row, reason=f"single repeat in {side}: no confidence interval")
+        ci = "bootstrap" if method == "steps" else method
+        notes = [*row.notes, FALLBACK] if method == "steps" else row.notes
+        ratio, lo, hi = log_ratio_ci(b.values, n.values, ci)
+    return replace(row, ratio=ratio, ci_low=lo, ci_high=hi, ci=ci, notes=notes,
+                   verdict=verdict(ratio, lo, hi, threshold))  # fmt: skip
 
 
 def side_changes(b: Side | None, n: Side | None) -> dict[str, Any]:
@@ -280,23 +271,23 @@ def device_hour_price(p: Side, prices: Prices) -> tuple[float | None, str]:
 
 
 def compare_cost(
-    row: Mapping[str, Any], b: Side | None, n: Side | None, prices: Prices | None, threshold: float
-) -> dict[str, Any]:
-    """A cell's row with its cost ratio, CI and verdict (the module docstring defines them)
-    after its other fields: from the row's throughput ratio and the two prices."""
-    return {**row, **cost_fields(row, b, n, prices, threshold)}
+    row: CellRow, b: Side | None, n: Side | None, prices: Prices | None, threshold: float
+) -> CellRow:
+    """A cell's row with its cost ratio, CI and verdict (the module docstring defines them):
+    from the row's throughput ratio and the two prices."""
+    return replace(row, **cost_fields(row, b, n, prices, threshold))
 
 
 def cost_fields(
-    row: Mapping[str, Any], b: Side | None, n: Side | None, prices: Prices | None, threshold: float
+    row: CellRow, b: Side | None, n: Side | None, prices: Prices | None, threshold: float
 ) -> dict[str, Any]:
     """The cost fields of a cell's row; all None without prices."""
     none = {"cost_ratio": None, "cost_ci_low": None, "cost_ci_high": None, "cost_verdict": None,
             "cost_reason": ""}  # fmt: skip
     if prices is None:
         return none
-    if row["ratio"] is None:
-        return {**none, "cost_verdict": "not comparable", "cost_reason": row["reason"]}
+    if row.ratio is None:
+        return {**none, "cost_verdict": "not comparable", "cost_reason": row.reason}
     (pb, why_b), (pn, why_n) = device_hour_price(b, prices), device_hour_price(n, prices)
     if pb is None or pn is None or pb == 0:
         side, why = ("BASE", why_b) if pb is None else ("NEW", why_n)
@@ -304,7 +295,7 @@ def cost_fields(
         return {**none, "cost_verdict": "not comparable", "cost_reason": why}
     # cost ∝ N · price / x, and N is the same on both sides of a cell
     k = pn / pb
-    ratio, lo, hi = k / row["ratio"], k / row["ci_high"], k / row["ci_low"]
+    ratio, lo, hi = k / row.ratio, k / row.ci_high, k / row.ci_low
     higher = {"slower": "cheaper", "faster": "dearer", "same": "same"}  # verdict's words for up
     said = higher[verdict(ratio, lo, hi, threshold)]
     return {"cost_ratio": ratio, "cost_ci_low": lo, "cost_ci_high": hi, "cost_verdict": said,
@@ -374,7 +365,7 @@ def compare(
             "threshold": threshold,
             "ci": method,
             "currency": prices.currency if prices else None,
-            "cells": rows,
+            "cells": [row.to_json() for row in rows],
             "environment": environment_diff(base, new),
             "failures": {"base": base["failures"], "new": new["failures"]},
         }

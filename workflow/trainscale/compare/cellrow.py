@@ -1,10 +1,14 @@
-"""A cell's row of a comparison as `verdicts` makes it, typed until the result is written."""
+"""A comparison as `verdicts` and `references` make it: each cell's row, typed until the
+result is assembled, and the result itself, typed until it is written."""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
+
+SCHEMA_ID = "trainscale.compare/1"
+VERDICTS = ("slower", "faster", "same", "not comparable")
 
 
 @dataclass(frozen=True)
@@ -35,3 +39,55 @@ class CellRow:
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """A comparison's result: what was compared, every cell's row (as the JSON gives it) and
+    the tally of verdicts; `mode` compare (BASE against NEW) or reference (one study against
+    a references file)."""
+
+    mode: str
+    base: dict[str, Any]  # source, study, runs
+    new: dict[str, Any]
+    threshold: float | None  # compare's
+    ci: str | None  # compare's --ci
+    cells: list[dict[str, Any]]
+    environment: list[dict[str, str]]  # compare's machine and config differences
+    failures: dict[str, Any]  # each side's card's failures
+    currency: str | None = None  # compare's, with prices
+    out_of_bounds: list[str] = field(default_factory=list)  # a reference check's
+
+    @property
+    def reference(self) -> bool:
+        return self.mode == "reference"
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return {v: sum(r["verdict"] == v for r in self.cells) for v in VERDICTS}
+
+    @property
+    def slower(self) -> list[str]:
+        return [r["label"] for r in self.cells if r["verdict"] == "slower"]
+
+    @property
+    def dearer(self) -> list[str]:
+        return [r["label"] for r in self.cells if r.get("cost_verdict") == "dearer"]
+
+    @property
+    def exit_status(self) -> int:
+        """1 when a cell is slower or dearer (outside its bounds, for references), else 0."""
+        failed = self.out_of_bounds if self.reference else self.slower + self.dearer
+        return 1 if failed else 0
+
+    def to_json(self) -> dict[str, Any]:
+        """compare's JSON (schema trainscale.compare/1)."""
+        head = {"schema": SCHEMA_ID, "mode": self.mode, "base": self.base, "new": self.new,
+                "threshold": self.threshold, "ci": self.ci}  # fmt: skip
+        if not self.reference:
+            head["currency"] = self.currency
+        body = {"cells": self.cells, "environment": self.environment, "failures": self.failures}
+        if self.reference:
+            body["out_of_bounds"] = self.out_of_bounds
+        return {**head, **body, "counts": self.counts, "slower": self.slower,
+                "dearer": self.dearer, "exit_status": self.exit_status}  # fmt: skip

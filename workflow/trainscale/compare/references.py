@@ -32,6 +32,7 @@ import yaml
 
 from trainscale.analysis.aggregate import CELL
 from trainscale.compare import verdicts as ts_compare
+from trainscale.compare.cellrow import Comparison
 from trainscale.compare.sides import Side
 
 DEFAULT_TOLERANCE = (-0.05, None)
@@ -120,7 +121,7 @@ def _matches(cell: dict[str, object], key: tuple) -> bool:
     return all(str(values[k]) == str(v) for k, v in cell.items())
 
 
-def check(study: dict, path: str | Path) -> dict:
+def check(study: dict, path: str | Path) -> Comparison:
     """The study's card checked against every reference, in the shape of compare's result."""
     refs = parse(path)
     cells = ts_compare.cells_of(study)
@@ -148,19 +149,16 @@ def check(study: dict, path: str | Path) -> dict:
             if v != "same":
                 outside.append(row["label"])
             rows.append(row)
-    return ts_compare.finish(
-        {
-            "schema": ts_compare.SCHEMA_ID,
-            "mode": "reference",
-            "base": {"source": str(path), "study": "references", "runs": 0},
-            "new": ts_compare.describe(study),
-            "threshold": None,
-            "ci": None,
-            "cells": rows,
-            "environment": [],
-            "failures": {"base": None, "new": study["failures"]},
-            "out_of_bounds": outside,
-        }
+    return Comparison(
+        mode="reference",
+        base={"source": str(path), "study": "references", "runs": 0},
+        new=ts_compare.describe(study),
+        threshold=None,
+        ci=None,
+        cells=rows,
+        environment=[],
+        failures={"base": None, "new": study["failures"]},
+        out_of_bounds=outside,
     )
 
 

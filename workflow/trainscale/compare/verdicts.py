@@ -66,14 +66,12 @@ import numpy as np
 from trainscale.analysis.aggregate import CELL
 from trainscale.analysis.interval import combined, t_quantile
 from trainscale.compare import card as ts_card
-from trainscale.compare.cellrow import CellRow
+from trainscale.compare.cellrow import CellRow, Comparison
 from trainscale.compare.machine import environment_diff
 from trainscale.compare.sides import Side, StepModel
 from trainscale.plan.prices import CPU_KEY, Prices
 from trainscale.plan.runspec import OUT_OF_PATH
 
-SCHEMA_ID = "trainscale.compare/1"
-VERDICTS = ("slower", "faster", "same", "not comparable")
 #: --ci: how the ratio's 95% CI is made (the module docstring defines each).
 METHODS = ("steps", "bootstrap", "welch")
 #: The note of a cell whose CI fell back from steps and repeats to the bootstrap.
@@ -346,9 +344,9 @@ def compare(
     threshold: float = 0.05,
     method: str = "steps",
     prices: Prices | None = None,
-) -> dict:
-    """The comparison of two cards, JSON-ready (the module docstring defines every figure);
-    with `prices`, each cell's cost too."""
+) -> Comparison:
+    """The comparison of two cards (the module docstring defines every figure); with
+    `prices`, each cell's cost too."""
     cb, cn = cells_of(base), cells_of(new)
     keys = sorted(set(cb) | set(cn), key=lambda k: tuple(map(str, k)))
     rows = [
@@ -356,32 +354,18 @@ def compare(
                      cn.get(k), prices, threshold)
         for k in keys
     ]  # fmt: skip
-    return finish(
-        {
-            "schema": SCHEMA_ID,
-            "mode": "compare",
-            "base": describe(base),
-            "new": describe(new),
-            "threshold": threshold,
-            "ci": method,
-            "currency": prices.currency if prices else None,
-            "cells": [row.to_json() for row in rows],
-            "environment": environment_diff(base, new),
-            "failures": {"base": base["failures"], "new": new["failures"]},
-        }
+    return Comparison(
+        mode="compare",
+        base=describe(base),
+        new=describe(new),
+        threshold=threshold,
+        ci=method,
+        currency=prices.currency if prices else None,
+        cells=[row.to_json() for row in rows],
+        environment=environment_diff(base, new),
+        failures={"base": base["failures"], "new": new["failures"]},
     )
 
 
-def finish(result: dict) -> dict:
-    """Counts per verdict, the slower cells by name, and the exit status."""
-    counts = {v: sum(r["verdict"] == v for r in result["cells"]) for v in VERDICTS}
-    result["counts"] = counts
-    result["slower"] = [r["label"] for r in result["cells"] if r["verdict"] == "slower"]
-    result["dearer"] = [r["label"] for r in result["cells"] if r.get("cost_verdict") == "dearer"]
-    failed = result.get("out_of_bounds", result["slower"] + result["dearer"])
-    result["exit_status"] = 1 if failed else 0
-    return result
-
-
-def compare_paths(base: str | Path, new: str | Path, **kw) -> dict:
+def compare_paths(base: str | Path, new: str | Path, **kw) -> Comparison:
     return compare(load(base, "BASE"), load(new, "NEW"), **kw)

@@ -3,14 +3,19 @@ TensorFlow strategy writes the same metric keys, per-rank memory, utilisation an
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 
 import pytest
 
+from trainscale.measure import metrics
 from trainscale.measure.device_usage import CpuUsage, cpu_busy_percent
+from trainscale.measure.divergence import Divergence
+from trainscale.plan.matrix import build_runs
 
 import tap
+from conftest import base_config
 
 #: (strategy, workers, worker processes) of the family
 FAMILY = [
@@ -37,6 +42,40 @@ def keys(d: dict, prefix: str = "") -> set[str]:
         if isinstance(v, dict) and k not in ("spec", "frameworks", "variables"):
             out |= keys(v, f"{prefix}{k}.")
     return out
+
+
+def epoch_end(per_step_losses: bool, fit_steps: int = 6):
+    """(the loop's EpochEnd, its Recorder) of a one-worker `tf` run, for its divergence check
+    alone: the parts of an epoch's end that the check does not read are left out."""
+    from trainscale.runners.tensorflow import keras_loop, tf
+
+    spec = build_runs(base_config(strategy=["tf"]), accelerator="cpu")[0][0]
+    rec = metrics.Recorder(spec.to_dict())
+    unread = (None,) * 5  # the model, the input, the data wait, the memory, the parts
+    placement = keras_loop.Placement(rank=0, gpu=False)
+    end = keras_loop.EpochEnd(
+        tf.OneDevice(spec), placement, rec, *unread, {}, fit_steps, per_step_losses
+    )
+    return end, rec
+
+
+def test_a_loss_is_judged_against_the_runs_first_loss_not_its_epochs():
+    """Adam at lr 1e6 keeps the loss finite near 1e21 from its second step on: an epoch that
+    starts there is caught against the run's first loss (its own first would be 1e21 too),
+    and the last sound loss is the epoch before's."""
+    end, rec = epoch_end(per_step_losses=True)
+    assert not end.diverged(1, [2.3, 2.2])
+    assert end.diverged(2, [1e21, 1e21])
+    assert rec.losses.diverged == Divergence(2, 1, 1e21, 2.2)
+
+
+def test_a_clock_of_epoch_means_puts_a_divergence_at_the_epochs_last_step():
+    """tf-ps's clock knows each epoch's mean loss only (keras_clock.ScheduledEpochClock)."""
+    end, rec = epoch_end(per_step_losses=False, fit_steps=6)
+    assert not end.diverged(1, [2.3])
+    assert end.diverged(2, [math.nan])
+    d = rec.losses.diverged
+    assert (d.epoch, d.step, d.last_sound) == (2, 6, 2.3) and math.isnan(d.loss)
 
 
 def test_busy_percent_is_the_share_of_the_thread_budget():

@@ -291,7 +291,7 @@ def test_slurm_request_counts_the_servers_and_the_chief(workers, nodes, ps, acce
 
 
 def test_srun_tasks_resolve_to_chief_servers_and_workers():
-    from trainscale.runners.tensorflow import tf_ps
+    from trainscale.runners.tensorflow import tf_ps_cluster as tf_ps
 
     environ = {
         "SLURM_STEP_NODELIST": "n[1-2]",

@@ -37,20 +37,17 @@ from snakemake.settings.types import DeploymentMethod
 from trainscale import data as ts_data
 from trainscale.report import endnote as ts_endnote
 from trainscale.data import imagesets as ts_imagesets
-from trainscale.plan import check as ts_check
 from trainscale.plan import cluster as ts_cluster
-from trainscale.plan import fit as ts_fit
 from trainscale.plan import machine as ts_machine
-from trainscale.plan import matrix as ts_matrix
 from trainscale.plan.preflight import memory as ts_memory
 from trainscale.plan import overlay as ts_overlay
-from trainscale.plan import prices as ts_prices
+from trainscale.plan import study as ts_study
 
 
 def load_yaml(path):
-    """A YAML file of the workflow's own (the config schema, reports/figures.yaml), read with
-    libyaml where PyYAML has it: the pure-Python reader took a tenth of a second of every
-    Snakemake start for the schema alone."""
+    """A YAML file of the workflow's own (reports/figures.yaml), read with libyaml where
+    PyYAML has it: the pure-Python reader took a tenth of a second of every Snakemake start
+    for the config schema alone (trainscale.plan.study reads that one)."""
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     return yaml.load(Path(path).read_text(), Loader=loader)
 
@@ -67,26 +64,22 @@ if _unnamed:
     raise ValueError(f"config: {_unnamed}")
 ts_overlay.replace_whole_keys(config, workflow.config_settings.overwrite_config)
 
-# The config, checked before any job: every problem listed at once with its key and a fix,
-# then the schema's defaults filled in as snakemake.utils.validate fills them
-# (ts_check.fill_defaults says why not validate itself); skipped, as validate is, where the
-# workflow is used as a module with skip_validation.
-CONFIG_SCHEMA = ts_matrix.CONFIG_SCHEMA
-_schema = load_yaml(CONFIG_SCHEMA)
-ts_check.yaml_booleans_as_words(config, _schema)  # `check: off` unquoted reads as false
-_problems = ts_check.config_problems(config, _schema)
-if _problems:
-    raise ValueError(
-        "config: the study's config has problems; fix these keys (documented in "
-        f"{CONFIG_SCHEMA.relative_to(workflow.basedir)}):\n  - "
-        + "\n  - ".join(_problems)
+# The config, checked before any job (every problem listed at once with its key and a fix),
+# its defaults filled from the schema once (skipped, as snakemake.utils.validate skips it,
+# where the workflow is used as a module with skip_validation), kept as a frozen StudyConfig
+# (trainscale.plan.studyconfig); the rules below read the filled `config` as before.
+try:
+    STUDY_CONFIG = ts_study.validated(
+        config, fill_defaults=not workflow.modifier.skip_validation
     )
-if not workflow.modifier.skip_validation:
-    ts_check.fill_defaults(config, _schema)
+except ts_study.ConfigError as e:
+    raise ValueError(f"config: {e}") from None
+config.update(STUDY_CONFIG.as_dict())
 
 # config `env` and `container` reach every job through its environment, outside the run spec
 # (changing them re-runs nothing): the variables themselves, and both as JSON for the
-# launcher (trainscale.launch.container)
+# launcher (trainscale.launch.container); set before planning, whose pre-flight children
+# inherit them
 os.environ.pop(CONTAINER_ENV, None)
 os.environ.update(to_environ(config.get("container"), config.get("env") or {}))
 
@@ -115,21 +108,20 @@ ACCELERATOR = ts_machine.detect_accelerator(config["accelerator"])
 # planned on (as memory's limit is), and on a cluster each worker is given a GPU of its own
 GPUS_HERE = ts_machine.visible_gpus() if ACCELERATOR == "cuda" else 0
 
+# The study's plan (trainscale.plan.study_plan): its runs, the cells dropped and why, the
+# prices checked, each run's predicted memory. The rules read it through these names.
 try:
-    RUNS, DROPPED = ts_matrix.build_runs(config, ACCELERATOR, GPUS_HERE or None)
-    # config `cost`: prices that cannot apply to what the study runs on stop it here
-    _price_problem = ts_prices.check(
-        config, ACCELERATOR, ts_machine.gpu_names() if GPUS_HERE else []
-    )
-    if _price_problem:
-        raise ts_matrix.ConfigError(_price_problem)
-    # will each cell fit? predicted before any job, cached; over the limit: dropped or warned
-    MEMORY = ts_memory.resolve(config, ACCELERATOR)
-    RUNS, DROPPED, PREDICTED = ts_fit.within_limits(
-        MEMORY, RUNS, DROPPED, ACCELERATOR, config
-    )
-except ts_matrix.ConfigError as e:
+    PLAN = ts_study.study_plan(STUDY_CONFIG, ACCELERATOR, GPUS_HERE or None)
+except ts_study.ConfigError as e:
     raise ValueError(f"config: {e}") from None
+RUNS = PLAN.runs
+DROPPED = PLAN.dropped
+PREDICTED = PLAN.predicted
+#: config `repeats`: every cell runs REPEATS_MIN repeats (FIRST_RUNS, their paths); with
+#: REPEATS_MAX above it the racing step (repeats.smk) asks for more, which RUNS also plans.
+REPEATS_MIN, REPEATS_MAX, RACING = PLAN.repeats_min, PLAN.repeats_max, PLAN.racing
+FIRST_RUNS = PLAN.first_runs
+RUN_BY_PATH = PLAN.run_by_path
 # each run's launcher records its prediction from this study's index (its host bytes at
 # least: those need no trace)
 _index = ts_memory.write_index(STUDY, PREDICTED, RUNS)
@@ -137,14 +129,6 @@ if _index:
     os.environ[ts_memory.INDEX_ENV] = str(_index)
 else:
     os.environ.pop(ts_memory.INDEX_ENV, None)
-#: config `repeats`: every cell runs REPEATS_MIN repeats (FIRST_RUNS, their paths); with
-#: REPEATS_MAX above it the racing step (repeats.smk) asks for more, which RUNS also plans.
-REPEATS_MIN, REPEATS_MAX = ts_matrix.repeat_range(config["repeats"])
-RACING = REPEATS_MAX > REPEATS_MIN
-FIRST_RUNS = [r.path for r in RUNS if r.repeat < REPEATS_MIN]
-#: Every run by its path; the paths are made here once (RunSpec.path builds one each time) and
-#: everything below that needs them iterates this.
-RUN_BY_PATH = {r.path: r for r in RUNS}
 # While the study runs, one line per finished run: its cell (the matrix keys that vary here),
 # status, throughput and time, the runs left and an estimate of the time left
 # (trainscale.launch.progress; it reads the records Snakemake's finished jobs wrote).
@@ -157,11 +141,7 @@ if workflow.is_main_process:
         lambda wildcards: f"{RESULTS}/runs/{wildcards['run']}/metrics.json",
         ts_progress.varying(RUNS, [*config["matrix"], "repeat"]),
     )
-print(
-    f"trainscale: study {STUDY!r}: "
-    + ts_matrix.study_summary(RUNS, DROPPED, config["repeats"]),
-    file=sys.stderr,
-)
+print(f"trainscale: study {STUDY!r}: {PLAN.summary}", file=sys.stderr)
 if not config["collectives"]["enabled"]:
     print(
         "trainscale: all-reduce benchmark switched off (collectives.enabled: false): "

@@ -134,7 +134,7 @@ def asked_by(config: dict | None) -> Asked:
     this node's own accelerator on one node."""
     if config is None:
         return Asked(machine.detect_accelerator("auto"), 1, 1)
-    accelerator = train_on(machine.detect_accelerator(config["accelerator"]), config)
+    accelerator = train_on(machine.detect_accelerator(config["accelerator"]), config.get("slurm"))
     slurm = config.get("slurm") or {}
     workers = max(config["matrix"]["workers"])
     return Asked(accelerator, max(config["matrix"]["nodes"]), slurm.get("gpus_per_node") or workers,

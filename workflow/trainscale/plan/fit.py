@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import copy
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from trainscale.plan.matrix import ConfigError, build_runs
 from trainscale.plan.preflight import hf_models, memory, memory_parts
@@ -38,20 +40,14 @@ def within_limits(
     config: dict | None = None,
 ) -> tuple[list[RunSpec], list[Dropped], dict[str, dict]]:  # fmt: skip
     """The runs that fit (all of them unless memory.check is drop and memory.host_limit_gib
-    is not exceeded), the dropped ones with the reason, and every run's `memory.predicted`
-    block by path (its host bytes at least: those need no trace). Nothing is traced when
-    memory.check is off. Each prediction is printed where the answer is read; `config`
-    (the study's) lets a reason say which knob would bring a cell under the limit."""
+    is not exceeded), `dropped` with the cells dropped here after it (a new list), and every
+    run's `memory.predicted` block by path (its host bytes at least: those need no trace).
+    Nothing is traced when memory.check is off. Each prediction is printed where the answer
+    is read; `config` (the study's) lets a reason say which knob would bring a cell under the
+    limit."""
     if not runs:
         return runs, dropped, {}
-    answers: dict[str, dict] = {}
-    replicas: dict[str, dict] = {}
-    if check.mode != "off":
-        extra = {r.path: replica_spec(r) for r in runs}
-        extra = {p: s for p, s in extra.items() if s is not None}
-        found = predict([*runs, *extra.values()], target)
-        answers = {r.path: found[r.path] for r in runs}
-        replicas = {p: found[s.path] for p, s in extra.items()}
+    answers, replicas = _traced(check, runs, target)
     by_cell: dict[tuple, dict] = {}  # a cell's repeats share their prediction
     for r in runs:
         if r.cell not in by_cell:
@@ -59,39 +55,14 @@ def within_limits(
     blocks = {r.path: by_cell[r.cell] for r in runs}
     notes = [f"memory of {r.path} not predicted: {a['error']}" for r in runs
              if "error" in (a := answers.get(r.path, {}))]  # fmt: skip
-    over: dict[str, str] = {}  # path -> why
-    seen: set = set()
-    for r in runs:
-        why = host_over(r, blocks[r.path]["host_bytes"], check)
-        if why and r.cell not in seen:
-            seen.add(r.cell)
-            over[r.path] = why
-        elif why:
-            over[r.path] = ""
-    allowed = check.allowed_bytes
-    if allowed is not None and check.mode != "off":
-        too_big = {r.path for r in runs if need(answers[r.path]) > allowed}
-        fits = [r for r in runs if r.path not in too_big and r.path not in over]
-        firsts = {}  # the first run of each cell over the limit
-        for r in runs:
-            if r.path in too_big and r.path not in over:
-                firsts.setdefault(r.cell, r)
-        advice = {}  # every cell's knobs predicted in one child
-        if config is not None and firsts:
-            advice = advise(config, list(firsts.values()), allowed, target)
-        for r in runs:
-            if r.path not in too_big or r.path in over:
-                continue
-            first = firsts[r.cell] is r
-            over[r.path] = over_reason(r, need(answers[r.path]), check, fits,
-                                       advice.get(r.path)) if first else ""  # fmt: skip
+    over, reasons = _over_limits(check, runs, blocks, answers, config, target)
     drop = check.mode != "warn"  # off: only the host limit, which drops
-    for r in runs:
-        if over.get(r.path):
-            if drop:
-                dropped.append(Dropped({k: getattr(r, k) for k in MATRIX_KEYS}, over[r.path]))
-            else:
-                notes.append(f"{over[r.path]} (memory.check: warn, kept)")
+    said = [(r, reasons[r.path]) for r in runs if r.path in reasons]  # one run of each cell
+    if drop:
+        new = [Dropped({k: getattr(r, k) for k in MATRIX_KEYS}, why) for r, why in said]
+        dropped = [*dropped, *new]
+    else:
+        notes += [f"{why} (memory.check: warn, kept)" for _, why in said]
     kept = [r for r in runs if r.path not in over] if drop else runs
     for line in notes:
         print(f"trainscale: memory: {line}", file=sys.stderr)
@@ -101,6 +72,59 @@ def within_limits(
             + "; ".join(d.reason for d in dropped[-3:])
         )
     return kept, dropped, blocks
+
+
+def _traced(
+    check: Check, runs: list[RunSpec], target: str
+) -> tuple[dict[str, dict], dict[str, dict]]:
+    """({run path: its answer}, {run path: its whole-model replica's answer}) from the
+    estimator; both empty when memory.check is off."""
+    if check.mode == "off":
+        return {}, {}
+    extra = {r.path: replica_spec(r) for r in runs}
+    extra = {p: s for p, s in extra.items() if s is not None}
+    found = predict([*runs, *extra.values()], target)
+    return {r.path: found[r.path] for r in runs}, {p: found[s.path] for p, s in extra.items()}
+
+
+def _over_limits(
+    check: Check,
+    runs: list[RunSpec],
+    blocks: dict[str, dict],
+    answers: dict[str, dict],
+    config: Mapping[str, Any] | None,
+    target: str,
+) -> tuple[set[str], dict[str, str]]:
+    """(the paths of every run over the host or the device limit, the reason of the first
+    run of each such cell): over the host limit first, then, where memory.check traces,
+    over the device's allowed bytes, the reason with the nearest cells that fit and advice."""
+    host_why = {}
+    for r in runs:
+        if why := host_over(r, blocks[r.path]["host_bytes"], check):
+            host_why[r.path] = why
+    host = set(host_why)
+    reasons = {r.path: host_why[r.path] for r in _firsts(runs, host)}
+    allowed = check.allowed_bytes
+    if allowed is None or check.mode == "off":
+        return host, reasons
+    too_big = {r.path for r in runs if need(answers[r.path]) > allowed}
+    fits = [r for r in runs if r.path not in too_big and r.path not in host]
+    firsts = _firsts(runs, too_big - host)
+    advice = {}  # every cell's knobs predicted in one child
+    if config is not None and firsts:
+        advice = advise(config, firsts, allowed, target)
+    for r in firsts:
+        reasons[r.path] = over_reason(r, need(answers[r.path]), check, fits, advice.get(r.path))
+    return host | too_big, reasons
+
+
+def _firsts(runs: list[RunSpec], paths: set[str]) -> list[RunSpec]:
+    """The first run of each cell among `paths`, in the order of `runs`."""
+    firsts: dict[tuple, RunSpec] = {}
+    for r in runs:
+        if r.path in paths:
+            firsts.setdefault(r.cell, r)
+    return list(firsts.values())
 
 
 def host_over(r: RunSpec, host_bytes: int, check: Check) -> str | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import MISSING, asdict, dataclass, fields
+from typing import Any
 
 from trainscale.data import imagesets, tokens
 from trainscale.plan import catalog
@@ -240,9 +241,13 @@ class RunSpec:
         return cls.from_dict(json.loads(s))
 
 
+#: One combination of the matrix's values: {matrix key (MATRIX_KEYS): its value}.
+CellValues = dict[str, Any]
+
+
 @dataclass(frozen=True)
 class Dropped:
     """A matrix combination that will not run, and why."""
 
-    values: dict
+    values: CellValues
     reason: str

@@ -6,6 +6,7 @@ framework's loop combines them (the torch loop's `report`), so the families' rec
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
@@ -17,28 +18,67 @@ import tf_keras as keras  # noqa: E402
 from trainscale.measure import metrics  # noqa: E402
 from trainscale.measure.memory import memory_block  # noqa: E402
 from trainscale.models import keras_models  # noqa: E402
+from trainscale.plan.runspec import RunSpec  # noqa: E402
 from trainscale.runners.common import check_oversubscribed  # noqa: E402
 from trainscale.runners.tensorflow import keras_flops  # noqa: E402
 
 if TYPE_CHECKING:
     from trainscale.runners.guarded import Parts
-    from trainscale.runners.tensorflow.keras_loop import KerasStrategy, Placement
+    from trainscale.runners.tensorflow.keras_strategy import KerasStrategy, Placement
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What the record says of the devices that trained, from the figures gathered on rank 0
+    (a plug-in's `measured`)."""
+
+    device: dict  # the `device` block: kind, name, count, logical, utilisation, energy
+    memory: dict  # the `memory` block
+    env: dict  # entries added to the `env` block
+    gpu_name: str | None  # the GPU whose peak the FLOP count reads; None: the CPU's
+    oversubscribed: bool  # this node's processes ask for more threads than it has cores
 
 
 def record(
     plugin: KerasStrategy, p: Placement, rec, model, gathered, test, counts: tuple,
     parts: Parts, extra: dict,
 ) -> dict:  # fmt: skip
-    """The metrics record from rank 0's epochs and every worker's gathered figures: peak memory
-    the max over workers (and each one's, in rank order), energy summed, utilisation averaged;
-    `counts` is (data set info, the record's path, train samples, test samples). `gathered` is
-    None where the gather failed, `extra` the strategy's own blocks; the FLOP count is a part
-    that may fail too (runners.guarded)."""
+    """The metrics record from rank 0's epochs and the plug-in's `measured` figures; `counts`
+    is (data set info, the record's path, train samples, test samples). `gathered` is None
+    where the gather failed, `extra` the strategy's own blocks; the FLOP count is a part that
+    may fail too (runners.guarded)."""
     spec = plugin.spec
     info, out, train_samples, test_samples = counts
     hosts = [h for _, h in gathered] if gathered is not None else [metrics.hostname()]
     frameworks = {"tensorflow": tf.__version__, "tf-keras": keras.__version__}
     env = metrics.environment(rec.start_utc, {**frameworks, **plugin.frameworks}, hosts)
+    seen = plugin.measured(p, gathered)
+    env.update(seen.env)
+    counted = parts.run(
+        "flops",
+        lambda: keras_flops.counted(
+            spec, info.shape, info.num_classes, seen.gpu_name, out, seen.device["count"]
+        ),
+        collective=False,
+    )
+    return rec.record(
+        flops=counted,
+        model={"params": keras_models.param_count(model)},
+        data={"train_samples": train_samples, "test_samples": test_samples},
+        test=dict(test),
+        memory=seen.memory,
+        device=seen.device,
+        env=env,
+        oversubscribed=seen.oversubscribed,
+        launch=metrics.launch_info(),
+        **extra,
+    )
+
+
+def measured(spec: RunSpec, p: Placement, gathered: list | None) -> Measured:
+    """Every worker trained and measured itself: peak memory the max over workers (and each
+    one's, in rank order), energy summed, utilisation averaged, each worker's CPUs."""
+    env: dict = {}
     if gathered is not None:  # each worker's CPUs, the row's last figure
         env["rank_cpus"] = [int(row[6]) for row, _ in gathered]
     if p.gpu:
@@ -50,20 +90,8 @@ def record(
         name = metrics.cpu_name()
         if p.logical:  # so that every table showing the device says what it was
             name += f" (as {p.replicas} logical devices)"
-    devices = len(hosts) * p.replicas if gathered is not None else spec.world_size
-    counted = parts.run(
-        "flops",
-        lambda: keras_flops.counted(
-            spec, info.shape, info.num_classes, name if p.gpu else None, out, devices
-        ),
-        collective=False,
-    )
-    return rec.record(
-        flops=counted,
-        model={"params": keras_models.param_count(model)},
-        data={"train_samples": train_samples, "test_samples": test_samples},
-        test=dict(test),
-        memory=memory_of(gathered, p.gpu),
+    devices = len(gathered) * p.replicas if gathered is not None else spec.world_size
+    return Measured(
         device={
             "kind": "cuda" if p.gpu else "cpu",
             "name": name,
@@ -71,12 +99,12 @@ def record(
             "logical": p.logical,
             **usage_of(gathered),
         },
+        memory=memory_of(gathered, p.gpu),
         env=env,
+        gpu_name=name if p.gpu else None,
         oversubscribed=check_oversubscribed(
             spec.workers, spec.threads_per_worker + spec.loader_workers
         ),
-        launch=metrics.launch_info(),
-        **extra,
     )
 
 

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainscale.plan.prices import Prices
 from trainscale.tune.race import BEST, Settings
 
 #: A cell's matrix values by MATRIX_KEYS name (None where the key does not apply).
@@ -76,10 +75,6 @@ class RoundZero:
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
-
-    @property
-    def prices(self) -> Prices | None:
-        return Prices.from_config({"cost": self.cost})
 
     @property
     def currency(self) -> str:

@@ -89,7 +89,7 @@ def round_result(
     (None in round 1; the race replays every run, so it reads none of it), and the files that
     were no valid record ((round, path, why): counted as spent, no evidence)."""
     settings = space.settings
-    runs = all_runs(records, invalid, space.prices)
+    runs = all_runs(records, invalid, Prices.from_config({"cost": space.cost}))
     runs["y"] = log_objective(runs, settings.objective)
     info = {c.cell: c for c in space.cells}
     decided = race_decisions(space, runs)

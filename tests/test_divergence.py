@@ -19,6 +19,7 @@ from test_aggregate import ok_record, spec_for, write
 from trainscale.analysis import aggregate
 from trainscale.analysis.aggregate import CELL
 from trainscale.analysis.study import Study
+from trainscale.compare.sides import Side
 from trainscale.compare.verdicts import compare_cell
 from trainscale.measure import divergence, metrics
 from trainscale.plan.matrix import build_runs
@@ -98,8 +99,8 @@ def test_compare_says_a_diverged_cell_is_not_comparable():
             "throughput": {"n": 2, "mean": 1.0, "ci95": 0.1, "values": [1.0, 1.0]}}  # fmt: skip
     new = {**side, "ok": 0, "statuses": {"diverged": 2}}
     key = dict.fromkeys(CELL, 0) | {"strategy": "torch", "tp": 1}
-    row = compare_cell(tuple(key.values()), side, new, 0.05, "bootstrap")
-    assert (row["verdict"], row["reason"]) == ("not comparable", "diverged in NEW (2 diverged)")
+    row = compare_cell(tuple(key.values()), Side.of(side), Side.of(new), 0.05, "bootstrap")
+    assert (row.verdict, row.reason) == ("not comparable", "diverged in NEW (2 diverged)")
 
 
 def test_steps_the_grad_scaler_skipped_are_counted_without_a_sync_per_step():

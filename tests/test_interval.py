@@ -325,27 +325,27 @@ def test_compare_uses_the_interval_from_steps_and_repeats(tmp_path):
     from trainscale.compare import verdicts
 
     base, new = card_of(tmp_path / "base", 1.0, 0.01), card_of(tmp_path / "new", 1.08, 0.01)
-    rows = {r["cell"]["strategy"]: r for r in verdicts.compare(base, new)["cells"]}
+    rows = {r["cell"]["strategy"]: r for r in verdicts.compare(base, new).cells}
     ddp = rows["torch-ddp"]
     assert ddp["ci"] == "steps" and verdicts.NOT_POOLED not in ddp["notes"]
     assert ddp["ratio"] == pytest.approx(1 / 1.08) and ddp["verdict"] == "slower"
-    b, n = (verdicts.model_of(p) for c in (base, new)
+    b, n = (p.model for c in (base, new)
             for k, p in verdicts.cells_of(c).items() if k[0] == "torch-ddp")  # fmt: skip
-    nu = b["pooled_df"]  # a cell's moderated variance: d₀ + 1 df a study
-    assert nu == n["pooled_df"] == 1 + moderate.PRIOR_DF
-    s2 = (b["pooled_run_var"] + n["pooled_run_var"]) / 2
-    between = (b["between_run_var"] + n["between_run_var"]) / 2
-    var = between + b["within_run_var"] / 2 + n["within_run_var"] / 2
+    nu = b.pooled_df  # a cell's moderated variance: d₀ + 1 df a study
+    assert nu == n.pooled_df == 1 + moderate.PRIOR_DF
+    s2 = (b.pooled_run_var + n.pooled_run_var) / 2
+    between = (b.between_run_var + n.between_run_var) / 2
+    var = between + b.within_run_var / 2 + n.within_run_var / 2
     share = between / s2  # the s² term weighted by σ_a²'s share: ν continuous as σ_a² → 0
     den = s2**2 / (2 * nu) * share + sum(
-        (x["within_run_var"] / 2) ** 2 / x["within_run_df"] for x in (b, n)
+        (x.within_run_var / 2) ** 2 / x.within_run_df for x in (b, n)
     )
-    high = math.exp(n["log_mean"] - b["log_mean"] + stdtrit(math.floor(var**2 / den), 0.975)
+    high = math.exp(n.log_mean - b.log_mean + stdtrit(math.floor(var**2 / den), 0.975)
                     * math.sqrt(var))  # fmt: skip
     assert ddp["ci_high"] == pytest.approx(high)
     assert rows["torch-fsdp"]["verdict"] == "same"
     assert rows["torch-fsdp"]["ratio"] == pytest.approx(1)
-    assert verdicts.compare(base, new, method="welch")["cells"][0]["ci"] == "welch"
+    assert verdicts.compare(base, new, method="welch").cells[0]["ci"] == "welch"
 
 
 def two_cells(tmp_path, slow: float, jitter: tuple[float, float]) -> dict:
@@ -371,24 +371,24 @@ def test_compare_flags_a_planted_2x_slowdown_of_a_two_cell_study(tmp_path):
     base = two_cells(tmp_path / "base", 1.0, (1.0, 1.25))
     new = two_cells(tmp_path / "new", 2.0, (1.0, 1.25))
     result = verdicts.compare(base, new)
-    assert result["ci"] == "steps"
-    got = {r["cell"]["workers"]: r for r in result["cells"]}
+    assert result.ci == "steps"
+    got = {r["cell"]["workers"]: r for r in result.cells}
     assert got[2]["verdict"] == "slower" and got[1]["verdict"] == "same"
     assert got[2]["ci"] == "steps" and got[2]["ci_high"] < 0.95
-    assert verdicts.NOT_POOLED not in got[2]["notes"] and result["exit_status"] == 1
+    assert verdicts.NOT_POOLED not in got[2]["notes"] and result.exit_status == 1
     quiet = two_cells(tmp_path / "quiet", 1.0, (1.0, 1.01))
     noisy = two_cells(tmp_path / "noisy", 1.0, (1.0, 1.5))
-    row = verdicts.compare(quiet, noisy)["cells"][1]
+    row = verdicts.compare(quiet, noisy).cells[1]
     assert verdicts.NOT_POOLED in row["notes"] and row["verdict"] == "same"
 
 
 def test_compare_of_old_records_falls_back_to_the_bootstrap_and_says_so(tmp_path):
-    from trainscale.compare import card, verdicts
+    from trainscale.compare import card, sides, verdicts
 
     base, new = card_of(tmp_path / "base", 1.0, None), card_of(tmp_path / "new", 1.08, None)
     point = new["scaling"][0]["by_n"][0]["throughput"]
     assert point["interval"] == interval.REPEATS and point["log_var"] is not None
-    rows = {r["cell"]["strategy"]: r for r in verdicts.compare(base, new, method="steps")["cells"]}
+    rows = {r["cell"]["strategy"]: r for r in verdicts.compare(base, new, method="steps").cells}
     assert (
         rows["torch-ddp"]["ci"] == "bootstrap" and verdicts.FALLBACK in rows["torch-ddp"]["notes"]
     )
@@ -396,4 +396,4 @@ def test_compare_of_old_records_falls_back_to_the_bootstrap_and_says_so(tmp_path
     old = {k: v for k, v in point.items() if k not in ("interval", "log_mean", "log_var", "df")}
     new["scaling"][0]["by_n"][0]["throughput"] = old  # a card made before the fields
     card.validate(new)
-    assert verdicts.model_of(new["scaling"][0]["by_n"][0]) is None
+    assert sides.model_of(new["scaling"][0]["by_n"][0]) is None

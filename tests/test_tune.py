@@ -23,7 +23,7 @@ from trainscale.plan import overlay
 from trainscale.plan.matrix import build_runs, repeat_count, repeat_range
 from trainscale.plan.runspec import ConfigError
 from trainscale.runners.common import evaluates
-from trainscale.tune import budget, cli, results, rule, space
+from trainscale.tune import budget, cli, records, results, rule, space
 from trainscale.tune.space import MATRIX_KEYS
 
 from conftest import PYTHON, ROOT, load_yaml, run_env, snakemake, validated
@@ -81,24 +81,28 @@ def record(spec, speed: float, rng: np.random.Generator, status: str = "ok") -> 
     return rec
 
 
-def run_round(s: space.Space, round: int, speeds: dict, rng, previous=None, records=None,
-              failing=()) -> tuple[dict, list]:  # fmt: skip
+def run_round(s: space.Space, round: int, speeds: dict, rng, previous=None, so_far=None,
+              failing=()) -> tuple[records.Round, list]:  # fmt: skip
     """Round `round` of the tune `s` on synthetic records (the cells' `speeds` by strategy;
     the runs of `failing` fail): its result and every record so far."""
-    records = list(records or [])
-    asked = previous["next"] if previous else s.first_runs()
+    made = list(so_far or [])
+    asked = previous.next if previous else s.first_runs()
     for cell, repeats in asked.items():
         for path in (f"{cell}/repeat~{r}" for r in repeats):
             spec = s.spec(round, path)
             status = "failed" if path in failing else "ok"
             out = f"results/t/tune/round~{round}/runs/{path}/metrics.json"
-            records.append((round, out, record(spec, speeds[spec.strategy], rng, status)))
-    plan_json = json.loads(json.dumps(s.to_json()))
-    return rule.round_result(plan_json, round, records, previous), records
+            made.append((round, out, record(spec, speeds[spec.strategy], rng, status)))
+    return rule.round_result(round_zero(s), round, made, previous), made
 
 
-def by_strategy(result: dict) -> dict[str, dict]:
-    return {c["values"]["strategy"]: c for c in result["cells"]}
+def round_zero(s: space.Space) -> records.RoundZero:
+    """Round 0 as the rounds read it, through its JSON."""
+    return records.RoundZero.from_json(json.loads(json.dumps(s.to_json())))
+
+
+def by_strategy(result: records.Round) -> dict[str, records.CellDecision]:
+    return {c.values["strategy"]: c for c in result.cells}
 
 
 # --------------------------------------------------------------------------------------------
@@ -122,7 +126,7 @@ def test_round_zero_drops_what_the_memory_model_says_will_not_fit():
     assert over.values["strategy"] == "torch-fsdp" and over.values["workers"] == 1
     assert "predicted 2 GiB per rank, allowed 0.9 GiB" in over.reason
     assert all("predicted 0.25 GiB" in why for why in s.kept.values())
-    rows = results.table(s.to_json(), [])
+    rows = results.table(round_zero(s), [])
     assert set(rows["decision"]) == {"go on", "stopped"} and (rows["round"] == 0).all()
 
 
@@ -183,12 +187,12 @@ def test_round_ones_prediction_counts_each_runs_steps_at_its_flops():
 # rounds on synthetic records (the race itself: tests/test_race.py)
 
 
-def race_to_the_end(s: space.Space, speeds: dict, rng, failing=()) -> list[dict]:
+def race_to_the_end(s: space.Space, speeds: dict, rng, failing=()) -> list[records.Round]:
     """Every round of the tune `s` on synthetic records, to the one that ends it."""
-    rounds, records = [], []
-    while not rounds or not rounds[-1]["done"]:
-        result, records = run_round(s, len(rounds) + 1, speeds, rng, rounds[-1] if rounds else
-                                    None, records, failing)  # fmt: skip
+    rounds, made = [], []
+    while not rounds or not rounds[-1].done:
+        result, made = run_round(s, len(rounds) + 1, speeds, rng, rounds[-1] if rounds else
+                                 None, made, failing)  # fmt: skip
         rounds.append(result)
     return rounds
 
@@ -205,29 +209,32 @@ def test_rounds_on_synthetic_records_stop_the_slower_and_end_with_a_winning_set(
     rounds = race_to_the_end(s, speeds, np.random.default_rng(3), failing)
     one = rounds[0]
     cells = by_strategy(one)
-    assert cells["torch-fsdp"]["decision"] == "stopped"
-    assert cells["torch-fsdp"]["reason"].startswith("slower than the panel's best")
-    assert {cells[k]["decision"] for k in ("torch-ddp", "lightning-ddp")} == {"go on"}
-    assert cells["lightning-ddp"]["ok"] == 2 and cells["lightning-ddp"]["runs"] == 3
-    assert one["failed"] == [{"cell": failing[0].rsplit("/repeat~")[0], "repeat": 0,
-                              "status": "failed", "error": "injected"}]  # fmt: skip
-    assert one["runs"] == 9 and one["done"] is None and len(one["next"]) == 2
+    assert cells["torch-fsdp"].decision == "stopped"
+    assert cells["torch-fsdp"].reason.startswith("slower than the panel's best")
+    assert {cells[k].decision for k in ("torch-ddp", "lightning-ddp")} == {"go on"}
+    assert cells["lightning-ddp"].ok == 2 and cells["lightning-ddp"].runs == 3
+    assert one.failed == [records.FailedRun(failing[0].rsplit("/repeat~")[0], 0, "failed",
+                                            "injected")]  # fmt: skip
+    assert one.runs == 9 and one.done is None and len(one.next) == 2
     last = rounds[-1]
-    assert last["done"] and not last["next"]
-    assert {c["decision"] for c in last["cells"]} <= {"best", "stopped"}
+    assert last.done and not last.next
+    assert {c.decision for c in last.cells} <= {"best", "stopped"}
     winners = results.winners(rounds)
-    assert winners and {c["values"]["strategy"] for c in winners} <= {"torch-ddp", "lightning-ddp"}
-    assert all("confirmation runs" in c["reason"] for c in winners)
-    csv = results.table(s.to_json(), rounds)
+    assert winners and {c.values["strategy"] for c in winners} <= {"torch-ddp", "lightning-ddp"}
+    assert all("confirmation runs" in c.reason for c in winners)
+    assert records.Round.from_json(json.loads(json.dumps(last.to_json()))) == last
+    older = [{k: v for k, v in c.items() if k != "ran"} for c in last.to_json()["cells"]]
+    assert {c.ran for c in records.Round.from_json({**last.to_json(), "cells": older}).cells} == {1}
+    csv = results.table(round_zero(s), rounds)
     assert list(csv.columns[:17]) == ["round", *MATRIX_KEYS]
     assert {"estimate", "ci_low", "ci_high", "decision", "reason"} <= set(csv.columns)
     assert csv.groupby("round").size().to_dict() == {0: 3, **{r + 1: 3 for r in range(len(rounds))}}
     assert set(csv["decision"]) <= {"go on", "stopped", "best"}
     ok = csv[csv["round"] > 0]
     assert (ok["ci_low"] < ok["estimate"]).all() and (ok["estimate"] < ok["ci_high"]).all()
-    cost = results.costs(s.to_json(), rounds)
-    assert cost["runs"] == last["spent_runs"] and cost["grid_runs"] == 6
-    assert cost["grid_worker_hours"] > 0
+    cost = results.costs(round_zero(s), rounds)
+    assert cost.runs == last.spent_runs and cost.grid_runs == 6
+    assert cost.grid_worker_hours > 0
 
 
 def test_the_cost_objective_compares_every_n_of_a_model_in_one_panel():
@@ -239,12 +246,12 @@ def test_the_cost_objective_compares_every_n_of_a_model_in_one_panel():
         cfg = study("torch-ddp", matrix={"workers": [1, 2]}, tune={"objective": "cost"},
                     cost=cost)  # fmt: skip
         s = plan(cfg)
-        assert len({tuple(c["panel"]) for c in s.to_json()["cells"]}) == 1
+        assert len({tuple(c.panel) for c in s.round_zero().cells}) == 1
         one, _ = run_round(s, 1, {"torch-ddp": 1.0}, np.random.default_rng(1))
-        by_n = {c["world_size"]: c for c in one["cells"]}
-        assert by_n[1]["unit"] == by_n[2]["unit"] == unit
-        assert by_n[2]["estimate"] == pytest.approx(2 * by_n[1]["estimate"], rel=0.15)
-        assert by_n[2]["decision"] == "stopped" and by_n[1]["decision"] == "best"
+        by_n = {c.world_size: c for c in one.cells}
+        assert by_n[1].unit == by_n[2].unit == unit
+        assert by_n[2].estimate == pytest.approx(2 * by_n[1].estimate, rel=0.15)
+        assert by_n[2].decision == "stopped" and by_n[1].decision == "best"
 
 
 def test_an_unpriced_device_stops_its_cost_panel_with_a_reason():
@@ -253,17 +260,17 @@ def test_an_unpriced_device_stops_its_cost_panel_with_a_reason():
     cfg = study("torch-ddp", matrix={"workers": [1, 2]}, tune={"objective": "cost"},
                 cost={"device_hour": {"cpu-core": 0.04}})  # fmt: skip
     s = plan(cfg)
-    rng, records = np.random.default_rng(4), []
+    rng, made = np.random.default_rng(4), []
     for cell, repeats in s.first_runs().items():
         for r in repeats:
             spec = s.spec(1, f"{cell}/repeat~{r}")
             rec = record(spec, 1.0, rng)
             if spec.world_size == 2:
                 rec["device"] = {**rec["device"], "kind": "cuda", "name": "Unpriced GPU"}
-            records.append((1, f"results/t/tune/round~1/runs/{spec.path}/metrics.json", rec))
-    one = rule.round_result(json.loads(json.dumps(s.to_json())), 1, records, None)
-    assert {c["decision"] for c in one["cells"]} == {"stopped"} and not one["next"]
-    assert all("mixes priced and unpriced devices" in c["reason"] for c in one["cells"])
+            made.append((1, f"results/t/tune/round~1/runs/{spec.path}/metrics.json", rec))
+    one = rule.round_result(round_zero(s), 1, made, None)
+    assert {c.decision for c in one.cells} == {"stopped"} and not one.next
+    assert all("mixes priced and unpriced devices" in c.reason for c in one.cells)
 
 
 def test_repeats_takes_an_integer_or_min_and_max():
@@ -293,19 +300,19 @@ def test_the_budget_ends_the_tune_before_a_round_it_cannot_pay_for(budget):
                   "horovod-torch")  # fmt: skip
     first, _ = run_round(plan(study(*strategies)), 1, dict.fromkeys(strategies, 1.0),
                          np.random.default_rng(6))  # fmt: skip
-    assert first["next"] and first["runs"] == 12
-    spent = first["spent_worker_seconds"] / 3600
+    assert first.next and first.runs == 12
+    spent = first.spent_worker_seconds / 3600
     limit = {"max_runs": 13, "max_worker_hours": spent * 1.01}[budget]
     s = plan(study(*strategies, tune={budget: limit}))
     capped, _ = run_round(s, 1, dict.fromkeys(strategies, 1.0), np.random.default_rng(6))
-    assert not capped["next"] and capped["done"].startswith("budget: the next")
-    assert f"tune.{budget}" in capped["done"]
-    assert {c["decision"] for c in capped["cells"]} <= {"best", "stopped"}
-    won = [c for c in capped["cells"] if c["decision"] == "best"]
-    assert [c["cell"] for c in won] == list(first["next"])
-    assert all(c["reason"].endswith("selected: biased up") for c in won)
-    assert capped["spent_runs"] <= s.settings.max_runs if budget == "max_runs" else (
-        capped["spent_worker_seconds"] / 3600 <= limit)  # fmt: skip
+    assert not capped.next and capped.done.startswith("budget: the next")
+    assert f"tune.{budget}" in capped.done
+    assert {c.decision for c in capped.cells} <= {"best", "stopped"}
+    won = [c for c in capped.cells if c.decision == "best"]
+    assert [c.cell for c in won] == list(first.next)
+    assert all(c.reason.endswith("selected: biased up") for c in won)
+    assert capped.spent_runs <= s.settings.max_runs if budget == "max_runs" else (
+        capped.spent_worker_seconds / 3600 <= limit)  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------
@@ -321,7 +328,7 @@ def test_best_yaml_is_a_study_of_exactly_the_winning_set(tmp_path):
     cells = {space.cell_of(r.path): r for r in runs}
     chosen = [c for c in cells if ("ddp" in c and "64" in c and "workers~1" in c)
               or ("fsdp" in c and "128" in c)]  # fmt: skip
-    winners = [{"values": {k: getattr(cells[c], k) for k in MATRIX_KEYS}} for c in chosen]
+    winners = [{k: getattr(cells[c], k) for k in MATRIX_KEYS} for c in chosen]
     best = results.best_config(copy.deepcopy(cfg), winners)
     assert best["study"] == "t-best" and "faults" not in best
     base = yaml.safe_load(overlay.BASE_CONFIG.read_text())

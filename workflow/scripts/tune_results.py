@@ -1,14 +1,12 @@
 """Snakemake script: a tune's tune.csv, best.yaml and report.html from its rounds."""
 
 import contextlib
-import json
-from pathlib import Path
 
-from trainscale.tune import page, results
+from trainscale.tune import page, records, results
 
 with open(snakemake.log[0], "w") as log, contextlib.redirect_stderr(log):
-    space = json.loads(Path(snakemake.input.space).read_text())
-    rounds = [json.loads(Path(p).read_text()) for p in snakemake.input.rounds]
+    space = records.read_round_zero(snakemake.input.space)
+    rounds = [records.read_round(p) for p in snakemake.input.rounds]
     results.table(space, rounds).to_csv(snakemake.output.csv, index=False)
     best = results.winners(rounds)
     results.write_best(snakemake.output.best, snakemake.config, best, snakemake.output.csv)

@@ -2,28 +2,26 @@
 records and the round before."""
 
 import contextlib
-import json
-from pathlib import Path
 
 from trainscale.measure import metrics
-from trainscale.tune import results, rule
+from trainscale.tune import records, results, rule
 
 with open(snakemake.log[0], "w") as log, contextlib.redirect_stderr(log):
-    space = json.loads(Path(snakemake.input.space).read_text())
+    space = records.read_round_zero(snakemake.input.space)
     before = snakemake.input.previous
-    previous = json.loads(Path(before[0]).read_text()) if before else None
-    records, invalid = [], []
+    previous = records.read_round(before[0]) if before else None
+    runs, invalid = [], []
     for path in snakemake.input.runs:
         try:
-            records.append((results.round_number(path), path, metrics.read(path)))
+            runs.append((results.round_number(path), path, metrics.read(path)))
         except metrics.MetricsError as e:  # reported among the failed runs; no evidence
             invalid.append((results.round_number(path), path, str(e)))
-    result = rule.round_result(space, int(snakemake.wildcards.round), records, previous, invalid)
-    Path(snakemake.output[0]).write_text(json.dumps(result, indent=1) + "\n")
-    decisions = [c["decision"] for c in result["cells"]]
+    result = rule.round_result(space, int(snakemake.wildcards.round), runs, previous, invalid)
+    records.write_json(snakemake.output[0], result)
+    decisions = [c.decision for c in result.cells]
     print(
-        f"round {result['round']}: "
+        f"round {result.round}: "
         + ", ".join(f"{decisions.count(d)} {d}" for d in ("go on", "stopped", "best")),
-        f"; {len(result['failed'])} failed runs; {result['done'] or 'the tune goes on'}",
+        f"; {len(result.failed)} failed runs; {result.done or 'the tune goes on'}",
         file=log,
     )

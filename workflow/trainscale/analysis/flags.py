@@ -10,7 +10,9 @@ from typing import Any
 
 import pandas as pd
 
-__all__ = ["LOGICAL", "OVERSUBSCRIBED", "Flag", "cell_flags"]
+from trainscale.measure.datawait import INPUT_BOUND_SHARE
+
+__all__ = ["INPUT_BOUND", "LOGICAL", "OVERSUBSCRIBED", "Flag", "cell_flags"]
 
 
 @dataclass(frozen=True)
@@ -22,6 +24,11 @@ class Flag:
 OVERSUBSCRIBED = Flag("oversubscribed", "oversubscribed: more worker threads than cores on a node")
 LOGICAL = Flag(
     "logical devices", "logical CPU devices in one process: a code-path check, not a speed-up"
+)
+#: Marked in the report's scaling table only (scaling.csv `input_bound`), not among
+#: `cell_flags`: summary.txt and the ranking give the data-wait share itself.
+INPUT_BOUND = Flag(
+    "input-bound", f"data wait above {100 * INPUT_BOUND_SHARE:.0f}% of the steady epoch"
 )
 
 

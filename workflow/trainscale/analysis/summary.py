@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from typing import Any
 
 import pandas as pd
 
@@ -51,85 +52,129 @@ def summary_text(
     that could be the fastest and what each panel resolves, every cell's mean ± 95% CI, and
     what failed or was invalid."""
     scaling = scaling_frame(df, equivalence=equivalence) if scaling is None else scaling
-    lines = [f"trainscale study {study!r}: {len(df)} runs in {len(scaling)} cells"]
-    if len(df):
-        counts = df["status"].value_counts().to_dict()
-        lines[0] += " (" + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) + ")"
     fast = fastest(scaling, equivalence)
-    if len(fast):
-        lines += [
-            "",
-            "fastest strategy per model, dataset and N (geometric mean of repeats ± 95% CI):",
-        ]
-        taken = panel_lines(scaling)  # a study with repeats {min, max}
-        for r in fast.itertuples(index=False):
-            eff = (
-                f"{r.efficiency_kind} efficiency {human(100 * r.efficiency)} %"
-                if pd.notna(r.efficiency)
-                else f"efficiency n/a: {r.baseline_note}"
-            )
-            x, x_ci, unit = r.rate_gmean, r.rate_gci95, r.unit
-            ci = f" ± {human(x_ci)}" if pd.notna(x_ci) else ""
-            ahead = ""
-            if isinstance(r.runner_up, str):
-                ahead = f"; {human(100 * r.margin)} % ahead of {r.runner_up}"
-                ahead += " (slower)" if r.distinct else " (could be the fastest)"
-            mfu_mean = getattr(r, "mfu_mean", None)
-            mfu = f", MFU {human(100 * mfu_mean)} %" if pd.notna(mfu_mean) else ""
-            flag = "".join(f" [{f.note}]" for f in cell_flags(r))
-            lines.append(
-                f"  {r.model} on {r.dataset}, N={r.world_size}: {r.strategy} "
-                f"(batch {r.batch_size} {r.batch_mode}, scale {r.scale}, {r.precision}) "
-                f"{human(x)}{ci} {unit}, {eff}{mfu}{ahead}{flag}"
-            )
-            if isinstance(r.runner_up, str):
-                lines.append(f"    at 95 %, the fastest is one of {{{r.could_be}}}; "
-                             f"{resolves(r.mdd_rel, r.repeats_for_5pct)}")  # fmt: skip
-            if line := taken.get((r.model, r.dataset, r.world_size)):
-                lines.append(f"    repeats taken: {line}")
+    ok = scaling[scaling["ok"] > 0] if len(scaling) else scaling
+    lines = [headline(df, study, scaling)]
+    lines += fastest_lines(fast, scaling)
     lines += ties(scaling, equivalence)
     lines += cost_lines(scaling)
-    logical = scaling[(scaling["ok"] > 0) & scaling["logical"].astype(bool)] if len(fast) else fast
-    if len(logical):
-        lines += ["", f"not ranked ({LOGICAL.note}):"]
-        lines += [
-            f"  {r.strategy} {r.model} on {r.dataset}, N={r.world_size}, batch {r.batch_size} "
-            f"{r.batch_mode}: {human(r.throughput_mean)} samples/s"
-            for r in logical.itertuples(index=False)
-        ]
-    ok = scaling[scaling["ok"] > 0] if len(scaling) else scaling
-    if len(ok):
-        lines += [
-            "",
-            f"{'strategy':<{W}}{'model':<14}{'dataset':<19}{'scale':>5}{'N':>4}{'batch':>7} "
-            f"{'mode':<11}{'ok':>5}{'samples/s':>11}{'± CI':>9}{'epoch1 s':>10}{'steady s':>10}"
-            f"{'speedup':>9}{'eff %':>7}{'test acc':>9}{'RSS MiB':>9}",
-        ]
-        for r in ok.itertuples(index=False):
-            flag = "".join(f"  {f.label}" for f in cell_flags(r))
-            flag += "  CI: repeats only" if getattr(r, "interval_method", "") == REPEATS else ""
-            eff = human(100 * r.efficiency) if pd.notna(r.efficiency) else "n/a"
-            lines.append(
-                f"{r.strategy:<{W}}{r.model:<14}{r.dataset:<19}{r.scale:>5}{r.world_size:>4}"
-                f"{r.batch_size:>7} {r.batch_mode:<11}{f'{r.ok}/{r.runs}':>5}"
-                f"{human(r.throughput_mean):>11}{human(r.throughput_ci95):>9}"
-                f"{human(r.first_epoch_seconds_mean):>10}{human(r.steady_epoch_seconds_mean):>10}"
-                f"{human(r.speedup):>9}{eff:>7}{human(r.test_accuracy_mean):>9}"
-                f"{human(r.peak_host_rss_bytes_mean / 2**20):>9}{flag}"
-            )
-    notes = scaling[(scaling["ok"] > 0) & (scaling["baseline_note"] != "")] if len(ok) else ok
-    if len(notes):
-        lines += ["", "no speedup/efficiency for:"]
-        for r in notes.itertuples(index=False):
-            lines.append(
-                f"  {r.strategy} {r.model} {r.dataset} N={r.world_size} batch "
-                f"{r.batch_size} {r.batch_mode}: {r.baseline_note}"
-            )
+    lines += logical_lines(scaling if len(fast) else fast)
+    lines += table_lines(ok)
+    lines += baseline_lines(ok)
+    lines += results_notes(df)
+    lines += failure_lines(df, invalid)
+    return "\n".join(lines) + "\n"
+
+
+def headline(df: pd.DataFrame, study: str, scaling: pd.DataFrame) -> str:
+    """The study, its runs and cells, and its runs by status."""
+    line = f"trainscale study {study!r}: {len(df)} runs in {len(scaling)} cells"
+    if len(df):
+        counts = df["status"].value_counts().to_dict()
+        line += " (" + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) + ")"
+    return line
+
+
+def fastest_lines(fast: pd.DataFrame, scaling: pd.DataFrame) -> list[str]:
+    """The fastest strategy of each model, dataset and N, with what could be the fastest."""
+    if not len(fast):
+        return []
+    lines = ["", "fastest strategy per model, dataset and N (geometric mean of repeats ± 95% CI):"]
+    taken = panel_lines(scaling)  # a study with repeats {min, max}
+    for r in fast.itertuples(index=False):
+        lines.append(fastest_line(r))
+        if isinstance(r.runner_up, str):
+            lines.append(f"    at 95 %, the fastest is one of {{{r.could_be}}}; "
+                         f"{resolves(r.mdd_rel, r.repeats_for_5pct)}")  # fmt: skip
+        if line := taken.get((r.model, r.dataset, r.world_size)):
+            lines.append(f"    repeats taken: {line}")
+    return lines
+
+
+def fastest_line(r: Any) -> str:
+    """A row of `ranking.fastest` (`itertuples`) as summary.txt says it."""
+    eff = (
+        f"{r.efficiency_kind} efficiency {human(100 * r.efficiency)} %"
+        if pd.notna(r.efficiency)
+        else f"efficiency n/a: {r.baseline_note}"
+    )
+    ci = f" ± {human(r.rate_gci95)}" if pd.notna(r.rate_gci95) else ""
+    ahead = ""
+    if isinstance(r.runner_up, str):
+        ahead = f"; {human(100 * r.margin)} % ahead of {r.runner_up}"
+        ahead += " (slower)" if r.distinct else " (could be the fastest)"
+    mfu_mean = getattr(r, "mfu_mean", None)
+    mfu = f", MFU {human(100 * mfu_mean)} %" if pd.notna(mfu_mean) else ""
+    flag = "".join(f" [{f.note}]" for f in cell_flags(r))
+    return (
+        f"  {r.model} on {r.dataset}, N={r.world_size}: {r.strategy} "
+        f"(batch {r.batch_size} {r.batch_mode}, scale {r.scale}, {r.precision}) "
+        f"{human(r.rate_gmean)}{ci} {r.unit}, {eff}{mfu}{ahead}{flag}"
+    )
+
+
+def logical_lines(scaling: pd.DataFrame) -> list[str]:
+    """The cells on logical CPU devices, never ranked, with their throughput."""
+    logical = scaling[(scaling["ok"] > 0) & scaling["logical"].astype(bool)] if len(scaling) else []
+    if not len(logical):
+        return []
+    return ["", f"not ranked ({LOGICAL.note}):"] + [
+        f"  {r.strategy} {r.model} on {r.dataset}, N={r.world_size}, batch {r.batch_size} "
+        f"{r.batch_mode}: {human(r.throughput_mean)} samples/s"
+        for r in logical.itertuples(index=False)
+    ]
+
+
+def table_lines(ok: pd.DataFrame) -> list[str]:
+    """Every cell with an ok run, a line each (report/endnote.py finds its header)."""
+    if not len(ok):
+        return []
+    lines = [
+        "",
+        f"{'strategy':<{W}}{'model':<14}{'dataset':<19}{'scale':>5}{'N':>4}{'batch':>7} "
+        f"{'mode':<11}{'ok':>5}{'samples/s':>11}{'± CI':>9}{'epoch1 s':>10}{'steady s':>10}"
+        f"{'speedup':>9}{'eff %':>7}{'test acc':>9}{'RSS MiB':>9}",
+    ]
+    for r in ok.itertuples(index=False):
+        flag = "".join(f"  {f.label}" for f in cell_flags(r))
+        flag += "  CI: repeats only" if getattr(r, "interval_method", "") == REPEATS else ""
+        eff = human(100 * r.efficiency) if pd.notna(r.efficiency) else "n/a"
+        lines.append(
+            f"{r.strategy:<{W}}{r.model:<14}{r.dataset:<19}{r.scale:>5}{r.world_size:>4}"
+            f"{r.batch_size:>7} {r.batch_mode:<11}{f'{r.ok}/{r.runs}':>5}"
+            f"{human(r.throughput_mean):>11}{human(r.throughput_ci95):>9}"
+            f"{human(r.first_epoch_seconds_mean):>10}{human(r.steady_epoch_seconds_mean):>10}"
+            f"{human(r.speedup):>9}{eff:>7}{human(r.test_accuracy_mean):>9}"
+            f"{human(r.peak_host_rss_bytes_mean / 2**20):>9}{flag}"
+        )
+    return lines
+
+
+def baseline_lines(ok: pd.DataFrame) -> list[str]:
+    """The cells with an ok run but no speedup or efficiency, with why."""
+    notes = ok[ok["baseline_note"] != ""] if len(ok) else ok
+    if not len(notes):
+        return []
+    return ["", "no speedup/efficiency for:"] + [
+        f"  {r.strategy} {r.model} {r.dataset} N={r.world_size} batch "
+        f"{r.batch_size} {r.batch_mode}: {r.baseline_note}"
+        for r in notes.itertuples(index=False)
+    ]
+
+
+def results_notes(df: pd.DataFrame) -> list[str]:
+    """What the strategies that ran need read beside their numbers (the catalog's notes)."""
     ran = sorted(set(df["spec.strategy"])) if len(df) and "spec.strategy" in df else []
     said = [(n, catalog.STRATEGIES[n].results_note) for n in ran if n in catalog.STRATEGIES]
-    if any(note for _, note in said):  # e.g. tf-ps: asynchronous, not comparable step by step
-        lines += ["", "read beside the numbers:"]
-        lines += [f"  {n}: {note}" for n, note in said if note]
+    if not any(note for _, note in said):  # e.g. tf-ps: asynchronous, not comparable step by step
+        return []
+    return ["", "read beside the numbers:"] + [f"  {n}: {note}" for n, note in said if note]
+
+
+def failure_lines(df: pd.DataFrame, invalid: list[tuple[str, str]]) -> list[str]:
+    """The failed runs with their first line of error, the failed parts of runs that
+    trained, and the invalid metrics files."""
+    lines = []
     failed = df[df["status"] != "ok"] if len(df) else df
     if len(failed):
         lines += ["", "failed runs:"]
@@ -143,7 +188,7 @@ def summary_text(
     if invalid:
         lines += ["", "invalid metrics files (not counted):"]
         lines.extend(f"  {p}: {why}" for p, why in invalid)
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def ties(scaling: pd.DataFrame, equivalence: float = EQUIVALENCE) -> list[str]:

@@ -29,6 +29,7 @@ import json
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import yaml
@@ -36,14 +37,13 @@ import yaml
 import trainscale
 from trainscale.analysis import aggregate
 from trainscale.analysis.flags import cell_flags
+from trainscale.compare.machine import machine, study_config
+from trainscale.compare.sides import POOL
 from trainscale.measure import collectives, metrics
 from trainscale.plan import catalog
-from trainscale.plan.matrix import MATRIX_KEYS
 
 SCHEMA_ID = "trainscale.scaling-card/1"
 SCHEMA_PATH = Path(__file__).resolve().parents[2] / "schemas" / "scaling-card.schema.yaml"
-#: A point's parts of its study's model that `trainscale compare` pools with the other study's.
-POOL = ("pooled_run_var", "pooled_df", "between_run_var", "within_run_var", "within_run_df")
 #: A card's groups: strategy × model × precision, and what else must match to compare by N.
 GROUP = [
     "strategy",
@@ -60,18 +60,6 @@ GROUP = [
     "compile",
     "grad_accum",
 ]
-#: Spec keys that are not study-wide settings: they name the cell or the repeat, follow from
-#: the cell (world size, batch per worker, the scaled learning rate), or are a local path.
-NOT_CONFIG = {
-    *MATRIX_KEYS,
-    "repeat",
-    "world_size",
-    "global_batch_size",
-    "per_worker_batch_size",
-    "lr",
-    "study",
-    "data_dir",
-}
 #: Readings of one run's throughput that may differ by this fraction before a note is raised.
 CONSISTENT = 0.01
 
@@ -202,80 +190,10 @@ def _num(v) -> float | None:
     return None if v is None or pd.isna(v) else float(v)
 
 
-def _distinct(values) -> list[str]:
-    return sorted({str(v) for v in values if v is not None})
-
-
-def machine(records: list[dict], coll: list[dict]) -> dict:
-    """The machine block: hosts, devices, versions and the interconnect as the runs saw it."""
-    hosts = {h for r in records for h in r["env"].get("hostnames", [])}
-    hosts |= {h for c in coll for h in c["hosts"]}
-    kinds = _distinct(r["device"]["kind"] for r in records)
-    names = [(r["device"]["kind"], r["device"]["name"]) for r in records]
-    cpu = _distinct(n for k, n in names if k == "cpu")
-    gpu = _distinct(n for k, n in names if k == "cuda")
-    versions: dict[str, set] = {}
-    for r in records:
-        env = r["env"]
-        for key in ("python", "trainscale", "cuda", "driver"):
-            if env.get(key):
-                versions.setdefault(key, set()).add(str(env[key]))
-        for fw, v in env.get("frameworks", {}).items():
-            versions.setdefault(fw, set()).add(str(v))
-    nodes = max([r["spec"]["nodes"] for r in records] + [c["nodes"] for c in coll] + [0])
-    peak = {}
-    for c in coll:
-        peak[f"{c['backend']} {c['workers']}×{c['nodes']}"] = max(
-            s["busbw_bytes_per_second"] for s in c["sizes"]
-        )
-    return {
-        "hosts": sorted(hosts),
-        "host_count": len(hosts),
-        "max_nodes_per_run": nodes,
-        "device_kinds": kinds,
-        "cpu_models": cpu,
-        "gpu_models": gpu,
-        "cpus_per_node": sorted({int(r["env"]["cpu_count"]) for r in records}),
-        "interconnect": {
-            "seen": "single host" if nodes <= 1 else f"{nodes} hosts in one run",
-            "backends": sorted({c["backend"] for c in coll}),
-            "launch_modes": _distinct(r.get("launch", {}).get("mode") for r in records),
-            "peak_busbw_bytes_per_second": peak,
-        },
-        "versions": {k: sorted(v) for k, v in sorted(versions.items())},
-    }
-
-
-def study_config(records: list[dict]) -> dict[str, list[str]]:
-    """Every study-wide spec key -> its distinct values (strings as they are, others as JSON).
-    `seed` is the study's (a run's seed is seed + repeat) and `repeats` the most any cell has."""
-    out: dict[str, set] = {}
-    for r in records:
-        spec = dict(r["spec"])
-        spec["seed"] = spec["seed"] - spec["repeat"]
-        for k, v in spec.items():
-            if k not in NOT_CONFIG:
-                out.setdefault(k, set()).add(v if isinstance(v, str) else json.dumps(v))
-    if records:
-        out["repeats"] = {str(max(r["spec"]["repeat"] for r in records) + 1)}
-    return {k: sorted(v) for k, v in sorted(out.items())}
-
-
 def _points(records: list[dict], notes: dict[tuple, list[str]]) -> list[dict]:
     """scaling: aggregate's cell table, grouped by GROUP, one point per (workers, nodes)."""
     cells = aggregate.scaling_frame(aggregate.runs_frame(records))
-    values: dict[tuple, list[float]] = {}
-    statuses: dict[tuple, Counter] = {}
-    devices: dict[tuple, dict] = {}
-    for r in records:
-        statuses.setdefault(_key(r), Counter())[r["status"]] += 1
-        if r["status"] == "ok" and r["throughput"]:
-            values.setdefault(tuple(r["spec"][k] for k in aggregate.CELL), []).append(
-                r["throughput"]
-            )
-            device = {k: r["device"].get(k) for k in ("kind", "name")}
-            device["threads_per_worker"] = r["spec"].get("threads_per_worker")
-            devices.setdefault(_key(r), device)
+    values, statuses, devices = _by_cell(records)
     groups: dict[tuple, dict] = {}
     for c in cells.sort_values([*GROUP, "nodes", "workers", "tp"]).itertuples(index=False):
         key = tuple(getattr(c, k) for k in aggregate.CELL)
@@ -283,47 +201,71 @@ def _points(records: list[dict], notes: dict[tuple, list[str]]) -> list[dict]:
             tuple(getattr(c, k) for k in GROUP),
             {**{k: _plain(getattr(c, k)) for k in GROUP}, "by_n": [], "prediction": None},
         )
-        cell_notes = list(notes.get(key, []))
-        if c.baseline_note:
-            cell_notes.insert(0, c.baseline_note)
-        row = catalog.STRATEGIES.get(c.strategy)
-        if row and row.results_note:  # e.g. tf-ps: asynchronous training
-            cell_notes.append(row.results_note)
-        cell_notes += [f.note for f in cell_flags(c)]
-        xs = values.get(key, [])
-        g["by_n"].append(
-            {
-                "workers": int(c.workers),
-                "nodes": int(c.nodes),
-                "world_size": int(c.world_size),
-                "tp": int(c.tp),
-                "runs": int(c.runs),
-                "ok": int(c.ok),
-                "statuses": dict(statuses.get(key, {})),
-                "throughput": {
-                    "values": xs,
-                    "n": len(xs),
-                    "mean": _num(c.throughput_mean),
-                    "ci95": _num(c.throughput_ci95),
-                    "per_worker_mean": _num(c.throughput_per_worker_mean),
-                    "interval": c.interval_method or None,
-                    "log_mean": _num(c.throughput_log_mean),
-                    "log_var": _num(c.throughput_log_var),
-                    "df": _num(c.interval_df),
-                    **{k: _num(getattr(c, k)) for k in POOL},
-                },
-                "speedup": _num(c.speedup),
-                "efficiency": _num(c.efficiency),
-                "efficiency_kind": str(c.efficiency_kind),
-                "test_accuracy": _num(c.test_accuracy_mean),
-                "peak_host_rss_bytes": _num(c.peak_host_rss_bytes_mean),
-                "peak_device_bytes": _num(c.peak_device_bytes_mean),
-                "notes": cell_notes,
-            }
-        )
+        point = _point(c, values.get(key, []), statuses.get(key, {}), _cell_notes(c, notes))
         if key in devices:
-            g["by_n"][-1]["device"] = devices[key]
+            point["device"] = devices[key]
+        g["by_n"].append(point)
     return list(groups.values())
+
+
+def _by_cell(records: list[dict]) -> tuple[dict[tuple, list], dict[tuple, Counter], dict]:
+    """Per cell key: its ok runs' throughputs, its runs by status, and the device of its
+    first ok run (kind, name, threads_per_worker)."""
+    values: dict[tuple, list[float]] = {}
+    statuses: dict[tuple, Counter] = {}
+    devices: dict[tuple, dict] = {}
+    for r in records:
+        statuses.setdefault(_key(r), Counter())[r["status"]] += 1
+        if r["status"] == "ok" and r["throughput"]:
+            values.setdefault(_key(r), []).append(r["throughput"])
+            device = {k: r["device"].get(k) for k in ("kind", "name")}
+            device["threads_per_worker"] = r["spec"].get("threads_per_worker")
+            devices.setdefault(_key(r), device)
+    return values, statuses, devices
+
+
+def _cell_notes(c: Any, notes: dict[tuple, list[str]]) -> list[str]:
+    """A cell's notes: its baseline's, its runs' (inconsistent metrics), its strategy's
+    results note and its flags'."""
+    cell_notes = list(notes.get(tuple(getattr(c, k) for k in aggregate.CELL), []))
+    if c.baseline_note:
+        cell_notes.insert(0, c.baseline_note)
+    row = catalog.STRATEGIES.get(c.strategy)
+    if row and row.results_note:  # e.g. tf-ps: asynchronous training
+        cell_notes.append(row.results_note)
+    return cell_notes + [f.note for f in cell_flags(c)]
+
+
+def _point(c: Any, xs: list[float], statuses: Counter, notes: list[str]) -> dict:
+    """A card point from a row of aggregate's cell table (`itertuples`)."""
+    return {
+        "workers": int(c.workers),
+        "nodes": int(c.nodes),
+        "world_size": int(c.world_size),
+        "tp": int(c.tp),
+        "runs": int(c.runs),
+        "ok": int(c.ok),
+        "statuses": dict(statuses),
+        "throughput": {
+            "values": xs,
+            "n": len(xs),
+            "mean": _num(c.throughput_mean),
+            "ci95": _num(c.throughput_ci95),
+            "per_worker_mean": _num(c.throughput_per_worker_mean),
+            "interval": c.interval_method or None,
+            "log_mean": _num(c.throughput_log_mean),
+            "log_var": _num(c.throughput_log_var),
+            "df": _num(c.interval_df),
+            **{k: _num(getattr(c, k)) for k in POOL},
+        },
+        "speedup": _num(c.speedup),
+        "efficiency": _num(c.efficiency),
+        "efficiency_kind": str(c.efficiency_kind),
+        "test_accuracy": _num(c.test_accuracy_mean),
+        "peak_host_rss_bytes": _num(c.peak_host_rss_bytes_mean),
+        "peak_device_bytes": _num(c.peak_device_bytes_mean),
+        "notes": notes,
+    }
 
 
 def _key(rec: dict) -> tuple:

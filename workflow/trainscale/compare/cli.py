@@ -75,4 +75,4 @@ def main(argv: list[str] | None = None, prog: str = "trainscale compare") -> int
         compare_output.write_json(result, a.json)
     if a.html:
         compare_output.write_html(result, a.html)
-    return result["exit_status"]
+    return result.exit_status

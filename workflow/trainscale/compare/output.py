@@ -5,9 +5,13 @@ JSON, a self-contained HTML page in the study report's style, and the rows of th
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from trainscale.analysis.aggregate import human
+from trainscale.compare.cellrow import Comparison
 from trainscale.report.html import stylesheet, templates
 
 PAGE = "compare.html.j2"
@@ -33,7 +37,7 @@ def _points(v) -> str:
     return "–" if _na(v) else f"{100 * v:+.3g} pt"
 
 
-def _side(s: dict | None, reference: bool) -> str:
+def _side(s: Mapping[str, Any] | None, reference: bool) -> str:
     if s is None:
         return "missing"
     if s["mean"] is None:
@@ -44,7 +48,7 @@ def _side(s: dict | None, reference: bool) -> str:
     return f"{human(s['mean'])}{ci} (n={s['n']})"
 
 
-def _interval(r: dict, reference: bool) -> str:
+def _interval(r: Mapping[str, Any], reference: bool) -> str:
     if reference:
         lo, hi = r.get("bounds") or (None, None)
         return f"allowed [{_x(lo)}, {'∞' if hi is None else _x(hi)}]"
@@ -53,65 +57,83 @@ def _interval(r: dict, reference: bool) -> str:
     return f"[{r['ci_low']:.3g}, {r['ci_high']:.3g}]"
 
 
-def rows(result: dict) -> list[dict]:
+@dataclass(frozen=True)
+class ShownCell:
+    """A cell of a comparison as the table, the page and the report show it: every figure
+    formatted."""
+
+    label: str
+    verdict: str
+    base: str
+    new: str
+    ratio: str
+    interval: str  # its 95 % CI, or a reference's allowed bounds
+    accuracy: str
+    memory: str
+    reason: str
+    notes: list[str]
+    cost: str
+    cost_verdict: str | None  # None: no prices given
+    cost_reason: str
+
+
+def rows(result: Comparison) -> list[ShownCell]:
     """One row of formatted strings per cell, slower cells first."""
-    reference = result["mode"] == "reference"
     order = {"slower": 0, "faster": 1, "not comparable": 2, "same": 3}
-    out = []
-    for r in sorted(result["cells"], key=lambda r: order[r["verdict"]]):
-        mem = _signed_pct(r["memory_change"])
-        if r["memory"] and r["memory_change"] is not None:
-            mem += f" ({r['memory']})"
-        why = r["reason"]
-        cost = "–"
-        if r.get("cost_ratio") is not None:
-            cost = f"{_x(r['cost_ratio'])} [{r['cost_ci_low']:.3g}, {r['cost_ci_high']:.3g}]"
-        out.append(
-            {
-                "label": r["label"],
-                "verdict": r["verdict"],
-                "base": _side(r["base"], reference),
-                "new": _side(r["new"], False),
-                "ratio": _x(r["ratio"]),
-                "interval": _interval(r, reference),
-                "accuracy": _points(r["accuracy_change"]),
-                "memory": mem,
-                "reason": why,
-                "notes": r["notes"],
-                "cost": cost,
-                "cost_verdict": r.get("cost_verdict"),
-                "cost_reason": r.get("cost_reason", ""),
-            }
-        )
-    return out
+    ordered = sorted(result.cells, key=lambda r: order[r["verdict"]])
+    return [shown(r, result.reference) for r in ordered]
 
 
-def headline(result: dict) -> str:
-    c = result["counts"]
+def shown(r: Mapping[str, Any], reference: bool) -> ShownCell:
+    """A cell's row of the comparison (`verdicts.compare_cell`'s) formatted."""
+    mem = _signed_pct(r["memory_change"])
+    if r["memory"] and r["memory_change"] is not None:
+        mem += f" ({r['memory']})"
+    cost = "–"
+    if r.get("cost_ratio") is not None:
+        cost = f"{_x(r['cost_ratio'])} [{r['cost_ci_low']:.3g}, {r['cost_ci_high']:.3g}]"
+    return ShownCell(
+        label=r["label"],
+        verdict=r["verdict"],
+        base=_side(r["base"], reference),
+        new=_side(r["new"], False),
+        ratio=_x(r["ratio"]),
+        interval=_interval(r, reference),
+        accuracy=_points(r["accuracy_change"]),
+        memory=mem,
+        reason=r["reason"],
+        notes=r["notes"],
+        cost=cost,
+        cost_verdict=r.get("cost_verdict"),
+        cost_reason=r.get("cost_reason", ""),
+    )
+
+
+def headline(result: Comparison) -> str:
+    c = result.counts
     parts = [f"{c[v]} {v}" for v in ("slower", "faster", "same", "not comparable") if c[v]]
-    line = f"{len(result['cells'])} cells: " + (", ".join(parts) or "none")
-    if result.get("currency"):  # prices given: the cost verdicts too
-        costs = [r.get("cost_verdict") for r in result["cells"]]
+    line = f"{len(result.cells)} cells: " + (", ".join(parts) or "none")
+    if result.currency:  # prices given: the cost verdicts too
+        costs = [r.get("cost_verdict") for r in result.cells]
         said = [f"{costs.count(v)} {v}" for v in ("dearer", "cheaper") if costs.count(v)]
-        line += f"; cost ({result['currency']}): " + (", ".join(said) or "no change")
-    if result["mode"] == "reference":
-        bad = result.get("out_of_bounds", [])
-        line += f"; {len(bad)} outside their reference bounds"
-    return f"{line}; exit status {result['exit_status']}"
+        line += f"; cost ({result.currency}): " + (", ".join(said) or "no change")
+    if result.reference:
+        line += f"; {len(result.out_of_bounds)} outside their reference bounds"
+    return f"{line}; exit status {result.exit_status}"
 
 
-def text(result: dict) -> str:
+def text(result: Comparison) -> str:
     """The stdout table: verdict, ratio, CI, both sides, accuracy and memory change, cell."""
-    b, n = result["base"], result["new"]
-    ref = result["mode"] == "reference"
+    b, n = result.base, result.new
+    ref = result.reference
     lines = [
         f"trainscale.compare: {'REFERENCE' if ref else 'BASE'} {b['source']} "
         f"(study {b['study']!r}) vs {'STUDY' if ref else 'NEW'} {n['source']} "
         f"(study {n['study']!r}, {n['runs']} runs)",
     ]
     if not ref:
-        ci = CI_NAMES.get(result["ci"], result["ci"])
-        lines[0] += f"; threshold {100 * result['threshold']:g} %, CI from {ci}"
+        ci = CI_NAMES.get(result.ci, result.ci)
+        lines[0] += f"; threshold {100 * result.threshold:g} %, CI from {ci}"
     head = (
         f"{'verdict':<15}{'NEW/BASE' if not ref else 'STUDY/REF':>9}  "
         f"{'95% CI' if not ref else 'bounds':<24}"
@@ -122,38 +144,38 @@ def text(result: dict) -> str:
     lines += ["", head]
     for r in rows(result):
         lines.append(
-            f"{r['verdict']:<15}{r['ratio']:>9}  {r['interval']:<24}{r['base']:<24}{r['new']:<24}"
-            f"{r['accuracy']:>10}{r['memory']:>20}  {r['label']}"
+            f"{r.verdict:<15}{r.ratio:>9}  {r.interval:<24}{r.base:<24}{r.new:<24}"
+            f"{r.accuracy:>10}{r.memory:>20}  {r.label}"
         )
-        if r["cost_verdict"]:  # prices given
-            what = r["cost"] if r["cost"] != "–" else r["cost_reason"]
-            lines.append(f"{'':<15}  cost per million NEW/BASE: {r['cost_verdict']}, {what}")
-        for note in ([r["reason"]] if r["reason"] else []) + r["notes"]:
+        if r.cost_verdict:  # prices given
+            what = r.cost if r.cost != "–" else r.cost_reason
+            lines.append(f"{'':<15}  cost per million NEW/BASE: {r.cost_verdict}, {what}")
+        for note in ([r.reason] if r.reason else []) + r.notes:
             lines.append(f"{'':<15}  {note}")
-    if result["environment"]:
+    if result.environment:
         lines += ["", "environment and config differences (BASE -> NEW):"]
-        for e in result["environment"]:
+        for e in result.environment:
             lines.append(f"  {e['key']}: {e['base']} -> {e['new']}")
     elif not ref:
         lines += ["", "environment and config: no differences"]
     lines += ["", headline(result)]
-    if result["slower"]:
-        lines.append("slower: " + "; ".join(result["slower"]))
-    if result.get("dearer"):
-        lines.append("dearer: " + "; ".join(result["dearer"]))
-    if ref and result.get("out_of_bounds"):
-        lines.append("outside bounds: " + "; ".join(result["out_of_bounds"]))
+    if result.slower:
+        lines.append("slower: " + "; ".join(result.slower))
+    if result.dearer:
+        lines.append("dearer: " + "; ".join(result.dearer))
+    if ref and result.out_of_bounds:
+        lines.append("outside bounds: " + "; ".join(result.out_of_bounds))
     return "\n".join(lines) + "\n"
 
 
-def write_json(result: dict, path: str | Path) -> Path:
+def write_json(result: Comparison, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=1) + "\n")
+    path.write_text(json.dumps(result.to_json(), indent=1) + "\n")
     return path
 
 
-def section(result: dict | None, error: str | None = None) -> dict | None:
+def section(result: Comparison | None, error: str | None = None) -> dict | None:
     """What the study report's "Compared with …" section shows (None: no compare_with)."""
     if result is None and error is None:
         return None
@@ -161,24 +183,24 @@ def section(result: dict | None, error: str | None = None) -> dict | None:
         return {"error": error, "base": None, "rows": [], "environment": [], "headline": ""}
     return {
         "error": None,
-        "base": result["base"],
+        "base": result.base,
         "rows": rows(result),
-        "environment": result["environment"],
+        "environment": result.environment,
         "headline": headline(result),
-        "threshold": result["threshold"],
-        "ci": CI_NAMES.get(result["ci"], result["ci"]),
-        "reference": result["mode"] == "reference",
-        "currency": result.get("currency"),
+        "threshold": result.threshold,
+        "ci": CI_NAMES.get(result.ci, result.ci),
+        "reference": result.reference,
+        "currency": result.currency,
     }
 
 
-def render_html(result: dict) -> str:
+def render_html(result: Comparison) -> str:
     env = templates()
     from trainscale.compare import references
     from trainscale.compare import verdicts as compare
     from trainscale.report import html as report
 
-    doc = references.__doc__ if result["mode"] == "reference" else compare.__doc__
+    doc = references.__doc__ if result.reference else compare.__doc__
     return env.get_template(PAGE).render(
         style=stylesheet(),
         compared=section(result),
@@ -187,7 +209,7 @@ def render_html(result: dict) -> str:
     )
 
 
-def write_html(result: dict, path: str | Path) -> Path:
+def write_html(result: Comparison, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(render_html(result), encoding="utf-8")

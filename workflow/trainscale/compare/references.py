@@ -25,12 +25,15 @@ A references file (YAML):
 from __future__ import annotations
 
 import difflib
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
 from trainscale.analysis.aggregate import CELL
 from trainscale.compare import verdicts as ts_compare
+from trainscale.compare.cellrow import Comparison
+from trainscale.compare.sides import Side
 
 DEFAULT_TOLERANCE = (-0.05, None)
 
@@ -60,8 +63,17 @@ def _tolerance(value, where: str) -> tuple[float | None, float | None]:
     return lo, hi
 
 
-def parse(path: str | Path) -> list[dict]:
-    """The entries of a references file, each {cell, throughput, tolerance}, checked."""
+@dataclass(frozen=True)
+class Reference:
+    """An entry of a references file."""
+
+    cell: dict[str, object]  # the matrix values it names: every cell they match is checked
+    throughput: float  # samples/s
+    tolerance: tuple[float | None, float | None]  # (lower, upper) bounds of ratio − 1
+
+
+def parse(path: str | Path) -> list[Reference]:
+    """The entries of a references file, checked."""
     path = Path(path)
     try:
         doc = yaml.safe_load(path.read_text())
@@ -100,34 +112,34 @@ def parse(path: str | Path) -> list[dict]:
             if "tolerance" in r
             else default or DEFAULT_TOLERANCE
         )
-        out.append({"cell": cell, "throughput": float(x), "tolerance": tol})
+        out.append(Reference(cell, float(x), tol))
     return out
 
 
-def _matches(cell: dict, key: tuple) -> bool:
+def _matches(cell: dict[str, object], key: tuple) -> bool:
     values = dict(zip(CELL, key, strict=True))
     return all(str(values[k]) == str(v) for k, v in cell.items())
 
 
-def check(study: dict, path: str | Path) -> dict:
+def check(study: dict, path: str | Path) -> Comparison:
     """The study's card checked against every reference, in the shape of compare's result."""
     refs = parse(path)
     cells = ts_compare.cells_of(study)
     rows, outside = [], []
     for ref in refs:
-        lo, hi = ref["tolerance"]
+        lo, hi = ref.tolerance
         ordered = sorted(cells, key=lambda k: tuple(map(str, k)))
-        keys = [k for k in ordered if _matches(ref["cell"], k)]
+        keys = [k for k in ordered if _matches(ref.cell, k)]
         if not keys:
             rows.append(_row(ref, None, None, "missing in STUDY"))
             continue
         for key in keys:
             p = cells[key]
-            if p["ok"] == 0 or p["throughput"]["mean"] is None:
+            if p.ok == 0 or p.mean is None:
                 rows.append(_row(ref, key, p, "failed in STUDY"))
                 continue
             row = _row(ref, key, p, "")
-            ratio = p["throughput"]["mean"] / ref["throughput"]
+            ratio = p.mean / ref.throughput
             v = "same"
             if lo is not None and ratio < 1 + lo:
                 v = "slower"
@@ -137,30 +149,27 @@ def check(study: dict, path: str | Path) -> dict:
             if v != "same":
                 outside.append(row["label"])
             rows.append(row)
-    return ts_compare.finish(
-        {
-            "schema": ts_compare.SCHEMA_ID,
-            "mode": "reference",
-            "base": {"source": str(path), "study": "references", "runs": 0},
-            "new": ts_compare.describe(study),
-            "threshold": None,
-            "ci": None,
-            "cells": rows,
-            "environment": [],
-            "failures": {"base": None, "new": study["failures"]},
-            "out_of_bounds": outside,
-        }
+    return Comparison(
+        mode="reference",
+        base={"source": str(path), "study": "references", "runs": 0},
+        new=ts_compare.describe(study),
+        threshold=None,
+        ci=None,
+        cells=rows,
+        environment=[],
+        failures={"base": None, "new": study["failures"]},
+        out_of_bounds=outside,
     )
 
 
-def _row(ref: dict, key: tuple | None, p: dict | None, reason: str) -> dict:
-    lo, hi = ref["tolerance"]
-    name = ts_compare.label(key) if key else ", ".join(f"{k}={v}" for k, v in ref["cell"].items())
+def _row(ref: Reference, key: tuple | None, p: Side | None, reason: str) -> dict:
+    lo, hi = ref.tolerance
+    name = ts_compare.label(key) if key else ", ".join(f"{k}={v}" for k, v in ref.cell.items())
     return {
-        "cell": dict(zip(CELL, key, strict=True)) if key else dict(ref["cell"]),
+        "cell": dict(zip(CELL, key, strict=True)) if key else dict(ref.cell),
         "label": name,
-        "base": {"n": None, "ok": None, "runs": None, "mean": ref["throughput"], "ci95": None},
-        "new": ts_compare._side(p),
+        "base": {"n": None, "ok": None, "runs": None, "mean": ref.throughput, "ci95": None},
+        "new": p.summary() if p else None,
         "ratio": None,
         "ci_low": None,
         "ci_high": None,
@@ -170,5 +179,5 @@ def _row(ref: dict, key: tuple | None, p: dict | None, reason: str) -> dict:
         "accuracy_change": None,
         "memory_change": None,
         "memory": None,
-        "notes": list(p["notes"]) if p else [],
+        "notes": list(p.notes) if p else [],
     }

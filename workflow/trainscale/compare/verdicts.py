@@ -57,18 +57,21 @@ trainscale.compare.references. Definitions:
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from trainscale.analysis.aggregate import CELL
-from trainscale.analysis.interval import STEPS, combined, t_quantile
+from trainscale.analysis.interval import combined, t_quantile
 from trainscale.compare import card as ts_card
+from trainscale.compare.cellrow import CellRow, Comparison
+from trainscale.compare.machine import environment_diff
+from trainscale.compare.sides import Side, StepModel
 from trainscale.plan.prices import CPU_KEY, Prices
 from trainscale.plan.runspec import OUT_OF_PATH
 
-SCHEMA_ID = "trainscale.compare/1"
-VERDICTS = ("slower", "faster", "same", "not comparable")
 #: --ci: how the ratio's 95% CI is made (the module docstring defines each).
 METHODS = ("steps", "bootstrap", "welch")
 #: The note of a cell whose CI fell back from steps and repeats to the bootstrap.
@@ -111,55 +114,45 @@ def log_ratio_ci(base: list[float], new: list[float], method: str) -> tuple[floa
     return math.exp(d), math.exp(lo), math.exp(hi)
 
 
-def model_of(p: dict) -> dict | None:
-    """A card point's model where its study's interval is from steps and repeats: ȳ
-    (`log_mean`), Var(ȳ) (`log_var`), ν (`df`), the repeats `n` and, in cards that record
-    them, the pool's parts (card.POOL); None elsewhere (a card made before them; records
-    without batch means)."""
-    t = p["throughput"]
-    if t.get("interval") != STEPS or any(t.get(k) is None for k in ("log_mean", "log_var", "df")):
-        return None
-    return {"n": t["n"], **{k: t.get(k) for k in ("log_mean", "log_var", "df", *ts_card.POOL)}}
-
-
-def log_ratio_model(base: dict, new: dict) -> tuple[float, float, float, str]:
-    """(ratio, CI low, CI high, note) of NEW / BASE from each side's `model_of`, the two
-    studies' run-to-run variance pooled where alike (see the docstring); the note says why
-    not where it was not."""
-    d = new["log_mean"] - base["log_mean"]
-    note = (
-        "" if all(side[k] is not None for side in (base, new) for k in ts_card.POOL) else OLD_CARD
-    )
+def log_ratio_model(base: StepModel, new: StepModel) -> tuple[float, float, float, str]:
+    """(ratio, CI low, CI high, note) of NEW / BASE from each side's model, the two studies'
+    run-to-run variance pooled where alike (see the docstring); the note says why not where it
+    was not."""
+    d = new.log_mean - base.log_mean
+    note = "" if base.poolable and new.poolable else OLD_CARD
     if not note and not alike(base, new):
         note = NOT_POOLED
     if note:
-        var = base["log_var"] + new["log_var"]
-        den = base["log_var"] ** 2 / base["df"] + new["log_var"] ** 2 / new["df"]
-        nu = var**2 / den if den > 0 else min(base["df"], new["df"])
+        var = base.log_var + new.log_var
+        den = base.log_var**2 / base.df + new.log_var**2 / new.df
+        nu = var**2 / den if den > 0 else min(base.df, new.df)
     else:
-        nu_b, nu_n = base["pooled_df"], new["pooled_df"]
-        pool = lambda k: (nu_b * base[k] + nu_n * new[k]) / (nu_b + nu_n)  # noqa: E731
-        within = [
-            (side["within_run_var"] / side["n"], side["within_run_df"]) for side in (base, new)
-        ]
-        v, df = combined(1 / base["n"] + 1 / new["n"], pool("between_run_var"),
-                         pool("pooled_run_var"), nu_b + nu_n, within)  # fmt: skip
-        var, nu = float(v), float(df)
+        var, nu = pooled_variance(base, new)
     if var <= 0:
         return math.exp(d), math.exp(d), math.exp(d), note
     h = float(t_quantile(nu)) * math.sqrt(var)
     return math.exp(d), math.exp(d - h), math.exp(d + h), note
 
 
-def alike(base: dict, new: dict) -> bool:
+def pooled_variance(base: StepModel, new: StepModel) -> tuple[float, float]:
+    """(Var(d), ν) with the two studies' run-to-run variances pooled (both `poolable`)."""
+    nu_b, nu_n = base.pooled_df, new.pooled_df
+    pool = lambda k: (nu_b * getattr(base, k) + nu_n * getattr(new, k)) / (nu_b + nu_n)  # noqa: E731
+    within = [(side.within_run_var / side.n, side.within_run_df) for side in (base, new)]
+    v, df = combined(1 / base.n + 1 / new.n, pool("between_run_var"), pool("pooled_run_var"),
+                     nu_b + nu_n, within)  # fmt: skip
+    return float(v), float(df)
+
+
+def alike(base: StepModel, new: StepModel) -> bool:
     """Whether the two studies' run-to-run variances s² may be pooled: an F test of their
     ratio, two-sided, does not tell them apart at ALIKE."""
     from scipy.special import fdtr
 
-    sb, sn = base["pooled_run_var"], new["pooled_run_var"]
+    sb, sn = base.pooled_run_var, new.pooled_run_var
     if sb <= 0 or sn <= 0:
         return sb == sn
-    p = float(fdtr(new["pooled_df"], base["pooled_df"], sn / sb))
+    p = float(fdtr(new.pooled_df, base.pooled_df, sn / sb))
     return 2 * min(p, 1 - p) >= ALIKE
 
 
@@ -175,7 +168,7 @@ def verdict(ratio: float, lo: float, hi: float, threshold: float) -> str:
 # cells
 
 
-def cells_of(card: dict) -> dict[tuple, dict]:
+def cells_of(card: dict) -> dict[tuple, Side]:
     """cell key (CELL order) -> its point in the card."""
     out = {}
     for g in card["scaling"]:
@@ -185,7 +178,7 @@ def cells_of(card: dict) -> dict[tuple, dict]:
                       "workers": p["workers"]}  # fmt: skip
             values["nodes"] = p["nodes"]
             values["tp"] = p.get("tp", 1)  # cards made before the axis: no tensor parallelism
-            out[tuple(values[k] for k in CELL)] = p
+            out[tuple(values[k] for k in CELL)] = Side.of(p)
     return out
 
 
@@ -201,144 +194,110 @@ def label(key: tuple) -> str:
     )
 
 
-def _side(p: dict | None) -> dict | None:
-    if p is None:
-        return None
-    t = p["throughput"]
-    return {"n": t["n"], "ok": p["ok"], "runs": p["runs"], "mean": t["mean"], "ci95": t["ci95"],
-            "interval": t.get("interval")}  # fmt: skip
-
-
 def _change(new: float | None, base: float | None) -> float | None:
     return None if new is None or base is None or base == 0 else new / base - 1
 
 
-def compare_cell(key: tuple, b: dict | None, n: dict | None, threshold: float, method: str) -> dict:
-    row = {
-        "cell": dict(zip(CELL, key, strict=True)),
-        "label": label(key),
-        "base": _side(b),
-        "new": _side(n),
-        "ratio": None,
-        "ci_low": None,
-        "ci_high": None,
-        "verdict": "not comparable",
-        "reason": "",
-        "ci": None,
-        "accuracy_change": None,
-        "memory_change": None,
-        "memory": None,
-        "notes": sorted({*(b or {}).get("notes", []), *(n or {}).get("notes", [])}),
-    }
-    if b is not None and n is not None:
-        if b["test_accuracy"] is not None and n["test_accuracy"] is not None:
-            row["accuracy_change"] = n["test_accuracy"] - b["test_accuracy"]
-        kind = "device" if b["peak_device_bytes"] and n["peak_device_bytes"] else "host RSS"
-        col = "peak_device_bytes" if kind == "device" else "peak_host_rss_bytes"
-        row["memory_change"], row["memory"] = _change(n[col], b[col]), kind
-    for side, p in (("BASE", b), ("NEW", n)):
-        if p is None:
-            row["reason"] = f"missing in {side}"
-            return row
-        if p["ok"] == 0:
-            statuses = ", ".join(f"{c} {s}" for s, c in sorted(p["statuses"].items()))
-            what = "diverged" if set(p["statuses"]) == {"diverged"} else "failed"
-            row["reason"] = f"{what} in {side} ({statuses})"
-            return row
-    models = (model_of(b), model_of(n)) if method == "steps" else (None, None)
+def compare_cell(
+    key: tuple, b: Side | None, n: Side | None, threshold: float, method: str
+) -> CellRow:
+    """A cell's row of the comparison: its throughput ratio, CI and verdict, or why it is not
+    comparable, and the accuracy and memory changes beside them."""
+    row = CellRow(
+        cell=dict(zip(CELL, key, strict=True)),
+        label=label(key),
+        base=b.summary() if b else None,
+        new=n.summary() if n else None,
+        **side_changes(b, n),
+        notes=sorted({*(b.notes if b else []), *(n.notes if n else [])}),
+    )
+    if why := not_comparable(b, n):
+        return replace(row, reason=why)
+    models = (b.model, n.model) if method == "steps" else (None, None)
     if None not in models:
         ratio, lo, hi, note = log_ratio_model(*models)
-        row["ci"] = "steps"
-        row["notes"] = [*row["notes"], note] if note else row["notes"]
+        ci, notes = "steps", [*row.notes, note] if note else row.notes
     else:
         for side, p in (("BASE", b), ("NEW", n)):
-            if p["throughput"]["n"] < 2:
-                row["reason"] = f"single repeat in {side}: no confidence interval"
-                return row
-        row["ci"] = "bootstrap" if method == "steps" else method
-        if method == "steps":
-            row["notes"] = [*row["notes"], FALLBACK]
-        values = (b["throughput"]["values"], n["throughput"]["values"])
-        ratio, lo, hi = log_ratio_ci(*values, row["ci"])
-    row.update(ratio=ratio, ci_low=lo, ci_high=hi, verdict=verdict(ratio, lo, hi, threshold))
-    return row
+            if p.n < 2:
+                return replace(row, reason=f"single repeat in {side}: no confidence interval")
+        ci = "bootstrap" if method == "steps" else method
+        notes = [*row.notes, FALLBACK] if method == "steps" else row.notes
+        ratio, lo, hi = log_ratio_ci(b.values, n.values, ci)
+    return replace(row, ratio=ratio, ci_low=lo, ci_high=hi, ci=ci, notes=notes,
+                   verdict=verdict(ratio, lo, hi, threshold))  # fmt: skip
 
 
-def device_hour_price(p: dict, prices: Prices) -> tuple[float | None, str]:
+def side_changes(b: Side | None, n: Side | None) -> dict[str, Any]:
+    """The accuracy change (points) and the peak memory change (device where both sides have
+    it, host RSS otherwise), None where a side is missing."""
+    changes = {"accuracy_change": None, "memory_change": None, "memory": None}
+    if b is None or n is None:
+        return changes
+    if b.test_accuracy is not None and n.test_accuracy is not None:
+        changes["accuracy_change"] = n.test_accuracy - b.test_accuracy
+    if b.peak_device_bytes and n.peak_device_bytes:
+        changes["memory_change"] = _change(n.peak_device_bytes, b.peak_device_bytes)
+        changes["memory"] = "device"
+    else:
+        changes["memory_change"] = _change(n.peak_host_rss_bytes, b.peak_host_rss_bytes)
+        changes["memory"] = "host RSS"
+    return changes
+
+
+def not_comparable(b: Side | None, n: Side | None) -> str:
+    """Why a cell is not comparable for want of a side or of an ok run ("" where both have)."""
+    for side, p in (("BASE", b), ("NEW", n)):
+        if p is None:
+            return f"missing in {side}"
+        if p.ok == 0:
+            what = "diverged" if set(p.statuses) == {"diverged"} else "failed"
+            return f"{what} in {side} ({p.by_status()})"
+    return ""
+
+
+def device_hour_price(p: Side, prices: Prices) -> tuple[float | None, str]:
     """(the price of one of the point's devices for an hour, "") or (None, why there is none):
     a cpu-core price × threads_per_worker on CPU."""
-    device = p.get("device")
-    if device is None:
+    if p.device is None:
         return None, "the card records no device (made before cards did)"
-    key, why = prices.match(device["kind"], device["name"])
+    key, why = prices.match(p.device.kind, p.device.name)
     if key is None:
         return None, why
-    threads = device.get("threads_per_worker") or 1
+    threads = p.device.threads_per_worker or 1
     return prices.device_hour[key] * (threads if key == CPU_KEY else 1), ""
 
 
 def compare_cost(
-    row: dict, b: dict | None, n: dict | None, prices: Prices | None, threshold: float
-) -> dict:
-    """The cost ratio, its CI and verdict (the module docstring defines them) added to a
-    cell's row: from the throughput ratio, whose verdict must exist, and the two prices."""
-    row.update(cost_ratio=None, cost_ci_low=None, cost_ci_high=None, cost_verdict=None,
-               cost_reason="")  # fmt: skip
+    row: CellRow, b: Side | None, n: Side | None, prices: Prices | None, threshold: float
+) -> CellRow:
+    """A cell's row with its cost ratio, CI and verdict (the module docstring defines them):
+    from the row's throughput ratio and the two prices."""
+    return replace(row, **cost_fields(row, b, n, prices, threshold))
+
+
+def cost_fields(
+    row: CellRow, b: Side | None, n: Side | None, prices: Prices | None, threshold: float
+) -> dict[str, Any]:
+    """The cost fields of a cell's row; all None without prices."""
+    none = {"cost_ratio": None, "cost_ci_low": None, "cost_ci_high": None, "cost_verdict": None,
+            "cost_reason": ""}  # fmt: skip
     if prices is None:
-        return row
-    row["cost_verdict"] = "not comparable"
-    if row["ratio"] is None:
-        row["cost_reason"] = row["reason"]
-        return row
+        return none
+    if row.ratio is None:
+        return {**none, "cost_verdict": "not comparable", "cost_reason": row.reason}
     (pb, why_b), (pn, why_n) = device_hour_price(b, prices), device_hour_price(n, prices)
     if pb is None or pn is None or pb == 0:
         side, why = ("BASE", why_b) if pb is None else ("NEW", why_n)
-        row["cost_reason"] = f"no price in {side}: {why or 'its price is 0'}"
-        return row
+        why = f"no price in {side}: {why or 'its price is 0'}"
+        return {**none, "cost_verdict": "not comparable", "cost_reason": why}
     # cost ∝ N · price / x, and N is the same on both sides of a cell
     k = pn / pb
-    ratio, lo, hi = k / row["ratio"], k / row["ci_high"], k / row["ci_low"]
+    ratio, lo, hi = k / row.ratio, k / row.ci_high, k / row.ci_low
     higher = {"slower": "cheaper", "faster": "dearer", "same": "same"}  # verdict's words for up
-    row.update(cost_ratio=ratio, cost_ci_low=lo, cost_ci_high=hi,
-               cost_verdict=higher[verdict(ratio, lo, hi, threshold)])  # fmt: skip
-    return row
-
-
-# --------------------------------------------------------------------------------------------
-# environment
-
-
-def _flat_machine(card: dict) -> dict[str, str]:
-    m = card["machine"]
-    out = {
-        "hosts": str(m["host_count"]),
-        "max nodes per run": str(m["max_nodes_per_run"]),
-        "devices": ", ".join(m["device_kinds"]) or "–",
-        "CPU model": "; ".join(m["cpu_models"]) or "–",
-        "GPU model": "; ".join(m["gpu_models"]) or "–",
-        "CPUs per node": ", ".join(map(str, m["cpus_per_node"])) or "–",
-        "interconnect": m["interconnect"]["seen"],
-        "collective backends": ", ".join(m["interconnect"]["backends"]) or "–",
-        "launch modes": ", ".join(m["interconnect"]["launch_modes"]) or "–",
-    }
-    for k in ("cuda", "nccl", "driver"):  # named even when not recorded: a difference shows
-        out[k] = "not recorded"
-    for k, v in m["versions"].items():
-        out[k] = "; ".join(v)
-    for k, v in card["config"].items():
-        out[f"config: {k}"] = "; ".join(v)
-    return out
-
-
-def environment_diff(base: dict, new: dict) -> list[dict]:
-    """Every machine entry and config key whose values differ (absent on one side: '–')."""
-    a, b = _flat_machine(base), _flat_machine(new)
-    keys = [k for k in a if k in b] + [k for k in a if k not in b] + [k for k in b if k not in a]
-    return [
-        {"key": k, "base": a.get(k, "–"), "new": b.get(k, "–")}
-        for k in keys
-        if a.get(k, "–") != b.get(k, "–")
-    ]
+    said = higher[verdict(ratio, lo, hi, threshold)]
+    return {"cost_ratio": ratio, "cost_ci_low": lo, "cost_ci_high": hi, "cost_verdict": said,
+            "cost_reason": ""}  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------
@@ -385,9 +344,9 @@ def compare(
     threshold: float = 0.05,
     method: str = "steps",
     prices: Prices | None = None,
-) -> dict:
-    """The comparison of two cards, JSON-ready (the module docstring defines every figure);
-    with `prices`, each cell's cost too."""
+) -> Comparison:
+    """The comparison of two cards (the module docstring defines every figure); with
+    `prices`, each cell's cost too."""
     cb, cn = cells_of(base), cells_of(new)
     keys = sorted(set(cb) | set(cn), key=lambda k: tuple(map(str, k)))
     rows = [
@@ -395,32 +354,18 @@ def compare(
                      cn.get(k), prices, threshold)
         for k in keys
     ]  # fmt: skip
-    return finish(
-        {
-            "schema": SCHEMA_ID,
-            "mode": "compare",
-            "base": describe(base),
-            "new": describe(new),
-            "threshold": threshold,
-            "ci": method,
-            "currency": prices.currency if prices else None,
-            "cells": rows,
-            "environment": environment_diff(base, new),
-            "failures": {"base": base["failures"], "new": new["failures"]},
-        }
+    return Comparison(
+        mode="compare",
+        base=describe(base),
+        new=describe(new),
+        threshold=threshold,
+        ci=method,
+        currency=prices.currency if prices else None,
+        cells=[row.to_json() for row in rows],
+        environment=environment_diff(base, new),
+        failures={"base": base["failures"], "new": new["failures"]},
     )
 
 
-def finish(result: dict) -> dict:
-    """Counts per verdict, the slower cells by name, and the exit status."""
-    counts = {v: sum(r["verdict"] == v for r in result["cells"]) for v in VERDICTS}
-    result["counts"] = counts
-    result["slower"] = [r["label"] for r in result["cells"] if r["verdict"] == "slower"]
-    result["dearer"] = [r["label"] for r in result["cells"] if r.get("cost_verdict") == "dearer"]
-    failed = result.get("out_of_bounds", result["slower"] + result["dearer"])
-    result["exit_status"] = 1 if failed else 0
-    return result
-
-
-def compare_paths(base: str | Path, new: str | Path, **kw) -> dict:
+def compare_paths(base: str | Path, new: str | Path, **kw) -> Comparison:
     return compare(load(base, "BASE"), load(new, "NEW"), **kw)

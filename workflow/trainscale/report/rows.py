@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from typing import Any
 
 import pandas as pd
 import yaml
 
 from trainscale.analysis import aggregate, repeats
 from trainscale.analysis.aggregate import Study, human, rate
-from trainscale.analysis.flags import cell_flags
+from trainscale.analysis.flags import INPUT_BOUND, cell_flags
 from trainscale.analysis.interval import REPEATS
 from trainscale.analysis.settle import resolves
 from trainscale.analysis.summary import failed_parts
@@ -188,78 +189,72 @@ def model_rows(study: Study) -> list[dict]:
     return out
 
 
+#: The scaling table's order: by what the cells share, then by N within a strategy.
+SCALING_ORDER = ["model", "dataset", "scale", "batch_size", "batch_mode", "precision", "strategy",
+                 "nodes", "world_size"]  # fmt: skip
+
+
 def scaling_rows(study: Study) -> list[dict]:
+    """Every cell's row of the scaling table, in SCALING_ORDER."""
     s = study.scaling
     if not len(s):
         return []
-    s = s.sort_values(
-        [
-            "model",
-            "dataset",
-            "scale",
-            "batch_size",
-            "batch_mode",
-            "precision",
-            "strategy",
-            "nodes",
-            "world_size",
-        ],
-        kind="stable",
-    )
-    rows = []
-    for r in s.itertuples(index=False):
-        seq_len = getattr(r, "seq_len", 0)  # token data: throughput in tokens/s
-        tta = "–"
-        if not na(r.time_to_accuracy_seconds_mean) or not na(r.target_accuracy):
-            reached = int(r.time_to_accuracy_seconds_n)
-            tta = (
-                with_ci(r.time_to_accuracy_seconds_mean, r.time_to_accuracy_seconds_ci95, "s")
-                + f" ({reached}/{r.ok} reached)"
-            )
-        eff = "–" if na(r.efficiency) else f"{pct(r.efficiency)} {r.efficiency_kind}"
-        rows.append(
-            {
-                "strategy": r.strategy,
-                "model": r.model,
-                "dataset": r.dataset,
-                "scale": r.scale,
-                "batch": f"{r.batch_size} {r.batch_mode.replace('_', '-')}",
-                "n": f"{r.world_size}" + (f" ({r.workers}×{r.nodes})" if r.nodes > 1 else ""),
-                "precision": r.precision,
-                "knobs": knobs(r),
-                "runs": f"{r.ok}/{r.runs}",
-                "statuses": r.statuses,
-                "throughput": with_ci(*rate(r.throughput_mean, r.throughput_ci95, seq_len)),
-                "per_worker": with_ci(*rate(r.throughput_per_worker_mean, float("nan"), seq_len)),
-                "epoch1": with_ci(r.first_epoch_seconds_mean, r.first_epoch_seconds_ci95),
-                "steady": with_ci(r.steady_epoch_seconds_mean, r.steady_epoch_seconds_ci95),
-                "overhead": with_ci(
-                    r.first_epoch_overhead_seconds_mean, r.first_epoch_overhead_seconds_ci95
-                ),
-                "speedup": ratio(r.speedup),
-                "efficiency": eff,
-                "vs_single": ratio(r.speedup_vs_single)
-                + (
-                    f" ({r.single_best_strategy})"
-                    if isinstance(r.single_best_strategy, str) and not na(r.speedup_vs_single)
-                    else ""
-                ),
-                "mfu": pct(getattr(r, "mfu_mean", None)),
-                "hfu": pct(getattr(r, "hfu_mean", None)),
-                "accuracy": with_ci(r.test_accuracy_mean, r.test_accuracy_ci95),
-                "tta": tta,
-                "rss": mib(r.peak_host_rss_bytes_mean, r.peak_host_rss_bytes_ci95),
-                "device": mib(r.peak_device_bytes_mean, r.peak_device_bytes_ci95),
-                "predicted": mib(getattr(r, "predicted_peak_bytes", None)),
-                "memory_error": memory_errors(r),
-                "note": cell_note(r),
-                "data_wait": pct(getattr(r, "data_wait_share_mean", None)),
-                "input_bound": bool(getattr(r, "input_bound", False)),
-                "flags": cell_flags(r),
-                "failed": int(r.failed) > 0,
-            }
+    ordered = s.sort_values(SCALING_ORDER, kind="stable")
+    return [scaling_row(r) for r in ordered.itertuples(index=False)]
+
+
+def scaling_row(r: Any) -> dict[str, object]:
+    """A row of scaling.csv (`itertuples`) as the scaling table shows it."""
+    seq_len = getattr(r, "seq_len", 0)  # token data: throughput in tokens/s
+    tta = "–"
+    if not na(r.time_to_accuracy_seconds_mean) or not na(r.target_accuracy):
+        reached = int(r.time_to_accuracy_seconds_n)
+        tta = (
+            with_ci(r.time_to_accuracy_seconds_mean, r.time_to_accuracy_seconds_ci95, "s")
+            + f" ({reached}/{r.ok} reached)"
         )
-    return rows
+    eff = "–" if na(r.efficiency) else f"{pct(r.efficiency)} {r.efficiency_kind}"
+    input_bound = bool(getattr(r, "input_bound", False))
+    return {
+        "strategy": r.strategy,
+        "model": r.model,
+        "dataset": r.dataset,
+        "scale": r.scale,
+        "batch": f"{r.batch_size} {r.batch_mode.replace('_', '-')}",
+        "n": f"{r.world_size}" + (f" ({r.workers}×{r.nodes})" if r.nodes > 1 else ""),
+        "precision": r.precision,
+        "knobs": knobs(r),
+        "runs": f"{r.ok}/{r.runs}",
+        "statuses": r.statuses,
+        "throughput": with_ci(*rate(r.throughput_mean, r.throughput_ci95, seq_len)),
+        "per_worker": with_ci(*rate(r.throughput_per_worker_mean, float("nan"), seq_len)),
+        "epoch1": with_ci(r.first_epoch_seconds_mean, r.first_epoch_seconds_ci95),
+        "steady": with_ci(r.steady_epoch_seconds_mean, r.steady_epoch_seconds_ci95),
+        "overhead": with_ci(
+            r.first_epoch_overhead_seconds_mean, r.first_epoch_overhead_seconds_ci95
+        ),
+        "speedup": ratio(r.speedup),
+        "efficiency": eff,
+        "vs_single": ratio(r.speedup_vs_single)
+        + (
+            f" ({r.single_best_strategy})"
+            if isinstance(r.single_best_strategy, str) and not na(r.speedup_vs_single)
+            else ""
+        ),
+        "mfu": pct(getattr(r, "mfu_mean", None)),
+        "hfu": pct(getattr(r, "hfu_mean", None)),
+        "accuracy": with_ci(r.test_accuracy_mean, r.test_accuracy_ci95),
+        "tta": tta,
+        "rss": mib(r.peak_host_rss_bytes_mean, r.peak_host_rss_bytes_ci95),
+        "device": mib(r.peak_device_bytes_mean, r.peak_device_bytes_ci95),
+        "predicted": mib(getattr(r, "predicted_peak_bytes", None)),
+        "memory_error": memory_errors(r),
+        "note": cell_note(r),
+        "data_wait": pct(getattr(r, "data_wait_share_mean", None)),
+        "input_bound": input_bound,
+        "flags": [*cell_flags(r), *([INPUT_BOUND] if input_bound else [])],
+        "failed": int(r.failed) > 0,
+    }
 
 
 def _seconds(v) -> str:
@@ -349,7 +344,7 @@ def failed_rows(study: Study) -> list[dict]:
                 "status": r["status"],
                 "first": lines[0] if lines else "",
                 "error": err.strip(),
-                "oversubscribed": bool(r.get("oversubscribed")),
+                "flags": cell_flags(r),  # a run's: oversubscribed
             }
         )
     return rows

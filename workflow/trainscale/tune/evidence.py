@@ -22,6 +22,7 @@ from trainscale.analysis.interval import (
     within_variance,
 )
 from trainscale.analysis.metrics_tables import run_id
+from trainscale.tune.records import Grid
 from trainscale.tune.space import Prices, cell_of
 
 #: Seconds in an hour; units in a million.
@@ -43,7 +44,7 @@ def runs_table(records: list[tuple[int, str, dict]], prices: Prices | None) -> p
     steady seconds per step, `tune_steps`: the steps of its epochs); and `price`, one device-
     hour's price at `prices` (NaN where none applies)."""
     rows = []
-    for round, path, rec in records:
+    for number, path, rec in records:
         s, epochs = rec["spec"], rec.get("epochs") or []
         ok = rec["status"] == "ok"
         w, k = within_variance(epochs) if ok else (None, 0)
@@ -52,7 +53,7 @@ def runs_table(records: list[tuple[int, str, dict]], prices: Prices | None) -> p
         steady = [e for e in epochs[1:] if e.get("steps")]
         rows.append({
             "cell": cell_of(run_id(path)),
-            "round": round,
+            "round": number,
             "repeat": s["repeat"],
             "status": rec["status"],
             "error": (rec.get("error") or "").strip().split("\n")[0],
@@ -86,7 +87,7 @@ def runs_table(records: list[tuple[int, str, dict]], prices: Prices | None) -> p
     return runs
 
 
-def cells_table(runs: pd.DataFrame, objective: str, grid: dict) -> pd.DataFrame:
+def cells_table(runs: pd.DataFrame, objective: str, grid: Grid) -> pd.DataFrame:
     """One row per cell of `runs` (index: cell): `n` ok runs, `runs`, `statuses`, `logical`,
     the interval model's CELL_COLUMNS and `throughput_n` (interval.pair_df reads them),
     `score` (the log objective, higher better: log throughput in the data's unit, minus
@@ -135,17 +136,17 @@ def cells_table(runs: pd.DataFrame, objective: str, grid: dict) -> pd.DataFrame:
     return out
 
 
-def grid_seconds(ok: pd.core.groupby.DataFrameGroupBy, grid: dict) -> pd.Series:
+def grid_seconds(ok: pd.core.groupby.DataFrameGroupBy, grid: Grid) -> pd.Series:
     """Per cell: the wall seconds of one of the study's own runs (`grid`'s epochs, each of
     the data set's steps up to its steps_per_epoch), predicted from the cell's ok tune runs:
     their set-up and first epoch as measured, every further step at their steady seconds per
     step (evaluation left out)."""
     full = (ok["train_samples"].first() // ok["global_batch_size"].first()).astype(float)
-    if grid.get("steps_per_epoch"):
-        full = full.clip(upper=grid["steps_per_epoch"])
+    if grid.steps_per_epoch:
+        full = full.clip(upper=grid.steps_per_epoch)
     step = ok["step_seconds"].mean()
     first = ok["first_epoch_seconds"].max() + (full - ok["tune_steps"].max()).clip(lower=0) * step
-    return ok["fixed_seconds"].max() + first + (grid["epochs"] - 1) * full * step
+    return ok["fixed_seconds"].max() + first + (grid.epochs - 1) * full * step
 
 
 #: The model's columns the comparison with the best reads (interval.Fit.columns's names).

@@ -7,6 +7,7 @@ and why the tune ends, if it does (results/<study>/tune/round~R/round.json).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
@@ -15,6 +16,7 @@ from trainscale.analysis.flags import LOGICAL
 from trainscale.analysis.metrics_tables import run_id
 from trainscale.tune import evidence, race
 from trainscale.tune.race import BEST, GO_ON, STOPPED
+from trainscale.tune.records import CellDecision, FailedRun, Round, RoundZero, TriedCell
 from trainscale.tune.space import Prices, Settings, cell_of
 
 __all__ = ["BEST", "GO_ON", "STOPPED", "over_budget", "round_result"]
@@ -52,18 +54,18 @@ def log_objective(runs: pd.DataFrame, objective: str) -> pd.Series:
     return y
 
 
-def excluded(space: dict, runs: pd.DataFrame) -> dict[str, str]:
+def excluded(space: RoundZero, runs: pd.DataFrame) -> dict[str, str]:
     """Cells the race never compares, with why: logical CPU devices (`flags.LOGICAL`), and
     every cell of a cost panel that mixes priced and unpriced devices."""
     out = {}
     for cell in runs.loc[runs["logical"].fillna(False).astype(bool), "cell"]:
         out[cell] = f"{LOGICAL.note}; never ranked"
-    if space["settings"]["objective"] != "cost":
+    if space.settings.objective != "cost":
         return out
     ok = runs[runs["status"] == "ok"]  # a cell without an ok run says nothing of its device
     priced = ok.groupby("cell")["price"].apply(lambda p: p.notna().any())
-    for panel in {c["panel_label"] for c in space["cells"]}:
-        cells = [c["cell"] for c in space["cells"] if c["panel_label"] == panel]
+    for panel in {c.panel_label for c in space.cells}:
+        cells = [c.cell for c in space.cells if c.panel_label == panel]
         known = priced.reindex(cells).dropna()
         if known.any() and not known.all():
             unpriced = ", ".join(sorted(known.index[~known.astype(bool)]))
@@ -76,58 +78,64 @@ def excluded(space: dict, runs: pd.DataFrame) -> dict[str, str]:
 
 
 def round_result(
-    space: dict,
-    round: int,
+    space: RoundZero,
+    number: int,
     records: list[tuple[int, str, dict]],
-    previous: dict | None,
-    invalid: list[tuple[int, str, str]] = (),
-) -> dict:
-    """Round `round`'s result from round 0's `space` (round~0/space.json), the records of
-    every run of rounds 1..`round` ((round, path, record)), the previous round's result
-    (None in round 1), and the files that were no valid record ((round, path, why): counted
-    as spent, no evidence)."""
-    settings = Settings(**space["settings"])
-    runs = all_runs(records, invalid, Prices.from_config({"cost": space.get("cost")}))
+    previous: Round | None,
+    invalid: Sequence[tuple[int, str, str]] = (),
+) -> Round:
+    """Round `number`'s result from round 0's `space` (round~0/space.json), the records of
+    every run of rounds 1..`number` ((round, path, record)), the previous round's result
+    (None in round 1; the race replays every run, so it reads none of it), and the files that
+    were no valid record ((round, path, why): counted as spent, no evidence)."""
+    settings = space.settings
+    runs = all_runs(records, invalid, Prices.from_config({"cost": space.cost}))
     runs["y"] = log_objective(runs, settings.objective)
-    info = {c["cell"]: c for c in space["cells"]}
-    out = excluded(space, runs)
-    raced = [c for c in info if c not in out]
-    cells = race.cells_frame([{"cell": c, "panel": info[c]["panel_label"],
-                               "stratum": info[c]["stratum"]} for c in raced])  # fmt: skip
-    ev = runs[runs["cell"].isin(raced)].rename(
-        columns={"within_run_var": "w", "within_run_blocks": "k"}
-    )[list(race.EVIDENCE_COLUMNS)]
-    decided = race.decide(cells, ev, settings).set_index("cell")
-    for cell, why in out.items():
-        decided.loc[cell, ["decision", "reason", "next_runs"]] = STOPPED, why, 0
+    info = {c.cell: c for c in space.cells}
+    decided = race_decisions(space, runs)
     table = evidence.cells_table(runs[runs["status"].notna() & runs["world_size"].notna()],
-                                 settings.objective, space["grid"]).reindex(list(info))  # fmt: skip
-    now = runs[runs["round"] == round]
+                                 settings.objective, space.grid).reindex(list(info))  # fmt: skip
+    now = runs[runs["round"] == number]
     table["worker_seconds"] = now.groupby("cell")["worker_seconds"].sum()
-    spent_runs, spent = len(runs), float(runs["worker_seconds"].fillna(0).sum())
+    spent = float(runs["worker_seconds"].fillna(0).sum())
     done = over_budget(decided, table, settings, spent)
     if done:
         stop_for_budget(decided, done)
     made = runs.groupby("cell").size().reindex(list(info)).fillna(0).astype(int)
     going = decided.index[decided["next_runs"] > 0]
-    cells_out = [cell_row(info[c], decided.loc[c], table.loc[c], runs, settings.objective)
-                 for c in info]  # fmt: skip
     failed = now[now["status"] != "ok"][["cell", "repeat", "status", "error"]]
-    return {
-        "round": round,
-        "steady_epochs": settings.epochs,
-        "steps_per_epoch": settings.steps_per_epoch,
-        "cells": cells_out,
-        "failed": failed.astype({"repeat": int}).to_dict("records"),
-        "runs": len(now),
-        "worker_seconds": float(now["worker_seconds"].fillna(0).sum()),
-        "spent_runs": spent_runs,
-        "spent_worker_seconds": spent,
-        "next": {
-            c: list(range(made[c], made[c] + int(decided.loc[c, "next_runs"]))) for c in going
-        },  # fmt: skip
-        "done": done or (None if len(going) else ending(decided)),
-    }
+    return Round(
+        round=number,
+        steady_epochs=settings.epochs,
+        steps_per_epoch=settings.steps_per_epoch,
+        cells=[
+            cell_row(c, decided.loc[c.cell], table.loc[c.cell], runs, settings.objective)
+            for c in info.values()
+        ],  # fmt: skip
+        failed=[FailedRun(**f) for f in failed.astype({"repeat": int}).to_dict("records")],
+        runs=len(now),
+        worker_seconds=float(now["worker_seconds"].fillna(0).sum()),
+        spent_runs=len(runs),
+        spent_worker_seconds=spent,
+        next={c: list(range(made[c], made[c] + int(decided.loc[c, "next_runs"]))) for c in going},
+        done=done or (None if len(going) else ending(decided)),
+    )
+
+
+def race_decisions(space: RoundZero, runs: pd.DataFrame) -> pd.DataFrame:
+    """`race.decide` on every cell it compares (index: cell); the cells it never compares
+    (`excluded`) stopped with why."""
+    out = excluded(space, runs)
+    raced = [c for c in space.cells if c.cell not in out]
+    cells = race.cells_frame([{"cell": c.cell, "panel": c.panel_label, "stratum": c.stratum}
+                              for c in raced])  # fmt: skip
+    ev = runs[runs["cell"].isin([c.cell for c in raced])].rename(
+        columns={"within_run_var": "w", "within_run_blocks": "k"}
+    )[list(race.EVIDENCE_COLUMNS)]
+    decided = race.decide(cells, ev, space.settings).set_index("cell")
+    for cell, why in out.items():
+        decided.loc[cell, ["decision", "reason", "next_runs"]] = STOPPED, why, 0
+    return decided
 
 
 def ending(decided: pd.DataFrame) -> str:
@@ -136,22 +144,36 @@ def ending(decided: pd.DataFrame) -> str:
     return budget.iloc[0] if len(budget) else "every panel has its winning set"
 
 
-def cell_row(info: dict, d: pd.Series, t: pd.Series, runs: pd.DataFrame, objective: str) -> dict:
+def cell_row(
+    tried: TriedCell, decided: pd.Series, table: pd.Series, runs: pd.DataFrame, objective: str
+) -> CellDecision:
     """A cell's row of round.json: the race's decision, its estimate in the objective's unit."""
-    mine = runs[runs["cell"] == info["cell"]]
-    est, low, high = (float(d[k]) for k in ("estimate", "ci_low", "ci_high"))
+    mine = runs[runs["cell"] == tried.cell]
+    est, low, high = (float(decided[k]) for k in ("estimate", "ci_low", "ci_high"))
     if objective == "cost":
         est, low, high = (PER_MILLION_HOURS * math.exp(-v) for v in (est, high, low))
     else:
         est, low, high = (math.exp(v) for v in (est, low, high))
-    return {"cell": info["cell"], "values": info["values"], "world_size": info["world_size"],
-            "panel": info["panel_label"], "runs": len(mine),
-            "ran": int((mine["round"] == mine["round"].max()).sum()) if len(mine) else 0,
-            "ok": int((mine["status"] == "ok").sum()), "estimate": finite(est),
-            "ci_low": finite(low), "ci_high": finite(high), "score": finite(d["estimate"]),
-            **{k: finite(t.get(k)) for k in ("worker_seconds", "grid_seconds", "price")},
-            "unit": t.get("unit") if isinstance(t.get("unit"), str) else "",
-            "decision": d["decision"], "reason": d["reason"]}  # fmt: skip
+    unit = table.get("unit")
+    return CellDecision(
+        cell=tried.cell,
+        values=tried.values,
+        world_size=tried.world_size,
+        panel=tried.panel_label,
+        runs=len(mine),
+        ran=int((mine["round"] == mine["round"].max()).sum()) if len(mine) else 0,
+        ok=int((mine["status"] == "ok").sum()),
+        estimate=finite(est),
+        ci_low=finite(low),
+        ci_high=finite(high),
+        score=finite(decided["estimate"]),
+        worker_seconds=finite(table.get("worker_seconds")),
+        grid_seconds=finite(table.get("grid_seconds")),
+        price=finite(table.get("price")),
+        unit=unit if isinstance(unit, str) else "",
+        decision=decided["decision"],
+        reason=decided["reason"],
+    )
 
 
 def over_budget(

@@ -20,6 +20,7 @@ from trainscale.plan.prices import Prices
 from trainscale.plan.runspec import DIVERGE_LR, MATRIX_KEYS, ConfigError, Dropped, RunSpec
 from trainscale.tune import budget, race
 from trainscale.tune.race import Settings
+from trainscale.tune.records import DroppedCell, Grid, RoundZero, TriedCell, Values
 
 __all__ = ["MATRIX_KEYS", "ConfigError", "Prices", "Settings", "Space", "cell_of", "plan"]
 
@@ -33,7 +34,7 @@ def cell_of(run_path: str) -> str:
     return run_path.rsplit("/repeat~", 1)[0]
 
 
-def panel_of(values: dict, objective: str) -> list:
+def panel_of(values: Values, objective: str) -> list:
     """The panel of a cell's matrix `values` (with world_size) under `objective`."""
     return [values[k] for k in PANELS[objective]]
 
@@ -57,7 +58,7 @@ class Space:
     dropped: list[Dropped]
     base_batch_size: int
     faults: list[dict]
-    grid: dict  # the study's own runs: epochs, steps_per_epoch, repeats
+    grid: Grid  # the study's own runs: epochs, steps_per_epoch, repeats
     cost: dict  # config `cost`: the prices of a device-hour
     _specs: dict = field(default_factory=dict, repr=False)  # (cell, round, repeat) -> spec
 
@@ -104,20 +105,20 @@ class Space:
         and SLURM request are its, and so is its memory prediction."""
         return self.cells[cell_of(run_path)]
 
-    def spec(self, round: int, run_path: str) -> RunSpec:
-        """The run spec behind `run_path` in `round`; ValueError naming it where the tune has
+    def spec(self, number: int, run_path: str) -> RunSpec:
+        """The run spec behind `run_path` in round `number`; ValueError naming it where the tune has
         no such run."""
         cell, _, repeat = run_path.rpartition("/repeat~")
         if cell not in self.cells or not repeat.isdigit() or int(repeat) >= self.max_repeats:
             raise ValueError(
-                f"{run_path} is not a run of round {round} of study {self.study!r}'s tune"
+                f"{run_path} is not a run of round {number} of study {self.study!r}'s tune"
             )
-        key = (cell, round, int(repeat))
+        key = (cell, number, int(repeat))
         if key not in self._specs:
             self._specs[key] = self._spec(*key)
         return self._specs[key]
 
-    def _spec(self, cell: str, round: int, repeat: int) -> RunSpec:
+    def _spec(self, cell: str, number: int, repeat: int) -> RunSpec:
         base = self.cells[cell]
         values = {k: getattr(base, k) for k in MATRIX_KEYS}
         fault = fault_for(values, repeat, self.faults)
@@ -141,26 +142,39 @@ class Space:
 
     def to_json(self) -> dict:
         """Round 0 as the rounds read it (results/<study>/tune/round~0/space.json)."""
+        return self.round_zero().to_json()
+
+    def round_zero(self) -> RoundZero:
+        """Round 0: the cells tried, with their panels, and the combinations dropped."""
         objective = self.settings.objective
         cells = []
         for cell, spec in self.cells.items():
             values = {k: getattr(spec, k) for k in MATRIX_KEYS}
             panel = panel_of({**values, "world_size": spec.world_size}, objective)
-            cells.append({"cell": cell, "values": values, "world_size": spec.world_size,
-                          "panel": panel, "panel_label": panel_label(panel, objective),
-                          "stratum": self.stratum(cell), "reason": self.kept[cell]})  # fmt: skip
-        dropped = [{"values": {k: d.values.get(k) for k in MATRIX_KEYS}, "reason": d.reason}
-                   for d in self.dropped]  # fmt: skip
-        return {
-            "study": self.study,
-            "settings": self.settings.to_dict(),
-            "next": self.first_runs(),
-            "max_repeats": self.max_repeats,
-            "grid": self.grid,
-            "cost": self.cost,
-            "cells": cells,
-            "dropped": dropped,
-        }
+            cells.append(
+                TriedCell(
+                    cell=cell,
+                    values=values,
+                    world_size=spec.world_size,
+                    panel=panel,
+                    panel_label=panel_label(panel, objective),
+                    stratum=self.stratum(cell),
+                    reason=self.kept[cell],
+                )
+            )
+        dropped = [
+            DroppedCell({k: d.values.get(k) for k in MATRIX_KEYS}, d.reason) for d in self.dropped
+        ]
+        return RoundZero(
+            study=self.study,
+            settings=self.settings,
+            next=self.first_runs(),
+            max_repeats=self.max_repeats,
+            grid=self.grid,
+            cost=self.cost,
+            cells=cells,
+            dropped=dropped,
+        )
 
 
 def plan(
@@ -193,11 +207,7 @@ def plan(
         dropped=dropped,
         base_batch_size=config["base_batch_size"],
         faults=config.get("faults") or [],
-        grid={
-            "epochs": config["epochs"],
-            "steps_per_epoch": config.get("steps_per_epoch"),
-            "repeats": repeat_count(config["repeats"]),
-        },  # fmt: skip
+        grid=Grid(config["epochs"], config.get("steps_per_epoch"), repeat_count(config["repeats"])),
         cost=config.get("cost") or {},
     )
     first = sum(len(r) for r in space.first_runs().values())

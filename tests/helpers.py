@@ -54,3 +54,16 @@ def tensor_parallel_steps(rank: int, spec_json: str, port: int, out: str, steps:
     prof.export_chrome_trace(str(trace))
     (Path(out) / f"peak-{rank}.txt").write_text(str(allocator_peak(trace)))
     dist.destroy_process_group()
+
+
+def report_of_runs(results: Path, out: Path) -> str:
+    """The HTML report of the runs under `results`/runs, written to `out` by the report_html
+    rule's own function, without figures: for a study whose tests read one fact of its report,
+    so that it stops at runs.csv (the rules that draw the figures and embed them, up to
+    report.html, run in conftest.torch_study, checked by tests/test_workflow.py)."""
+    from trainscale.analysis import aggregate
+    from trainscale.analysis.study import Study
+    from trainscale.report import html as report
+
+    study = Study.build(aggregate.find_metrics(results / "runs"), name=results.name)
+    return report.write_html(study, out, None).read_text()

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from helpers import report_of_runs
 
 from trainscale.plan.matrix import ConfigError, build_runs
 from trainscale.plan.preflight import hf_models
@@ -158,8 +159,11 @@ def hf_study(tmp_path_factory) -> dict:
     reuse_deepspeed_ops(work)
     (work / "configs").mkdir()
     (work / "configs" / "mini.json").write_text(json.dumps(MINI))
-    strategies = ["torch", "torch-ddp", "torch-fsdp", "torch-tp", "deepspeed-zero3",
-                  "lightning-ddp", "tf-mirrored"]  # fmt: skip
+    # no torch-ddp: lightning-ddp trains the model built whole under DDP here, and torch-ddp
+    # matches one process on a transformer in the GPT and third-party studies
+    # (tests/test_gpt_study.py, test_thirdparty.py)
+    strategies = ["torch", "torch-fsdp", "torch-tp", "deepspeed-zero3", "lightning-ddp",
+                  "tf-mirrored"]  # fmt: skip
     study = {
         "study": "ci-hf", "epochs": 2, "repeats": 1, "steps_per_epoch": 2, "eval_tokens": 4096,
         "collectives": {"enabled": False},
@@ -175,7 +179,9 @@ def hf_study(tmp_path_factory) -> dict:
         },
     }  # fmt: skip
     (work / "study.yaml").write_text(yaml.safe_dump(study))
-    p = snakemake(work, "results/ci-hf/runs.csv", "results/ci-hf/report.html", "--cores", "2",
+    # up to runs.csv: the one fact of the report read here is rendered from these runs
+    # (helpers.report_of_runs), not through the figure and report rules
+    p = snakemake(work, "results/ci-hf/runs.csv", "--cores", "2",
                   "--configfile", str(work / "study.yaml"),
                   env=run_env(**tap.env(work / "tap")))  # fmt: skip
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
@@ -185,13 +191,13 @@ def hf_study(tmp_path_factory) -> dict:
 
 
 @pytest.mark.slow
-def test_a_users_config_trains_under_the_pytorch_family(hf_study):
+def test_a_users_config_trains_under_the_pytorch_family(hf_study, tmp_path):
     from transformers import AutoModelForCausalLM
 
     from trainscale.models.hf import load_config
 
     recs = {r["spec"]["strategy"]: r for r in hf_study["recs"]}
-    assert recs.keys() == {"torch", "torch-ddp", "torch-fsdp", "torch-tp", "deepspeed-zero3",
+    assert recs.keys() == {"torch", "torch-fsdp", "torch-tp", "deepspeed-zero3",
                            "lightning-ddp"}  # fmt: skip
     assert {s: r["error"] for s, r in recs.items() if r["status"] != "ok"} == {}
     own = AutoModelForCausalLM.from_config(load_config_json(MINI, load_config)).num_parameters()
@@ -199,15 +205,14 @@ def test_a_users_config_trains_under_the_pytorch_family(hf_study):
     assert all(0 < r["flops"]["mfu"] <= 1 for r in recs.values())
     assert recs["torch-tp"]["tp"]["degree"] == 2
     builds = {s: r["model"]["build"] for s, r in recs.items()}
-    assert builds == {"torch": "whole", "torch-ddp": "whole", "torch-fsdp": "meta",
-                      "torch-tp": "meta", "deepspeed-zero3": "zero.Init",
-                      "lightning-ddp": "whole"}  # fmt: skip
+    assert builds == {"torch": "whole", "torch-fsdp": "meta", "torch-tp": "meta",
+                      "deepspeed-zero3": "zero.Init", "lightning-ddp": "whole"}  # fmt: skip
     # every run, built whole, on meta or inside zero.Init, started from the same weights (the
-    # gathered full state dict of each: tests/tap_plugin); 6 runs, 11 processes
-    assert len(list(hf_study["tap"].glob("init-*.pt"))) >= 6
+    # gathered full state dict of each: tests/tap_plugin); 5 runs, 9 processes
+    assert len(list(hf_study["tap"].glob("init-*.pt"))) >= 5
     tap.initial_weights(hf_study["tap"])
     assert "tf-mirrored: hf:configs/mini.json is a Hugging Face PyTorch model" in hf_study["out"]
-    html = (hf_study["results"] / "report.html").read_text()
+    html = report_of_runs(hf_study["results"], tmp_path / "report.html")
     assert "Hugging Face LlamaForCausalLM (config configs/mini.json)" in html
 
 
@@ -217,7 +222,7 @@ def test_each_strategy_takes_one_process_steps(hf_study):
     run's validation loss is one process's (2e-3, as the GPT study's)."""
     by = {r["spec"]["strategy"]: r for r in hf_study["recs"]}
     one = by["torch"]["test"]["loss"]
-    for s in ("torch-ddp", "torch-fsdp", "torch-tp", "deepspeed-zero3", "lightning-ddp"):
+    for s in ("torch-fsdp", "torch-tp", "deepspeed-zero3", "lightning-ddp"):
         assert by[s]["test"]["loss"] == pytest.approx(one, rel=2e-3), s
 
 

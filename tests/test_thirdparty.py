@@ -57,7 +57,7 @@ def thirdparty(tmp_path_factory) -> dict:
     reuse_deepspeed_ops(work)
     link_test_models(work)
     env = run_env(**tap.env(work / "tap"))
-    results, _ = run_test_study(work, "thirdparty", "runs.csv", "summary.txt", env=env)
+    results, _ = run_test_study(work, "thirdparty", "runs.csv", env=env)  # what is read here
     recs = {r["spec"]["strategy"]: r for r, _ in study_records(results)}
     return {"recs": recs, "tap": work / "tap", "results": results}
 

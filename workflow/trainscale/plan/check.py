@@ -17,7 +17,7 @@ from trainscale.plan.machine import detect_accelerator, visible_gpus
 from trainscale.plan.matrix import CONFIG_SCHEMA, ConfigError, build_runs
 from trainscale.plan.preflight import memory
 from trainscale.plan.study import study_plan
-from trainscale.plan.studyconfig import StudyConfig
+from trainscale.plan.studyconfig import Memory, StudyConfig
 
 __all__ = ["config_problems", "fill_defaults", "load_config", "yaml_booleans_as_words"]
 
@@ -76,15 +76,15 @@ def check_file(path: str | Path, base: Path | None = None, show_memory: bool = T
     base = overlay.BASE_CONFIG if base is None else base
     if not show_memory:
         config["memory"] = {**config.get("memory", {}), "check": "off"}
-    study = StudyConfig.from_filled(config)
-    accelerator = detect_accelerator(study.accelerator)
+    accelerator = detect_accelerator(config["accelerator"])
     try:
+        study = StudyConfig.from_filled(config)
         gpus = visible_gpus() if accelerator == "cuda" else 0  # as the Snakefile plans
         plan = study_plan(study, accelerator, gpus or None, show_memory=show_memory)
     except ConfigError as e:
         return [f"{path}: {e}"]
     runs, predicted, check = plan.runs, plan.predicted, plan.memory
-    print(f"{path}: study {study.study!r}: {plan.summary}")
+    print(f"{path}: study {plan.config.study!r}: {plan.summary}")
     if predicted and show_memory:
         print(f"  predicted memory per rank (limit {check.describe()}, {check.source}):")
         print("\n".join(f"    {line}" for line in memory_lines(runs, predicted)))
@@ -168,10 +168,11 @@ def fit_main(argv: list[str] | None = None, prog: str = "trainscale fit") -> int
         print("\n".join(problems), file=sys.stderr)
         return 1
     config.pop("_inherited")
-    study = StudyConfig.from_filled(config)
-    accelerator = detect_accelerator(study.accelerator)
+    accelerator = detect_accelerator(config["accelerator"])
     try:
-        check = memory.resolve(dataclasses.replace(study.memory, check="drop"), accelerator)
+        asked = dataclasses.replace(Memory.of(config.get("memory")), check="drop")
+        check = memory.resolve(asked, accelerator)
+        study = StudyConfig.from_filled(config)
         runs, _ = build_runs(study, accelerator)
         groups = {tuple(getattr(r, k) for k in fit.GROUP): r for r in runs if r.repeat == 0}
         tried = {

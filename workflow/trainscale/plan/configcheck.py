@@ -14,6 +14,7 @@ from trainscale.data import imagecheck, names
 from trainscale.plan import catalog, cluster
 from trainscale.plan.matrix import DEFAULT_SEQ_LEN, data_shapes
 from trainscale.plan.preflight import hf_models, own_models
+from trainscale.plan.runspec import ConfigError
 from trainscale.plan.studyconfig import StudyConfig
 
 #: the words YAML 1.1 reads as booleans where unquoted (`check: off` is `check: false`)
@@ -87,16 +88,25 @@ def config_problems(config: dict, schema: dict) -> list[str]:
     lines += cluster.problems(config.get("env") or {})
     if lines:
         return lines
+    return _own_model_problems(config, schema)
+
+
+def _own_model_problems(config: dict, schema: dict) -> list[str]:
+    """The own models' pre-flight problems (each model's parameters printed for people), on the
+    config with its defaults, as the matrix meets it: the same pre-flight request."""
     seq_lens = (config.get("matrix") or {}).get("seq_len") or [DEFAULT_SEQ_LEN]
     filled = copy.deepcopy(config)
-    fill_defaults(filled, schema)  # the matrix build_runs meets: the same pre-flight request
+    fill_defaults(filled, schema)
     try:
         study = StudyConfig.from_filled(filled)
+    except ConfigError:  # repeats' max under its min: the plan names it, as it always did
+        return []
+    try:
         answer = own_models.check(study, data_shapes(study, seq_lens))
     except own_models.OwnModelError as e:
         return [str(e)]
     for name, facts in answer.items():
-        tokens = config["models"][name].get("input") == "tokens"
+        tokens = study.models[name].get("input") == "tokens"
         at = "seq_len {}, vocabulary {}" if tokens else "input {}, {} classes"
         counts = "; ".join(
             f"{n:,} parameters at " + at.format(*k.split("/")) for k, n in facts["params"].items()

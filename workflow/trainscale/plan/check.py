@@ -1,8 +1,9 @@
 """`trainscale check CONFIG...`: a study's config checked before anything runs, for people: every
 place it breaks the schema, with the key as written in YAML and a likely fix; the user's own models
 built in a pre-flight child; the run set with the cells dropped and why; and, where config `memory:`
-asks for it, each cell's predicted memory per rank (trainscale.plan.preflight.memory). The workflow
-(rules/common.smk) runs the same checks before its first job.
+asks for it, each cell's predicted memory per rank (trainscale.plan.preflight.memory). The schema
+check is plan.configcheck's, the run set `study_plan`'s: the workflow (rules/common.smk) runs the
+same checks before its first job.
 """
 
 from __future__ import annotations
@@ -12,14 +13,16 @@ import sys
 from pathlib import Path
 
 from trainscale.plan import fit
-from trainscale.plan.configcheck import config_problems, fill_defaults, yaml_booleans_as_words
+from trainscale.plan.configcheck import (  # also read as check.config_problems, check.fill_defaults
+    config_problems,
+    fill_defaults,
+    yaml_booleans_as_words,
+)
 from trainscale.plan.machine import detect_accelerator, visible_gpus
 from trainscale.plan.matrix import CONFIG_SCHEMA, ConfigError, build_runs
 from trainscale.plan.preflight import memory
 from trainscale.plan.study import study_plan
 from trainscale.plan.studyconfig import Memory, StudyConfig
-
-__all__ = ["config_problems", "fill_defaults", "load_config", "yaml_booleans_as_words"]
 
 
 def load_config(path: str | Path, base: Path | None = None) -> tuple[dict, list[str]]:

@@ -42,14 +42,16 @@ def plan_before(path: Path) -> dict:
     fit.within_limits on memory.resolve's check."""
     from trainscale.plan import check, fit, matrix
     from trainscale.plan.preflight import memory
+    from trainscale.plan.studyconfig import StudyConfig
 
     config, problems = check.load_config(path)
     if problems:  # data a study needs made first (results/export/...): not plannable here
         return {"not_plannable": len(problems)}
     config.pop("_inherited")
     runs, dropped = matrix.build_runs(config, "cpu", None)
-    limits = memory.resolve(config, "cpu")
-    runs, dropped, _ = fit.within_limits(limits, runs, dropped, "cpu", config)
+    study = StudyConfig.from_filled(config)
+    limits = memory.resolve(study.memory, "cpu")
+    runs, dropped, _ = fit.within_limits(limits, runs, dropped, "cpu", study)
     return digest(runs, dropped)
 
 

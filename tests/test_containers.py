@@ -177,12 +177,12 @@ def test_bad_settings_are_refused_naming_the_key(tmp_path):
 
 
 def test_a_local_study_needs_apptainer_here_and_cannot_use_pyxis():
-    assert cluster.local_problems({"container": None}) == []
-    pyxis = cluster.local_problems({"container": {"image": "x", "runtime": "pyxis"}})
+    assert cluster.local_problems(None) == []
+    pyxis = cluster.local_problems({"image": "x", "runtime": "pyxis"})
     assert "needs a SLURM cluster with the pyxis plugin" in pyxis[0]
-    none = cluster.local_problems({"container": {"image": "x"}}, which=lambda _: None)
+    none = cluster.local_problems({"image": "x"}, which=lambda _: None)
     assert "no `apptainer` on PATH" in none[0]
-    assert cluster.local_problems({"container": {"image": "x"}}, which=lambda _: "/b/a") == []
+    assert cluster.local_problems({"image": "x"}, which=lambda _: "/b/a") == []
 
 
 def test_digest_is_the_pinned_one_or_the_files_hashed_once(tmp_path):

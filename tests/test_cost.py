@@ -17,6 +17,7 @@ import yaml
 from trainscale.analysis import cost
 from trainscale.analysis.study import Study
 from trainscale.plan.prices import Prices, check
+from trainscale.plan.studyconfig import StudyConfig
 
 from conftest import PYTHON, ROOT, run_env
 
@@ -121,20 +122,21 @@ def test_the_longest_key_that_is_part_of_a_name_prices_it():
         "several keys of cost.device_hour match the device 'NVIDIA A100-SXM4-80GB': '80GB', "
         "'A100'"
     ))  # fmt: skip
-    assert check({"cost": {"device_hour": {"H100": 2.49, "H100 NVL": 2.1}}}, "cuda",
-                 ["NVIDIA H100 NVL", "NVIDIA H100 80GB HBM3"]) is None  # fmt: skip
+    both = StudyConfig.from_filled({"cost": {"device_hour": {"H100": 2.49, "H100 NVL": 2.1}}})
+    assert check(both, "cuda", ["NVIDIA H100 NVL", "NVIDIA H100 80GB HBM3"]) is None
 
 
 def test_pre_flight_names_cost_device_hour():
-    cfg = {"accelerator": "auto", **CPU_PRICES}
+    cfg = StudyConfig.from_filled({"accelerator": "auto", **CPU_PRICES})
     assert check(cfg, "cpu", []) is None
-    no_cpu = {"cost": {"device_hour": {"H100": 2.49}}}
+    no_cpu = StudyConfig.from_filled({"cost": {"device_hour": {"H100": 2.49}}})
     assert "cost.device_hour (H100) has no 'cpu-core' price" in check(no_cpu, "cpu", [])
     assert check(no_cpu, "cuda", ["NVIDIA H100 80GB HBM3"]) is None
     gpu = check(no_cpu, "cuda", ["NVIDIA A100-SXM4-80GB"])
     assert "no key of cost.device_hour matches the device 'NVIDIA A100-SXM4-80GB'" in gpu
     assert check(no_cpu, "cuda", []) is None  # a login node: named in the report instead
-    assert "report.rank_by: cost needs prices" in check({"report": {"rank_by": "cost"}}, "cpu", [])
+    by_cost = StudyConfig.from_filled({"report": {"rank_by": "cost"}})
+    assert "report.rank_by: cost needs prices" in check(by_cost, "cpu", [])
 
 
 def test_cheapest_and_fastest_on_the_pareto_front():

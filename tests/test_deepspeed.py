@@ -12,6 +12,7 @@ from trainscale.plan import fit
 from trainscale.plan.deepspeed_config import ds_config, load_fragment, merge
 from trainscale.plan.matrix import ConfigError, build_runs
 from trainscale.plan.preflight import memory
+from trainscale.plan.studyconfig import Memory
 
 import tap
 from conftest import launch, validated
@@ -147,7 +148,7 @@ def test_zero3_bf16_with_accumulation_and_a_fragment(tmp_path, monkeypatch):
     frag.write_text("zero_optimization:\n  stage3_param_persistence_threshold: 0\n")
     s = make("deepspeed-zero3", precision="bf16", grad_accum=2, deepspeed_config=str(frag))
     monkeypatch.chdir(tmp_path)  # the planner's cache and index
-    check = memory.resolve({"memory": {"limit_gib": 0.001, "check": "warn"}}, "cpu")
+    check = memory.resolve(Memory.of({"limit_gib": 0.001, "check": "warn"}), "cpu")
     _, _, predicted = fit.within_limits(check, [s], [], "cpu")
     index = memory.write_index("t", predicted, [s])
     out, taps = tmp_path / "metrics.json", tmp_path / "tap"

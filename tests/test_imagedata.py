@@ -420,9 +420,7 @@ def test_export_writes_a_built_in_data_set_in_both_layouts(tmp_path):
     entries = yaml.safe_load((out / "datasets.yaml").read_text())["datasets"]
     assert entries["digits-shards"]["classes"] == 10
     assert imagecheck.problems(study(entries, sorted(entries))) == []
-    assert (
-        imagesets.count(imagesets.source_of("digits-shards", {"datasets": entries}), "train") == 100
-    )
+    assert imagesets.count(imagesets.source_of("digits-shards", entries), "train") == 100
 
 
 # --- tf.data -----------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from trainscale.models import torch_models as models
 from trainscale.plan import check, fit
 from trainscale.plan.matrix import build_runs
 from trainscale.plan.preflight import memory
+from trainscale.plan.studyconfig import Memory, StudyConfig
 from trainscale.runners.torch.memory import steps as memory_steps
 from trainscale.runners.torch.memory import trace as memory_trace
 
@@ -82,7 +83,7 @@ def test_cells_over_the_limit_are_dropped_with_the_nearest_that_fit(tmp_path, mo
     over = need[("torch", 1, 64)]
     assert need[("torch", 1, 8)] < over and need[("torch-fsdp", 2, 64)] < over
     limit = (over - 1) / 0.9 / 2**30  # torch at batch 64 just over limit × headroom
-    check_ = memory.resolve({"memory": {"limit_gib": limit, "check": "drop"}}, "cpu")
+    check_ = memory.resolve(Memory.of({"limit_gib": limit, "check": "drop"}), "cpu")
     kept, dropped, predicted = fit.within_limits(check_, runs, dropped, "cpu")
     assert "predicting" not in capsys.readouterr().err  # every answer from the cache
     (why,) = [d.reason for d in dropped if d.reason.startswith("torch gpt-nano")]
@@ -93,7 +94,7 @@ def test_cells_over_the_limit_are_dropped_with_the_nearest_that_fit(tmp_path, mo
     }
     assert set(predicted) == {r.path for r in runs}
     assert predicted[kept[0].path]["limit_bytes"] == int(limit * 2**30)
-    warn = memory.resolve({"memory": {"limit_gib": limit, "check": "warn"}}, "cpu")
+    warn = memory.resolve(Memory.of({"limit_gib": limit, "check": "warn"}), "cpu")
     kept, _, _ = fit.within_limits(warn, runs, [], "cpu")
     assert len(kept) == len(runs) and "(memory.check: warn, kept)" in capsys.readouterr().err
 
@@ -119,15 +120,15 @@ def test_an_unquoted_off_is_read_as_off(tmp_path):
     path.write_text(yaml.safe_dump(study) + "memory: {check: off}\n")
     config, problems = check.load_config(path)
     assert problems == [] and config["memory"]["check"] == "off"
-    assert memory.resolve(config, "cuda").mode == "off"
+    assert memory.resolve(StudyConfig.from_filled(config).memory, "cuda").mode == "off"
     problems = check.config_problems({**gpt_config(), "memory": {"check": True}}, SCHEMA)
     assert any("True is not one of drop, warn, off" in p and "quote" in p for p in problems)
 
 
 def test_a_cpu_study_that_asks_for_a_check_must_give_the_limit():
     with pytest.raises(memory.ConfigError, match="memory.limit_gib: a CPU study has no device"):
-        memory.resolve({"memory": {"check": "drop"}}, "cpu")
-    assert memory.resolve({}, "cpu").mode == "off"  # the CPU default: nothing predicted
+        memory.resolve(Memory.of({"check": "drop"}), "cpu")
+    assert memory.resolve(Memory.of({}), "cpu").mode == "off"  # the CPU default: nothing predicted
 
 
 def test_check_prints_each_cell_and_fit_finds_the_largest_batch(tmp_path, monkeypatch, capsys):
@@ -141,7 +142,7 @@ def test_check_prints_each_cell_and_fit_finds_the_largest_batch(tmp_path, monkey
     config, _ = check.load_config(path)
     config.pop("_inherited")
     (template,) = [r for r in build_runs(config)[0] if r.strategy == "torch-fsdp" and not r.repeat]
-    sizes = fit.candidates(config, template, 32, "cpu")
+    sizes = fit.candidates(StudyConfig.from_filled(config), template, 32, "cpu")
     assert [r.batch_size for r in sizes] == [2, 4, 6, 8, 12, 16, 24, 32]  # splits over 2
     need = {r.batch_size: a["total_bytes"] for r, a in
             zip(sizes, memory.predict(sizes, "cpu").values(), strict=True)}  # fmt: skip

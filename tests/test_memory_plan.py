@@ -18,6 +18,7 @@ from trainscale.plan import fit
 from trainscale.plan.check import fit_main
 from trainscale.plan.matrix import build_runs
 from trainscale.plan.preflight import memory, memory_key, memory_parts
+from trainscale.plan.studyconfig import Memory, StudyConfig
 from trainscale.runners.torch.memory import trace as memory_trace
 
 from conftest import PYTHON, ROOT, SNAKEMAKE, base_config, run_env
@@ -132,13 +133,13 @@ def test_the_replica_is_skipped_over_the_limit_with_the_reason(tmp_path, monkeyp
     monkeypatch.chdir(tmp_path)
     spec = gpt_run(strategy=["deepspeed-zero2"], workers=[2])
     assert memory.replica_spec(spec).strategy == "torch"
-    small = memory.resolve({"memory": {"limit_gib": 0.01, "check": "warn"}}, "cpu")
+    small = memory.resolve(Memory.of({"limit_gib": 0.01, "check": "warn"}), "cpu")
     _, _, predicted = fit.within_limits(small, [spec], [], "cpu")
     p = predicted[spec.path]
     assert p["replica_bytes"] > 0 and p["host_bytes"] > 0
     why = memory.replica_skipped(p)
     assert why.startswith("not measured: its whole-model replica") and "no allocation" in why
-    large = memory.resolve({"memory": {"limit_gib": 1000, "check": "warn"}}, "cpu")
+    large = memory.resolve(Memory.of({"limit_gib": 1000, "check": "warn"}), "cpu")
     assert memory.replica_skipped(fit.within_limits(large, [spec], [], "cpu")[2][spec.path]) is None
     index = memory.write_index("t", predicted, [spec])
     monkeypatch.setenv(memory.INDEX_ENV, str(index))
@@ -148,7 +149,7 @@ def test_the_replica_is_skipped_over_the_limit_with_the_reason(tmp_path, monkeyp
 def test_a_node_over_the_host_limit_is_dropped_with_the_reason(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     runs, dropped = build_runs(base_config(**{**GPT, "strategy": ["torch-ddp"], "workers": [1, 2]}))
-    check = memory.resolve({"memory": {"host_limit_gib": 1.2}}, "cpu")  # check off: no trace
+    check = memory.resolve(Memory.of({"host_limit_gib": 1.2}), "cpu")  # check off: no trace
     kept, dropped, predicted = fit.within_limits(check, runs, dropped, "cpu")
     assert {r.workers for r in kept} == {1}
     (why,) = [d.reason for d in dropped if "host memory" in d.reason]
@@ -165,9 +166,9 @@ def test_a_dropped_cell_is_told_which_knob_fits_from_predictions(tmp_path, monke
     runs, dropped = build_runs(cfg)
     need = memory.need(memory.predict(runs, "cpu")[runs[0].path])
     limit = need / 0.9 / GIB * 0.999
-    check = memory.resolve({"memory": {"limit_gib": limit, "check": "drop"}}, "cpu")
+    check = memory.resolve(Memory.of({"limit_gib": limit, "check": "drop"}), "cpu")
     with pytest.raises(memory.ConfigError) as e:  # its one cell dropped
-        fit.within_limits(check, runs, dropped, "cpu", cfg)
+        fit.within_limits(check, runs, dropped, "cpu", StudyConfig.from_filled(cfg))
     why = str(e.value)
     assert "no cell of this model in the matrix fits; predicted under the limit: " in why, why
     assert re.search(r"batch 32 \([\d.]+ GiB\)", why), why

@@ -169,7 +169,7 @@ def check_local_capacity():
         return
     problems = ts_machine.capacity_problems(
         RUNS, ACCELERATOR, os.cpu_count() or 1, ts_machine.visible_gpus()
-    ) + ts_cluster.local_problems(config)
+    ) + ts_cluster.local_problems(PLAN.config.container)
     if problems:
         raise ValueError(
             "config: this machine cannot run the study as configured:\n  - "

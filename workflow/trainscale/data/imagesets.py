@@ -18,9 +18,11 @@ import dataclasses
 import glob
 import os
 import tarfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 from trainscale import data
 from trainscale.data import tokensets
@@ -193,15 +195,19 @@ def short_of_shards(pattern: str, ranks: int, loader_workers: int, batch: int) -
 # --- config -> run spec ------------------------------------------------------------------------
 
 
-def user_names(config: dict) -> set[str]:
-    """Names under `datasets:` that are the user's own data sets (not built-in names)."""
-    return {n for n in config.get("datasets") or {} if n not in data.DATASETS}
+#: config `datasets`: data set name -> its entry
+Datasets = Mapping[str, Mapping[str, Any]]
 
 
-def source_of(name: str, config: dict) -> ImageSource | None:
-    """The frozen ImageSource of a user data set (paths made absolute, from the directory
-    Snakemake runs in), or None for a built-in one."""
-    entry = (config.get("datasets") or {}).get(name)
+def user_names(datasets: Datasets) -> set[str]:
+    """Names under config `datasets` that are the user's own data sets (not built-in names)."""
+    return {n for n in datasets if n not in data.DATASETS}
+
+
+def source_of(name: str, datasets: Datasets) -> ImageSource | None:
+    """The frozen ImageSource of a user data set of config `datasets` (paths made absolute,
+    from the directory Snakemake runs in), or None for a built-in one."""
+    entry = datasets.get(name)
     if name in data.DATASETS or entry is None or entry["format"] == tokensets.FORMAT:
         return None
     if entry["format"] == "imagefolder":
@@ -218,36 +224,37 @@ def source_of(name: str, config: dict) -> ImageSource | None:
     )
 
 
-def run_fields(name: str, config: dict) -> dict:
+def run_fields(name: str, datasets: Datasets, loader_workers: int) -> dict:
     """The RunSpec fields of a data set: `image_size` (None: as stored), `image_source` (None:
-    built-in, in memory), `loader_workers` (loader processes beside each training worker;
-    0 for built-in sets, which need none) and `token_source` (the user's token files)."""
-    entry = (config.get("datasets") or {}).get(name) or {}
+    built-in, in memory), `loader_workers` (config `loader_workers`: loader processes beside
+    each training worker; 0 for built-in sets, which need none) and `token_source` (the user's
+    token files)."""
+    entry = datasets.get(name) or {}
     size = entry.get("image_size")
-    source = source_of(name, config)
+    source = source_of(name, datasets)
     return {
         "image_size": tuple(size) if size else None,
         "image_source": source,
-        "loader_workers": config.get("loader_workers", 0) if source else 0,
-        "token_source": tokensets.source_of(name, config) if tokensets.is_tokens(name, config)
-        else None,
+        "loader_workers": loader_workers if source else 0,
+        "token_source": tokensets.source_of(name, datasets)
+        if tokensets.is_tokens(name, datasets) else None,
     }  # fmt: skip
 
 
-def info(name: str, config: dict) -> data.DatasetInfo:
+def info(name: str, datasets: Datasets, steps_per_epoch: int | None) -> data.DatasetInfo:
     """data.info for any name `matrix.dataset` may hold: a built-in (its shape changed to
     `image_size` when set) or a user data set (3 channels; sample counts are counted only when
     `steps_per_epoch` needs them, else 0: counting a million files at every parse is slow)."""
-    entry = (config.get("datasets") or {}).get(name) or {}
+    entry = datasets.get(name) or {}
     size = entry.get("image_size")
-    if tokensets.is_tokens(name, config):
-        return tokensets.info(name, tokensets.source_of(name, config))
+    if tokensets.is_tokens(name, datasets):
+        return tokensets.info(name, tokensets.source_of(name, datasets))
     if name in data.DATASETS:
         base = data.info(name)
         return dataclasses.replace(base, shape=(base.shape[0], *size)) if size else base
-    source = source_of(name, config)
+    source = source_of(name, datasets)
     n_train = n_test = 0
-    if config.get("steps_per_epoch"):
+    if steps_per_epoch:
         n_train, n_test = count(source, "train"), count(source, "test")
     return data.DatasetInfo(name, (3, *size), source.classes, n_train, n_test, False, ())
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Mapping
+from typing import Any
 
 from trainscale import data
 from trainscale.data import tokens
@@ -22,19 +24,19 @@ KEYS = frozenset({"format", "train", "test", "vocab_size", "dtype", "header"})
 REQUIRED = ("train", "test", "vocab_size")
 
 
-def is_tokens(name: str, config: dict) -> bool:
+def is_tokens(name: str, datasets: Mapping[str, Mapping[str, Any]]) -> bool:
     """Whether `matrix.dataset` name `name` holds token ids (a built-in token set or a
-    `format: tokens` entry of `datasets:`)."""
+    `format: tokens` entry of config `datasets`)."""
     if name in data.DATASETS:
         return data.info(name).input == "tokens"
-    entry = (config.get("datasets") or {}).get(name) or {}
+    entry = datasets.get(name) or {}
     return entry.get("format") == FORMAT
 
 
-def source_of(name: str, config: dict) -> tokens.TokenSource | None:
-    """The frozen TokenSource of a user token set (paths made absolute, from the directory
-    Snakemake runs in), or None for a built-in one."""
-    entry = (config.get("datasets") or {}).get(name)
+def source_of(name: str, datasets: Mapping[str, Mapping[str, Any]]) -> tokens.TokenSource | None:
+    """The frozen TokenSource of a user token set of config `datasets` (paths made absolute,
+    from the directory Snakemake runs in), or None for a built-in one."""
+    entry = datasets.get(name)
     if name in data.DATASETS or entry is None:
         return None
     return tokens.TokenSource.from_dict(

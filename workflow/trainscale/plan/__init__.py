@@ -5,8 +5,9 @@
 
 Read top to bottom (a layers contract in pyproject.toml keeps it so):
 
+- `check`: `trainscale check` (a config file's problems, then its plan) and `trainscale fit`;
 - `study`: the whole plan, the steps below in order;
-- `check`: the config's problems, `trainscale check` and `trainscale fit`;
+- `configcheck`: the config's problems against the schema, its defaults filled;
 - `fit`: the cells over config `memory:`'s limits dropped with the reason and the advice, and
   the largest batch that fits;
 - `matrix`: a config expanded into frozen run specs, one combination of its values at a time

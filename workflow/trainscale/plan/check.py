@@ -1,153 +1,28 @@
 """`trainscale check CONFIG...`: a study's config checked before anything runs, for people: every
 place it breaks the schema, with the key as written in YAML and a likely fix; the user's own models
 built in a pre-flight child; the run set with the cells dropped and why; and, where config `memory:`
-asks for it, each cell's predicted memory per rank (trainscale.plan.preflight.memory). The workflow
-(rules/common.smk) runs the same checks before its first job.
+asks for it, each cell's predicted memory per rank (trainscale.plan.preflight.memory). The schema
+check is plan.configcheck's, the run set `study_plan`'s: the workflow (rules/common.smk) runs the
+same checks before its first job.
 """
 
 from __future__ import annotations
 
-import copy
+import dataclasses
 import sys
 from pathlib import Path
 
-from trainscale.data import imagecheck, names
-from trainscale.plan import catalog, cluster, fit, prices
-from trainscale.plan.machine import detect_accelerator, gpu_names, visible_gpus
-from trainscale.plan.matrix import (
-    CONFIG_SCHEMA,
-    DEFAULT_SEQ_LEN,
-    ConfigError,
-    build_runs,
-    data_shapes,
-    study_summary,
+from trainscale.plan import fit
+from trainscale.plan.configcheck import (  # also read as check.config_problems, check.fill_defaults
+    config_problems,
+    fill_defaults,
+    yaml_booleans_as_words,
 )
-from trainscale.plan.preflight import hf_models, memory, own_models
-
-#: the words YAML 1.1 reads as booleans where unquoted (`check: off` is `check: false`)
-YAML_WORDS = {False: "off", True: "on"}
-
-
-def yaml_booleans_as_words(config: dict, schema: dict) -> None:
-    """Where a key's values are words (an enum of strings) that list "off" or "on" and not the
-    boolean, a boolean written there is put back as the word, in place: YAML reads an unquoted
-    `off` (or `no`, `false`) as false, so `memory: {check: off}`, as the docs write it, would
-    be refused. Call before `config_problems`."""
-
-    def visit(value, sub: dict) -> None:
-        if isinstance(value, dict):
-            for key, prop in sub.get("properties", {}).items():
-                if isinstance(value.get(key), bool) and YAML_WORDS[value[key]] in prop.get(
-                    "enum", ()
-                ):
-                    value[key] = YAML_WORDS[value[key]]
-                elif key in value:
-                    visit(value[key], prop)
-        elif isinstance(value, list) and isinstance(sub.get("items"), dict):
-            for item in value:
-                visit(item, sub["items"])
-
-    visit(config, schema)
-
-
-def config_problems(config: dict, schema: dict) -> list[str]:
-    """Every place `config` breaks the config schema, one line each, for people: the key as
-    written in YAML (matrix.strategy[0]), the value, what is allowed, and a likely fix for a
-    typo ("did you mean ..."). Empty when the config is valid."""
-    import difflib
-
-    import jsonschema
-
-    def where(path) -> str:
-        out = ""
-        for p in path:
-            out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
-        return out or "<top level>"
-
-    lines = []
-    validator = jsonschema.Draft202012Validator(schema)
-    for e in sorted(validator.iter_errors(config), key=lambda e: list(map(str, e.path))):
-        key = where(e.path)
-        if e.validator == "enum":
-            allowed = [str(v) for v in e.validator_value]
-            close = difflib.get_close_matches(str(e.instance), allowed, n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            if isinstance(e.instance, bool):  # YAML's off/no/on/yes, unquoted
-                hint = "; YAML reads an unquoted off/no (on/yes) as a boolean: quote the word"
-            lines.append(f"{key}: {e.instance!r} is not one of {', '.join(allowed)}{hint}")
-        elif e.validator == "additionalProperties":
-            known = sorted(e.schema.get("properties", {}))
-            extra = sorted(set(e.instance) - set(known))
-            for k in extra:
-                close = difflib.get_close_matches(k, known, n=1)
-                hint = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(known)}"
-                where_k = f"{key}.{k}" if e.path else k
-                lines.append(f"{where_k}: unknown key; {hint}")
-        elif e.validator == "pattern":
-            lines.append(
-                f"{key}: {e.instance!r} has characters not allowed here (the value becomes a "
-                f"path or part of a command line); allowed: {e.validator_value}"
-            )
-        else:
-            lines.append(f"{key}: {e.message}")
-    lines += imagecheck.problems(config)
-    lines += _model_names(config)
-    lines += cluster.problems(config)
-    if lines:
-        return lines
-    seq_lens = (config.get("matrix") or {}).get("seq_len") or [DEFAULT_SEQ_LEN]
-    filled = copy.deepcopy(config)
-    fill_defaults(filled, schema)  # the matrix build_runs meets: the same pre-flight request
-    try:
-        answer = own_models.check(config, data_shapes(filled, seq_lens))
-    except own_models.OwnModelError as e:
-        return [str(e)]
-    for name, facts in answer.items():
-        tokens = config["models"][name].get("input") == "tokens"
-        at = "seq_len {}, vocabulary {}" if tokens else "input {}, {} classes"
-        counts = "; ".join(
-            f"{n:,} parameters at " + at.format(*k.split("/")) for k, n in facts["params"].items()
-        )
-        print(f"trainscale: models.{name}: {counts or 'not built'}", file=sys.stderr)
-    return own_models.problems(answer)
-
-
-def _model_names(config: dict) -> list[str]:
-    """matrix.model names that are neither built-in nor under `models:`, with the likely fix."""
-    model_names = names.matrix_names(config, "model")
-    hf = [n for n in model_names if hf_models.is_hf(n)]
-    out = []
-    for name in hf:  # a Hugging Face config: shipped, or the user's file
-        where = f"matrix.model[{model_names.index(name)}]"
-        try:
-            hf_models.read(hf_models.config_path(name, where), name)
-        except hf_models.HFConfigError as e:
-            out.append(str(e))
-    return out + names.unknown(
-        config, "model", catalog.MODELS, [*(config.get("models") or {}), *hf], "models",
-        lambda name: f"your own model: models.{name}: {{torch: 'pkg.mod:build'}}, "
-        "docs/own-model.md; a Hugging Face config: hf:NAME, docs/models.md",
-    )  # fmt: skip
-
-
-def fill_defaults(config: dict, schema: dict) -> None:
-    """Fill in the schema's defaults, in place, exactly as snakemake.utils.validate does (its
-    default-setting `properties` on the same Draft 2020-12 validator), from the schema already
-    read for `config_problems`: Snakemake's own validate reads the schema file again with the
-    pure-Python YAML reader and builds a reference registry for it, a tenth of a second of
-    every Snakemake start. Call after `config_problems` found none."""
-    import jsonschema
-
-    base = jsonschema.Draft202012Validator
-    check_properties = base.VALIDATORS["properties"]
-
-    def set_defaults(validator, properties, instance, subschema):
-        for name, prop in properties.items():
-            if "default" in prop:
-                instance.setdefault(name, prop["default"])
-        yield from check_properties(validator, properties, instance, subschema)
-
-    jsonschema.validators.extend(base, {"properties": set_defaults})(schema).validate(config)
+from trainscale.plan.machine import detect_accelerator, visible_gpus
+from trainscale.plan.matrix import CONFIG_SCHEMA, ConfigError, build_runs
+from trainscale.plan.preflight import memory
+from trainscale.plan.study import study_plan
+from trainscale.plan.studyconfig import Memory, StudyConfig
 
 
 def load_config(path: str | Path, base: Path | None = None) -> tuple[dict, list[str]]:
@@ -202,19 +77,17 @@ def check_file(path: str | Path, base: Path | None = None, show_memory: bool = T
         return problems
     inherited = config.pop("_inherited")
     base = overlay.BASE_CONFIG if base is None else base
+    if not show_memory:
+        config["memory"] = {**config.get("memory", {}), "check": "off"}
     accelerator = detect_accelerator(config["accelerator"])
     try:
+        study = StudyConfig.from_filled(config)
         gpus = visible_gpus() if accelerator == "cuda" else 0  # as the Snakefile plans
-        runs, dropped = build_runs(config, accelerator, gpus or None)
-        if problem := prices.check(config, accelerator, gpu_names() if gpus else []):
-            raise ConfigError(problem)
-        if not show_memory:
-            config["memory"] = {**config.get("memory", {}), "check": "off"}
-        check = memory.resolve(config, accelerator, show=show_memory)
-        runs, dropped, predicted = fit.within_limits(check, runs, dropped, accelerator, config)
+        plan = study_plan(study, accelerator, gpus or None, show_memory=show_memory)
     except ConfigError as e:
         return [f"{path}: {e}"]
-    print(f"{path}: study {config['study']!r}: {study_summary(runs, dropped, config['repeats'])}")
+    runs, predicted, check = plan.runs, plan.predicted, plan.memory
+    print(f"{path}: study {plan.config.study!r}: {plan.summary}")
     if predicted and show_memory:
         print(f"  predicted memory per rank (limit {check.describe()}, {check.source}):")
         print("\n".join(f"    {line}" for line in memory_lines(runs, predicted)))
@@ -300,12 +173,13 @@ def fit_main(argv: list[str] | None = None, prog: str = "trainscale fit") -> int
     config.pop("_inherited")
     accelerator = detect_accelerator(config["accelerator"])
     try:
-        config.setdefault("memory", {})
-        check = memory.resolve({"memory": {**config["memory"], "check": "drop"}}, accelerator)
-        runs, _ = build_runs(config, accelerator)
+        asked = dataclasses.replace(Memory.of(config.get("memory")), check="drop")
+        check = memory.resolve(asked, accelerator)
+        study = StudyConfig.from_filled(config)
+        runs, _ = build_runs(study, accelerator)
         groups = {tuple(getattr(r, k) for k in fit.GROUP): r for r in runs if r.repeat == 0}
         tried = {
-            g: fit.candidates(config, r, args.max_batch, accelerator) for g, r in groups.items()
+            g: fit.candidates(study, r, args.max_batch, accelerator) for g, r in groups.items()
         }
         best = fit.largest_fitting(tried, check.allowed_bytes, accelerator)
     except ConfigError as e:

@@ -10,8 +10,11 @@ framework.
 from __future__ import annotations
 
 import shutil
+from collections.abc import Mapping
+from typing import Any
 
 from trainscale.plan import catalog
+from trainscale.plan.studyconfig import StudyConfig
 
 #: variables trainscale sets for each run or rank itself: config `env` may not set them
 RESERVED = frozenset(
@@ -27,10 +30,10 @@ _WHY_RESERVED = {
 }
 
 
-def problems(config: dict) -> list[str]:
-    """`env` names trainscale sets itself, each with the key that sets it."""
+def problems(env: Mapping[str, str]) -> list[str]:
+    """Config `env`'s names that trainscale sets itself, each with the key that sets it."""
     out = []
-    for name in config.get("env") or {}:
+    for name in env:
         if name in RESERVED or name.startswith("TRAINSCALE_"):
             key = _WHY_RESERVED.get(name)
             fix = f"set {key} instead" if key else "remove it from env"
@@ -41,15 +44,15 @@ def problems(config: dict) -> list[str]:
     return out
 
 
-def why_not(values: dict, config: dict, accelerator: str) -> str | None:
+def why_not(values: dict, study: StudyConfig, accelerator: str) -> str | None:
     """The reason config `slurm` or `container` rules this cell out, or None."""
-    gpus = (config.get("slurm") or {}).get("gpus_per_node")
+    gpus = study.slurm.get("gpus_per_node")
     if accelerator == "cuda" and gpus and values["workers"] > gpus:
         return (
             f"workers {values['workers']} per node: slurm.gpus_per_node is {gpus}, and a "
             "worker needs a GPU of its own"
         )
-    image = config.get("container")
+    image = study.container
     launcher = catalog.STRATEGIES[values["strategy"]].launcher
     if image and launcher == "horovodrun" and values["nodes"] > 1:
         return (
@@ -61,10 +64,10 @@ def why_not(values: dict, config: dict, accelerator: str) -> str | None:
     return None
 
 
-def local_problems(config: dict, which=shutil.which) -> list[str]:
+def local_problems(image: Mapping[str, Any] | None, which=shutil.which) -> list[str]:
     """What a study run on this machine (not through a SLURM profile) needs of it for its
-    container: pyxis is a SLURM plugin, and apptainer must be installed."""
-    image = config.get("container")
+    container (config `container`, `image`): pyxis is a SLURM plugin, and apptainer must be
+    installed."""
     if not image:
         return []
     runtime = image.get("runtime", "apptainer")

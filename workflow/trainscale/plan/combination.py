@@ -99,8 +99,7 @@ class MatrixContext:
     axes, which data sets are token sets, the own models' pre-flight facts; the data sets' and
     own models' facts are read as the first combination that needs them meets them."""
 
-    config: dict  # the study's config, its hf: models given safe names (hf_models.expand)
-    study: StudyConfig  # the same, typed, the schema's defaults where it lacks a key
+    study: StudyConfig  # the study's config, its hf: models given safe names (hf_models.expand)
     accelerator: str  # cpu | cuda
     gpus_per_node: int | None  # GPUs a node's ranks share where known; None: one each
     axes: dict[str, list]  # matrix key -> its values, the out-of-path ones defaulted
@@ -114,7 +113,7 @@ class MatrixContext:
         """The combination's data set at its seq_len (its files read once)."""
         key = (values["dataset"], values["seq_len"])
         if key not in self.infos:
-            self.infos[key] = dataset_info(values, self.config)
+            self.infos[key] = dataset_info(values, self.study)
         return self.infos[key]
 
     def own_model(self, values: CellValues) -> own_models.OwnModel | None:
@@ -126,7 +125,7 @@ class MatrixContext:
         if key not in self.own_models:
             info = self.info(values)
             self.own_models[key] = own_models.frozen(
-                model, self.config, self.own_facts, info.shape, info.num_classes
+                model, self.study, self.own_facts, info.shape, info.num_classes
             )
         return self.own_models[key]
 
@@ -168,7 +167,7 @@ def drop_reason(values: CellValues, ctx: MatrixContext) -> str | None:
     return (
         why_not(values, ctx.accelerator, microbatches, schedule, ctx.info(values), own,
                 ctx.gpus_per_node)
-        or cluster.why_not(values, ctx.config, ctx.accelerator)
+        or cluster.why_not(values, ctx.study, ctx.accelerator)
         or speed_options.why_not(values["strategy"], values["model"], values["memory_format"],
                                  values["compile"], own, values["grad_accum"])
         or knobs.why_not(values["strategy"], values["model"], values["activation_checkpointing"],
@@ -195,9 +194,10 @@ def batch_reason(values: CellValues, ctx: MatrixContext) -> str | None:
     return datafit.too_few_steps(values, have, split.replicas, split.per_worker_batch, steps)
 
 
-def dataset_info(values: CellValues, config: dict) -> data.DatasetInfo:
+def dataset_info(values: CellValues, study: StudyConfig) -> data.DatasetInfo:
     """data.info of the cell's data set: a token set's at the cell's seq_len."""
     name = values["dataset"]
     if values["seq_len"]:
-        return tokensets.info(name, tokensets.source_of(name, config), values["seq_len"])
-    return imagesets.info(name, config)
+        source = tokensets.source_of(name, study.datasets)
+        return tokensets.info(name, source, values["seq_len"])
+    return imagesets.info(name, study.datasets, study.steps_per_epoch)

@@ -20,6 +20,7 @@ from trainscale import data
 from trainscale.data import imagesets, tokensets
 from trainscale.plan import catalog
 from trainscale.plan.runspec import ConfigError
+from trainscale.plan.studyconfig import StudyConfig
 
 
 def short_of_tokens(values: dict, info: data.DatasetInfo, replicas: int, batch: int) -> str | None:
@@ -38,17 +39,17 @@ def _cell(values: dict) -> str:
     return "cell " + ", ".join(f"{k}={values[k]}" for k in keys)
 
 
-def check_shards(values: dict, config: dict, replicas: int, gbs: int, pwbs: int) -> None:
+def check_shards(values: dict, study: StudyConfig, replicas: int, gbs: int, pwbs: int) -> None:
     """A ConfigError, before any job, where a WebDataset's train shards give some rank of the
     cell no full batch (imagesets.short_of_shards, the loaders' own test). It stops the study
     rather than dropping the cell, as a token file too small does (short_of_tokens): both are
     the user's files, and a cell the user asked for never goes missing quietly; the message
     names the cell, so matrix.exclude or a smaller workers list resolves it."""
-    entry = (config.get("datasets") or {}).get(values["dataset"]) or {}
+    entry = study.datasets.get(values["dataset"]) or {}
     if entry.get("format") != "webdataset" or values["dataset"] in data.DATASETS:
         return
     strategy = catalog.STRATEGIES[values["strategy"]]
-    loaders = config.get("loader_workers", 0) if strategy.runtime == "torch" else 0  # tf.data
+    loaders = study.loader_workers if strategy.runtime == "torch" else 0  # tf.data
     if values["strategy"] == "torch-pipeline" or (
         strategy.runtime == "tensorflow" and strategy.framework != "horovod"
     ):  # one reader of global batches (a pipeline's stages, a tf.distribute process)

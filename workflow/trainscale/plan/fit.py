@@ -20,16 +20,14 @@ about cells the matrix's rules build (`one_cell`), so it sits above the matrix.
 
 from __future__ import annotations
 
-import copy
 import sys
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from trainscale.plan.matrix import ConfigError, build_runs
 from trainscale.plan.preflight import hf_models, memory, memory_parts
 from trainscale.plan.preflight.memory import GIB, Check, block, need, predict, replica_spec
 from trainscale.plan.runspec import MATRIX_KEYS, Dropped, RunSpec
+from trainscale.plan.studyconfig import StudyConfig
 
 #: halvings of the batch tried by the advice
 HALVINGS = 3
@@ -37,14 +35,14 @@ HALVINGS = 3
 
 def within_limits(
     check: Check, runs: list[RunSpec], dropped: list[Dropped], target: str,
-    config: dict | None = None,
+    study: StudyConfig | None = None,
 ) -> tuple[list[RunSpec], list[Dropped], dict[str, dict]]:  # fmt: skip
     """The runs that fit (all of them unless memory.check is drop and memory.host_limit_gib
     is not exceeded), `dropped` with the cells dropped here after it (a new list), and every
     run's `memory.predicted` block by path (its host bytes at least: those need no trace).
     Nothing is traced when memory.check is off. Each prediction is printed where the answer
-    is read; `config` (the study's) lets a reason say which knob would bring a cell under the
-    limit."""
+    is read; `study` (the study's config) lets a reason say which knob would bring a cell
+    under the limit."""
     if not runs:
         return runs, dropped, {}
     answers, replicas = _traced(check, runs, target)
@@ -55,7 +53,7 @@ def within_limits(
     blocks = {r.path: by_cell[r.cell] for r in runs}
     notes = [f"memory of {r.path} not predicted: {a['error']}" for r in runs
              if "error" in (a := answers.get(r.path, {}))]  # fmt: skip
-    over, reasons = _over_limits(check, runs, blocks, answers, config, target)
+    over, reasons = _over_limits(check, runs, blocks, answers, study, target)
     drop = check.mode != "warn"  # off: only the host limit, which drops
     said = [(r, reasons[r.path]) for r in runs if r.path in reasons]  # one run of each cell
     if drop:
@@ -92,7 +90,7 @@ def _over_limits(
     runs: list[RunSpec],
     blocks: dict[str, dict],
     answers: dict[str, dict],
-    config: Mapping[str, Any] | None,
+    study: StudyConfig | None,
     target: str,
 ) -> tuple[set[str], dict[str, str]]:
     """(the paths of every run over the host or the device limit, the reason of the first
@@ -111,8 +109,8 @@ def _over_limits(
     fits = [r for r in runs if r.path not in too_big and r.path not in host]
     firsts = _firsts(runs, too_big - host)
     advice = {}  # every cell's knobs predicted in one child
-    if config is not None and firsts:
-        advice = advise(config, firsts, allowed, target)
+    if study is not None and firsts:
+        advice = advise(study, firsts, allowed, target)
     for r in firsts:
         reasons[r.path] = over_reason(r, need(answers[r.path]), check, fits, advice.get(r.path))
     return host | too_big, reasons
@@ -187,10 +185,10 @@ def workers(n: int) -> str:
 # ----- the advice
 
 
-def one_cell(config: dict, r: RunSpec, accelerator: str, **changes) -> RunSpec | None:
+def one_cell(study: StudyConfig, r: RunSpec, accelerator: str, **changes) -> RunSpec | None:
     """`r`'s cell with `changes`, as the study's rules build it; None where they refuse it
     (a knob the strategy has not, a batch that does not split over the workers)."""
-    one = copy.deepcopy(hf_models.expand(config))
+    one = hf_models.expand(study).as_dict()
     one["matrix"] = {k: [changes.get(k, getattr(r, k))] for k in MATRIX_KEYS}
     if not r.seq_len:
         del one["matrix"]["seq_len"]  # an image data set
@@ -202,7 +200,7 @@ def one_cell(config: dict, r: RunSpec, accelerator: str, **changes) -> RunSpec |
     return next((s for s in runs if s.repeat == 0), None)
 
 
-def variants(config: dict, r: RunSpec, accelerator: str) -> list[tuple[str, RunSpec]]:
+def variants(study: StudyConfig, r: RunSpec, accelerator: str) -> list[tuple[str, RunSpec]]:
     """(what changes, the cell with it) for each knob the study's rules allow on `r`."""
     tried = []
     if r.activation_checkpointing != "full":
@@ -218,17 +216,19 @@ def variants(config: dict, r: RunSpec, accelerator: str) -> list[tuple[str, RunS
             tried.append((f"batch {batch}", {"batch_size": batch}))
     out = []
     for what, changes in tried:
-        spec = one_cell(config, r, accelerator, **changes)
+        spec = one_cell(study, r, accelerator, **changes)
         if spec is not None:
             out.append((what, spec))
     return out
 
 
-def advise(config: dict, cells: list[RunSpec], allowed: float, accelerator: str) -> dict[str, str]:
+def advise(
+    study: StudyConfig, cells: list[RunSpec], allowed: float, accelerator: str
+) -> dict[str, str]:
     """{path: which knobs bring the cell under `allowed` bytes, each with its predicted GiB,
     and those that do not (of the batches, the largest that fits, or the smallest tried)}
     for each of `cells`, every variant predicted in one child."""
-    tried = {r.path: variants(config, r, accelerator) for r in cells}
+    tried = {r.path: variants(study, r, accelerator) for r in cells}
     every = {s.path: s for found in tried.values() for _, s in found}
     answers = predict(list(every.values()), accelerator) if every else {}
     return {r.path: said(tried[r.path], answers, allowed) for r in cells}
@@ -265,11 +265,11 @@ def said(tried: list[tuple[str, RunSpec]], answers: dict, allowed: float) -> str
 GROUP = tuple(k for k in MATRIX_KEYS if k != "batch_size")
 
 
-def candidates(config: dict, template: RunSpec, max_batch: int, accelerator: str) -> list:
+def candidates(study: StudyConfig, template: RunSpec, max_batch: int, accelerator: str) -> list:
     """`template`'s cell at every batch size the study's rules accept, smallest first."""
     sizes = {b for k in range(20) for b in (2**k, 3 * 2**k) if b <= max_batch}
-    sizes |= {b for b in config["matrix"]["batch_size"] if b <= max_batch}
-    found = (one_cell(config, template, accelerator, batch_size=size) for size in sorted(sizes))
+    sizes |= {b for b in study.matrix["batch_size"] if b <= max_batch}
+    found = (one_cell(study, template, accelerator, batch_size=size) for size in sorted(sizes))
     return [r for r in found if r is not None]
 
 

@@ -38,7 +38,7 @@ from trainscale.plan.runspec import (
     Dropped,
     RunSpec,
 )
-from trainscale.plan.studyconfig import Repeats, StudyConfig
+from trainscale.plan.studyconfig import Repeats, StudyConfig, thawed
 
 #: Tokens per window when matrix.seq_len is not given (the schema's default).
 DEFAULT_SEQ_LEN = 256
@@ -70,9 +70,12 @@ def effective_lr(lr: float, scaling: str, global_batch: int, base_batch: int) ->
 
 
 def build_runs(
-    config: dict, accelerator: str = "cpu", gpus_per_node: int | None = None
+    config: StudyConfig | Mapping[str, Any],
+    accelerator: str = "cpu",
+    gpus_per_node: int | None = None,
 ) -> tuple[list[RunSpec], list[Dropped]]:
-    """Expand a validated config into run specs (cartesian product minus exclusions).
+    """Expand a validated config into run specs (cartesian product minus exclusions); a dict
+    (tests, benchmarks) is read as `StudyConfig.from_filled` reads it.
 
     `accelerator` is "cpu" or "cuda": what the workers will run on, used to drop
     combinations that cannot be parallel there (e.g. DataParallel without GPUs), and each
@@ -81,7 +84,8 @@ def build_runs(
     machine: `visible_gpus()`); cells whose ranks would share one where they must not are
     dropped. None: each worker gets a GPU of its own (a cluster's request).
     """
-    ctx = matrix_context(config, accelerator, gpus_per_node)
+    study = config if isinstance(config, StudyConfig) else StudyConfig.from_filled(config)
+    ctx = matrix_context(study, accelerator, gpus_per_node)
     runs: list[RunSpec] = []
     dropped: list[Dropped] = []
     for values in combos(ctx.axes, ctx.token_sets):
@@ -95,36 +99,37 @@ def build_runs(
             + summary(runs, dropped)
             + "; widen matrix or shorten matrix.exclude"
         )
-    faults.check(ctx.config.get("faults", []), runs)
+    faults.check(thawed(ctx.study.faults), runs)
     return runs, dropped
 
 
-def matrix_context(config: dict, accelerator: str, gpus_per_node: int | None) -> MatrixContext:
+def matrix_context(
+    study: StudyConfig, accelerator: str, gpus_per_node: int | None
+) -> MatrixContext:
     """The study's axes and its own models' facts, after the checks that stop the whole study:
     strategies not implemented, a DeepSpeed fragment missing, vocabularies too small, own
     models that do not build (ConfigError naming the key and the fix)."""
     try:
-        config = hf_models.expand(config)  # hf:NAME: an own model of a safe name
+        study = hf_models.expand(study)  # hf:NAME: an own model of a safe name
     except hf_models.HFConfigError as e:
         raise ConfigError(str(e)) from None
-    matrix = config["matrix"]
-    _check_strategies(matrix["strategy"], config.get("deepspeed_config"))
+    matrix = thawed(study.matrix)
+    _check_strategies(matrix["strategy"], study.deepspeed_config)
     seq_lens = matrix.get("seq_len") or [DEFAULT_SEQ_LEN]
-    axes = {**{k: [v] for k, v in OUT_OF_PATH.items()}, **speed_options.axes(config), **matrix,
+    axes = {**{k: [v] for k, v in OUT_OF_PATH.items()}, **speed_options.axes(study), **matrix,
             "seq_len": seq_lens}  # fmt: skip
-    token_sets = {name: tokensets.is_tokens(name, config) for name in matrix["dataset"]}
+    token_sets = {name: tokensets.is_tokens(name, study.datasets) for name in matrix["dataset"]}
     left = exclusions.pairs_left(axes, matrix.get("exclude", []), token_sets)  # checked: these
-    vocab = {name: dataset_info({"dataset": name, "seq_len": seq_lens[0]}, config).num_classes
+    vocab = {name: dataset_info({"dataset": name, "seq_len": seq_lens[0]}, study).num_classes
              for name, is_tokens in token_sets.items() if is_tokens}  # fmt: skip
-    too_small = hf_models.vocabulary_problems(config, vocab, left)
+    too_small = hf_models.vocabulary_problems(study, vocab, left)
     if too_small:
         raise ConfigError("; ".join(too_small))
-    own_facts = own_models.check(config, data_shapes(config, seq_lens))
+    own_facts = own_models.check(study, data_shapes(study, seq_lens))
     if own_models.problems(own_facts):
         raise ConfigError("; ".join(own_models.problems(own_facts)))
     return MatrixContext(
-        config=config,
-        study=StudyConfig.from_filled(config),
+        study=study,
         accelerator=accelerator,
         gpus_per_node=gpus_per_node,
         axes=axes,
@@ -193,8 +198,8 @@ def fields(values: CellValues, ctx: MatrixContext) -> dict[str, Any]:
         samples=study.samples if ctx.info(values).synthetic else None,
         ps_tasks=study.ps_tasks if values["strategy"] == "tf-ps" else 0,
         own_model=ctx.own_model(values),
-        accelerator=train_on(ctx.accelerator, ctx.config.get("slurm")),
-        **imagesets.run_fields(values["dataset"], ctx.config),
+        accelerator=train_on(ctx.accelerator, study.slurm),
+        **imagesets.run_fields(values["dataset"], study.datasets, study.loader_workers),
     )
 
 
@@ -203,7 +208,7 @@ def checked_split(values: CellValues, ctx: MatrixContext) -> BatchSplit:
     full batch (plan.datafit) or grad_accum does not divide the per-worker batch."""
     split = BatchSplit.of(values)
     datafit.check_shards(
-        values, ctx.config, split.replicas, split.global_batch, split.per_worker_batch
+        values, ctx.study, split.replicas, split.global_batch, split.per_worker_batch
     )
     if split.per_worker_batch % values["grad_accum"]:
         raise ConfigError(
@@ -235,7 +240,7 @@ def optimizer_fields(study: StudyConfig, global_batch: int) -> dict[str, Any]:
 def repeats(spec_fields: dict[str, Any], values: CellValues, ctx: MatrixContext) -> list[RunSpec]:
     """Every repeat a combination may run (config `repeats`' max: the racing step asks for
     those past min, common.smk), each with its seed and the fault planted in it, if any."""
-    planted_faults = ctx.config.get("faults", [])
+    planted_faults = thawed(ctx.study.faults)
     runs = []
     for repeat in range(ctx.study.repeats.max):
         fault = faults.fault_for(values, repeat, planted_faults)
@@ -259,22 +264,22 @@ def train_on(accelerator: str, slurm: Mapping[str, Any] | None) -> str:
     return "cpu" if fake else accelerator
 
 
-def data_shapes(config: dict, seq_lens: list[int]) -> dict[str, list[tuple]]:
+def data_shapes(study: StudyConfig, seq_lens: list[int]) -> dict[str, list[tuple]]:
     """(shape, classes) each own model of the matrix is built at by its pre-flight: the data
     sets of its kind (a token set at each seq_len) with which matrix.exclude leaves it a cell
     (trainscale.plan.exclusions); {} where the study has no own models."""
-    own = own_models.names(config)
+    own = own_models.names(study)
     if not own:
         return {}
-    m = config["matrix"]
-    tokens = {name: tokensets.is_tokens(name, config) for name in m["dataset"]}
+    m = thawed(study.matrix)
+    tokens = {name: tokensets.is_tokens(name, study.datasets) for name in m["dataset"]}
     axes = {**{k: [v] for k, v in OUT_OF_PATH.items()}, **m, "seq_len": seq_lens}
     left = exclusions.pairs_left({**axes, "model": own}, m.get("exclude") or [], tokens)
-    infos = {(d, t): dataset_info({"dataset": d, "seq_len": t}, config) for _, d, t in left}
+    infos = {(d, t): dataset_info({"dataset": d, "seq_len": t}, study) for _, d, t in left}
     out: dict[str, list[tuple]] = {}
     for model, dataset, t in sorted(left):
         kind = "tokens" if tokens[dataset] else "image"
-        if kind == (config["models"][model].get("input") or "image"):
+        if kind == (study.models[model].get("input") or "image"):
             info = infos[(dataset, t)]
             out.setdefault(model, []).append((info.shape, info.num_classes))
     return out

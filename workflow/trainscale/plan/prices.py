@@ -22,6 +22,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from trainscale.plan.studyconfig import StudyConfig
+
 #: The price key of a CPU core-hour.
 CPU_KEY = "cpu-core"
 
@@ -35,8 +37,14 @@ class Prices:
 
     @classmethod
     def from_config(cls, config: Mapping | None) -> Prices | None:
-        """The study's prices, or None where config `cost.device_hour` gives none."""
-        cost = (config or {}).get("cost") or {}
+        """The prices of a config as a record holds it (a dict), or None where its
+        `cost.device_hour` gives none."""
+        return cls.from_cost((config or {}).get("cost"))
+
+    @classmethod
+    def from_cost(cls, cost: Mapping | None) -> Prices | None:
+        """The prices of config `cost`, or None where its `device_hour` gives none."""
+        cost = cost or {}
         hourly = {str(k): float(v) for k, v in (cost.get("device_hour") or {}).items()}
         return cls(hourly, str(cost.get("currency") or "USD")) if hourly else None
 
@@ -59,11 +67,11 @@ class Prices:
         return None, f"several keys of cost.device_hour match the device {label!r}: {listed}"
 
 
-def check(config: Mapping, accelerator: str, gpus: list[str]) -> str | None:
+def check(study: StudyConfig, accelerator: str, gpus: list[str]) -> str | None:
     """Why the study's prices cannot apply to what it runs on (None: they can, or none are
     given), with the fix; `gpus` are this machine's GPU names (`gpu_names`)."""
-    prices = Prices.from_config(config)
-    rank_by = ((config.get("report") or {}).get("rank_by")) or "throughput"
+    prices = Prices.from_cost(study.cost)
+    rank_by = study.report.get("rank_by") or "throughput"
     if prices is None:
         if rank_by == "cost":
             return (
@@ -77,7 +85,7 @@ def check(config: Mapping, accelerator: str, gpus: list[str]) -> str | None:
             return None
         return (
             f"cost.device_hour ({given}) has no {CPU_KEY!r} price, and this study runs on CPU "
-            f"(accelerator: {config.get('accelerator', 'auto')}), where each worker's "
+            f"(accelerator: {study.accelerator}), where each worker's "
             f"threads_per_worker threads are priced as {CPU_KEY} hours: add "
             f"`{CPU_KEY}: <price of one core-hour>` to cost.device_hour, or remove cost"
         )

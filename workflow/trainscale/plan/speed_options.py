@@ -13,6 +13,7 @@ given here, as the catalog's constraints drop theirs. Imports no framework.
 from __future__ import annotations
 
 from trainscale.plan import catalog
+from trainscale.plan.studyconfig import StudyConfig
 
 MEMORY_FORMATS: tuple[str, ...] = ("contiguous", "channels_last")
 
@@ -47,10 +48,10 @@ NO_COMPILE: dict[str, str] = {
 DEFAULTS: dict[str, object] = {"memory_format": "contiguous", "compile": False, "grad_accum": 1}
 
 
-def axes(config: dict) -> dict[str, list]:
+def axes(study: StudyConfig) -> dict[str, list]:
     """The speed options' matrix axes where `matrix` names none: the study-wide top-level key's
-    one value (memory_format, compile, grad_accum), else the default."""
-    return {k: [config.get(k, v)] for k, v in DEFAULTS.items()}
+    one value (memory_format, compile, grad_accum; the schema's default where not given)."""
+    return {k: [getattr(study, k)] for k in DEFAULTS}
 
 
 def why_not(

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from trainscale.plan import check, fit, machine, matrix, prices
+from trainscale.plan import configcheck, fit, machine, matrix, prices
 from trainscale.plan.preflight import memory
 from trainscale.plan.runspec import ConfigError, Dropped, RunSpec
 from trainscale.plan.studyconfig import StudyConfig, config_schema
@@ -70,8 +70,8 @@ def validated(config: Mapping[str, Any], fill_defaults: bool = True) -> StudyCon
     defaults filled from the schema; `config` itself is not changed."""
     filled = copy.deepcopy(dict(config))
     schema = config_schema()
-    check.yaml_booleans_as_words(filled, schema)  # `check: off` unquoted reads as false
-    problems = check.config_problems(filled, schema)
+    configcheck.yaml_booleans_as_words(filled, schema)  # `check: off` unquoted reads as false
+    problems = configcheck.config_problems(filled, schema)
     if problems:
         where = matrix.CONFIG_SCHEMA.relative_to(REPO_ROOT)
         raise ConfigError(
@@ -80,7 +80,7 @@ def validated(config: Mapping[str, Any], fill_defaults: bool = True) -> StudyCon
         )
     if fill_defaults:
         # a fresh copy of the schema's defaults: the validator hands out its own objects
-        check.fill_defaults(filled, copy.deepcopy(schema))
+        configcheck.fill_defaults(filled, copy.deepcopy(schema))
     return StudyConfig.from_filled(filled)
 
 
@@ -91,6 +91,7 @@ def study_plan(
     *,
     fill_defaults: bool = True,
     gpu_names: list[str] | None = None,
+    show_memory: bool = False,
 ) -> Plan:
     """The plan of the study `config` describes (config.yaml with any study file laid over it,
     plan.overlay), its workers on `accelerator` (cpu or cuda, already resolved:
@@ -99,16 +100,16 @@ def study_plan(
     the prices (read through NVML where GPUs are given and the names are not). ConfigError,
     naming the key and the fix, where the study cannot be planned. A `StudyConfig` given
     (`validated`'s, as the workflow makes it before it knows its accelerator) is not checked
-    again."""
+    again. `show_memory`: each cell's memory predicted even where memory.check is off
+    (trainscale check)."""
     study = config if isinstance(config, StudyConfig) else validated(config, fill_defaults)
-    raw = study.as_dict()
-    runs, dropped = matrix.build_runs(raw, accelerator, gpus_per_node)
+    runs, dropped = matrix.build_runs(study, accelerator, gpus_per_node)
     if gpu_names is None:
         gpu_names = machine.gpu_names() if gpus_per_node else []
-    if price_problem := prices.check(raw, accelerator, gpu_names):
+    if price_problem := prices.check(study, accelerator, gpu_names):
         raise ConfigError(price_problem)
-    limits = memory.resolve(raw, accelerator)
-    runs, dropped, predicted = fit.within_limits(limits, runs, dropped, accelerator, raw)
+    limits = memory.resolve(study.memory, accelerator, show=show_memory)
+    runs, dropped, predicted = fit.within_limits(limits, runs, dropped, accelerator, study)
     return Plan(
         config=study,
         accelerator=accelerator,

@@ -68,6 +68,12 @@ class Memory:
     check: str | None  # drop | warn | off; None: by accelerator
     host_limit_gib: float | None
 
+    @classmethod
+    def of(cls, section: Mapping[str, Any] | None) -> Memory:
+        """The record of a `memory:` section alone (the schema's defaults where it lacks a
+        key)."""
+        return _section(cls, "memory", {"memory": section or {}})
+
 
 @dataclass(frozen=True)
 class Collectives:
@@ -105,6 +111,12 @@ class StudyConfig:
     deepspeed_config: str | None  # the DeepSpeed fragment's path
     horovod_timeline: bool
     ps_tasks: int  # tf-ps's parameter servers
+    loader_workers: int  # a user data set's loader processes beside each training worker
+    memory_format: str  # the speed options' study-wide values (a matrix axis overrides them)
+    compile: bool
+    grad_accum: int
+    code: tuple[str, ...]  # folders the own models' builders are imported from
+    faults: tuple[Mapping[str, Any], ...]  # faults planted in runs (plan.faults)
     memory: Memory
     collectives: Collectives
     cost: Mapping[str, Any]
@@ -112,6 +124,9 @@ class StudyConfig:
     tune: Mapping[str, Any]
     predict: Mapping[str, Any]
     env: Mapping[str, str]
+    slurm: Mapping[str, Any]
+    models: Mapping[str, Mapping[str, Any]]  # own model -> its `models:` entry
+    datasets: Mapping[str, Mapping[str, Any]]  # data set -> its `datasets:` entry
     container: Mapping[str, Any] | None
     raw: Mapping[str, Any]  # the whole config as given, read-only, for code not yet typed
 
@@ -130,13 +145,15 @@ class StudyConfig:
             memory=_section(Memory, "memory", top),
             collectives=_section(Collectives, "collectives", top),
             container=top.get("container") or None,
+            code=tuple(top.get("code") or ()),
+            faults=tuple(top.get("faults") or ()),
             **{name: top.get(name) or MappingProxyType({}) for name in _SECTIONS},
             raw=_frozen(raw),
         )
 
     def as_dict(self) -> dict[str, Any]:
         """A mutable deep copy of the config as given, for code that takes `config: dict`."""
-        return copy.deepcopy(_thawed(self.raw))
+        return copy.deepcopy(thawed(self.raw))
 
 
 #: StudyConfig's fields taken as they are (schema-checked scalars and the matrix)
@@ -160,9 +177,13 @@ _SCALARS = (
     "deepspeed_config",
     "horovod_timeline",
     "ps_tasks",
+    "loader_workers",
+    "memory_format",
+    "compile",
+    "grad_accum",
 )
 #: StudyConfig's sections read by key (not typed yet): {} where absent
-_SECTIONS = ("cost", "report", "tune", "predict", "env")
+_SECTIONS = ("cost", "report", "tune", "predict", "env", "slurm", "models", "datasets")
 
 
 @functools.cache
@@ -203,10 +224,10 @@ def _frozen(value: Any) -> Any:
     return value
 
 
-def _thawed(value: Any) -> Any:
-    """`_frozen` undone: dicts and lists again."""
+def thawed(value: Any) -> Any:
+    """A frozen section undone: dicts and lists again (for JSON, and code that mutates)."""
     if isinstance(value, Mapping):
-        return {k: _thawed(v) for k, v in value.items()}
+        return {k: thawed(v) for k, v in value.items()}
     if isinstance(value, tuple):
-        return [_thawed(v) for v in value]
+        return [thawed(v) for v in value]
     return value

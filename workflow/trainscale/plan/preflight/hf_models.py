@@ -20,6 +20,8 @@ import json
 import re
 from pathlib import Path
 
+from trainscale.plan.studyconfig import StudyConfig
+
 PREFIX = "hf:"
 #: configs that ship with trainscale, by stem
 SHIPPED = Path(__file__).resolve().parents[2] / "models" / "hf_configs"
@@ -85,13 +87,17 @@ def safe_name(written: str, path: Path) -> str:
     return f"hf-{stem}-{hashlib.sha256(path.read_bytes()).hexdigest()[:8]}"
 
 
-def expand(config: dict) -> dict:
-    """`config` with each `hf:NAME` of matrix.model (and of exclude and faults) replaced by its
+def expand(study: StudyConfig) -> StudyConfig:
+    """`study` with each `hf:NAME` of matrix.model (and of exclude and faults) replaced by its
     safe name, and an own-model entry under `models:` for it. Idempotent."""
+    if not any(is_hf(m) for m in study.matrix.get("model") or ()):
+        return study
+    return StudyConfig.from_filled(_expanded(study.as_dict()))
+
+
+def _expanded(config: dict) -> dict:
+    """`expand` on the config as given (a dict)."""
     matrix = config.get("matrix") or {}
-    written = [m for m in matrix.get("model") or [] if is_hf(m)]
-    if not written:
-        return config
     names, models = {}, dict(config.get("models") or {})
     for i, w in enumerate(matrix["model"]):
         if not is_hf(w):
@@ -157,20 +163,19 @@ def shape_why_not(values: dict, kwargs: dict) -> str | None:
 
 
 def vocabulary_problems(
-    config: dict, vocab_of: dict[str, int], left: set[tuple[str, str, int]]
+    study: StudyConfig, vocab_of: dict[str, int], left: set[tuple[str, str, int]]
 ) -> list[str]:
     """A line per (hf: model, token data set) with a cell of the matrix (`left`: the (model,
     data set, seq_len) matrix.exclude leaves, trainscale.plan.exclusions) whose ids do not fit
     the config's vocab_size, naming both numbers (checked before any job)."""
-    matrix = config.get("matrix") or {}
     paired = {(model, ds) for model, ds, _ in left}
     out = []
-    for model in matrix.get("model") or []:
-        entry = (config.get("models") or {}).get(model) or {}
+    for model in study.matrix.get("model") or ():
+        entry = study.models.get(model) or {}
         facts = facts_of(entry) if entry else None
         if facts is None:
             continue
-        for ds in matrix.get("dataset") or []:
+        for ds in study.matrix.get("dataset") or ():
             v = vocab_of.get(ds) if (model, ds) in paired else None
             if v is not None and v > facts["vocab_size"]:
                 out.append(

@@ -43,6 +43,7 @@ from pathlib import Path
 
 from trainscale.plan.preflight import child, memory_key, memory_parts
 from trainscale.plan.runspec import ConfigError, RunSpec
+from trainscale.plan.studyconfig import Memory
 
 CACHE = Path(".cache") / "trainscale" / "memory"
 WORKFLOW = Path(__file__).resolve().parents[3]
@@ -90,20 +91,19 @@ def gpu_memory_gib() -> tuple[float, str] | None:
     return total / GIB, name.decode() if isinstance(name, bytes) else str(name)
 
 
-def resolve(config: dict, accelerator: str, show: bool = False) -> Check:
-    """Config `memory:` with its defaults; ConfigError naming the key where it cannot hold.
-    `show`: predict even where memory.check is off, against no limit unless one is given
-    (trainscale check)."""
-    m = config.get("memory") or {}
-    mode = m.get("check") or ("drop" if accelerator == "cuda" else "off")
-    headroom = m.get("headroom", 0.9)
-    limit, source = m.get("limit_gib"), "memory.limit_gib"
-    host = m.get("host_limit_gib")
+def resolve(given: Memory, accelerator: str, show: bool = False) -> Check:
+    """Config `memory:` (its defaults filled) resolved; ConfigError naming the key where it
+    cannot hold. `show`: predict even where memory.check is off, against no limit unless one
+    is given (trainscale check)."""
+    mode = given.check or ("drop" if accelerator == "cuda" else "off")
+    headroom = given.headroom
+    limit, source = given.limit_gib, "memory.limit_gib"
+    host = given.host_limit_gib
     if show and mode == "off":
         return Check("warn", limit, headroom, source, host)
     if mode != "off" and limit is None:
         found = gpu_memory_gib() if accelerator == "cuda" else None
-        if found is None and not m.get("check") and accelerator == "cuda":
+        if found is None and not given.check and accelerator == "cuda":
             print(
                 "trainscale: memory: no GPU where Snakemake runs to read the devices' memory "
                 "from (a login node?): each cell's memory is predicted, none dropped; set "

@@ -75,16 +75,16 @@ def optimizer_state_bytes(spec: RunSpec) -> int:
     return 4 if spec.momentum > 0 else 0
 
 
-def zero_states(spec: RunSpec, config: dict, params: int, largest: int) -> dict[str, int]:
+def zero_states(spec: RunSpec, ds_config: dict, params: int, largest: int) -> dict[str, int]:
     """DeepSpeed's memory per rank as the run's ds_config sizes it, for `params` parameters
     whose largest module holds `largest`: on the device `model_states` (parameters and
     gradients in the precision's bytes, the fp32 master copy, fp32 gradients and the
     optimizer's state, each whole or partitioned over the ranks by the stage, ZeRO-3's
     gathered modules) and `buckets` (the gradient reduction buffers), and on the host
     `host` (what the offload flags move there)."""
-    zero = config.get("zero_optimization") or {}
+    zero = ds_config.get("zero_optimization") or {}
     stage = int(zero.get("stage", 0))
-    low = any((config.get(k) or {}).get("enabled") for k in ("bf16", "fp16"))
+    low = any((ds_config.get(k) or {}).get("enabled") for k in ("bf16", "fp16"))
     p = 2 if low else 4  # bytes per parameter and per gradient as the model holds them
     n = spec.world_size
     k = optimizer_state_bytes(spec)

@@ -21,10 +21,13 @@ import importlib.machinery
 import json
 import os
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from trainscale.plan.preflight import child
 from trainscale.plan.runspec import OwnModel
+from trainscale.plan.studyconfig import StudyConfig, thawed
 
 #: where pre-flight answers are kept, under the directory Snakemake runs in
 CACHE = Path(".cache") / "trainscale" / "own-models"
@@ -36,14 +39,14 @@ class OwnModelError(ValueError):
     """A model of `models:` that cannot run; the message names the key and the fix."""
 
 
-def names(config: dict) -> list[str]:
+def names(study: StudyConfig) -> list[str]:
     """The names of `matrix.model` that are the user's own (under `models:`)."""
-    own = config.get("models") or {}
-    return [m for m in (config.get("matrix") or {}).get("model") or [] if m in own]
+    return [m for m in study.matrix.get("model") or [] if m in study.models]
 
 
-def code_paths(config: dict) -> tuple[str, ...]:
-    return tuple(os.path.abspath(p) for p in config.get("code") or [])
+def code_paths(code: Sequence[str]) -> tuple[str, ...]:
+    """Config `code`'s folders, absolute (from the directory Snakemake runs in)."""
+    return tuple(os.path.abspath(p) for p in code)
 
 
 def pairs(name: str, shapes: dict[str, list[tuple]]) -> list[list]:
@@ -52,20 +55,20 @@ def pairs(name: str, shapes: dict[str, list[tuple]]) -> list[list]:
     return [list(p) for p in sorted({(tuple(s), k) for s, k in shapes.get(name, [])})]
 
 
-def _entry(config: dict, name: str) -> dict:
-    """The `models:` entry of `name` as the check reads it, the schema's defaults filled in
-    or not: the same request, and cache key, before and after the config's defaults."""
-    entry = config["models"][name]
+def _entry(entry: Mapping[str, Any]) -> dict:
+    """A `models:` entry as the check reads it, the schema's defaults filled in or not: the
+    same request, and cache key, before and after the config's defaults."""
+    entry = thawed(entry)
     full = {**entry, "kwargs": entry.get("kwargs") or {}, "input": entry.get("input") or "image"}
     return {k: v for k, v in full.items() if v is not None}
 
 
-def _sources(config: dict) -> list[str]:
+def _sources(code: Sequence[str], models: Mapping[str, Mapping[str, Any]]) -> list[str]:
     """The source files the check depends on: every .py under `code:`, and the package (or
     module) of each builder, found on `code:` and the import path without importing it."""
-    files = {str(p) for folder in code_paths(config) for p in Path(folder).rglob("*.py")}
-    search = [*code_paths(config), *sys.path]
-    for entry in (config.get("models") or {}).values():
+    files = {str(p) for folder in code_paths(code) for p in Path(folder).rglob("*.py")}
+    search = [*code_paths(code), *sys.path]
+    for entry in models.values():
         for key in ("torch", "keras", "tp_plan", "init"):
             top = (entry.get(key) or "").split(":")[0].split(".")[0]
             spec = importlib.machinery.PathFinder.find_spec(top, search) if top else None
@@ -84,18 +87,18 @@ def _key(request: dict, files: list[str]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-def check(config: dict, shapes: dict[str, list[tuple]]) -> dict:
+def check(study: StudyConfig, shapes: dict[str, list[tuple]]) -> dict:
     """The pre-flight answer for every own model of the matrix: {name: {"problems": [...],
     "block_count", "batchnorm", "params": {"shape/classes": n}, "keras_params": {...}}},
     from the cache or from a child process (trainscale.models.preflight)."""
-    own = names(config)
+    own = names(study)
     if not own:
         return {}
     request = {
-        "code": list(code_paths(config)),
-        "models": {n: {**_entry(config, n), "pairs": pairs(n, shapes)} for n in own},
+        "code": list(code_paths(study.code)),
+        "models": {n: {**_entry(study.models[n]), "pairs": pairs(n, shapes)} for n in own},
     }
-    key = _key(request, _sources(config))
+    key = _key(request, _sources(study.code, study.models))
     path = CACHE / f"{key}.json"
     if path.is_file():
         return json.loads(path.read_text())
@@ -121,14 +124,14 @@ def problems(answer: dict) -> list[str]:
     return [line for a in answer.values() for line in a["problems"]]
 
 
-def frozen(name: str, config: dict, answer: dict, shape: tuple, classes: int) -> OwnModel:
+def frozen(name: str, study: StudyConfig, answer: dict, shape: tuple, classes: int) -> OwnModel:
     """The OwnModel of `name` for a run at (shape, classes), with the pre-flight's facts."""
-    entry, facts = config["models"][name], answer[name]
+    entry, facts = thawed(study.models[name]), answer[name]
     return OwnModel(
         name=name, torch=entry["torch"], keras=entry.get("keras"),
         kwargs=json.dumps(entry.get("kwargs") or {}, sort_keys=True),
         input=entry.get("input") or "image", blocks=entry.get("blocks"),
-        tp_plan=entry.get("tp_plan"), init=entry.get("init"), code=code_paths(config),
+        tp_plan=entry.get("tp_plan"), init=entry.get("init"), code=code_paths(study.code),
         embedding=entry.get("embedding"), head=entry.get("head"),
         block_count=facts["block_count"], batchnorm=facts["batchnorm"],
         params=facts["params"].get(pair_key(shape, classes), 0),

@@ -185,7 +185,8 @@ def test_end_message_names_only_outputs_as_new_as_the_runs(tmp_path):
     for name in ("summary.txt", "report.html", "runs.csv", "scaling.csv"):
         (res / name).write_text("the answer\n")
     text = endnote.message("s", res)
-    assert "not built" not in text and text.rstrip().endswith("the answer")
+    assert "not built" not in text and text.index("the answer") < text.index("results of study")
+    assert text.rstrip().endswith("the terminal shows them with `--quiet host`)")  # where, last
     later = time.time() + 10  # a run redone after the summary: the summary no longer covers it
     os.utime(run, (later, later))
     assert "not built, or older than the runs: summary.txt" in endnote.message("s", res)

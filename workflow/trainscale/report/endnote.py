@@ -56,8 +56,8 @@ def built(results: str | Path) -> tuple[list[tuple[str, Path]], list[Path], int]
 
 
 def message(study: str, results: str | Path) -> str:
-    """The end-of-run message, and the summary's text when the summary is up to date (but its
-    table of every cell)."""
+    """The end-of-run message: the summary's text when the summary is up to date (but its
+    table of every cell), then where the results are, last, where a terminal's reader looks."""
     fresh, stale, n_runs = built(results)
     lines = [f"\ntrainscale: results of study {study!r} are in {results}/"]
     if n_runs:
@@ -75,8 +75,8 @@ def message(study: str, results: str | Path) -> str:
         f"  {'logs:':<9} logs/{study}/ (each job's), .snakemake/log/ (Snakemake's, every job's "
         "block; the terminal shows them with `--quiet host`)"
     )
-    text = "\n".join(lines) + "\n"
+    where = "\n".join(lines) + "\n"
     summary = Path(results) / "summary.txt"
     if ("summary", summary) in fresh:
-        text += "\n" + without_table(summary.read_text(), summary)
-    return text
+        return "\n" + without_table(summary.read_text(), summary) + where
+    return where

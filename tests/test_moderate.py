@@ -189,3 +189,14 @@ def test_a_cell_of_one_run_takes_its_prior_and_says_so():
     assert f.vdf[0] == pytest.approx(1 + f.prior_df)
     b = best.compare_with_best(f.ybar, f.var, f.vdf, interval.pair_df(f.columns()))
     assert not b.slower[1] and b.could_be_best[1]
+
+
+def test_polygamma_is_scipys():
+    """moderate.polygamma (no scipy import at report time) against scipy.special's."""
+    from scipy import special
+
+    x = np.concatenate([np.linspace(0.05, 40, 400), [0.5, 1.0, 2.0, 1e3, 1e6]])
+    assert np.allclose(moderate.polygamma(0, x), special.digamma(x), rtol=1e-12, atol=1e-12)
+    for n in (1, 2):
+        assert np.allclose(moderate.polygamma(n, x), special.polygamma(n, x), rtol=1e-12)
+    assert moderate.polygamma(1, np.array([[2.0, np.nan]])).shape == (1, 2)

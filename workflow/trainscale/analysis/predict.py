@@ -231,12 +231,16 @@ def _scatter(a: dict, groups: list[np.ndarray]) -> np.ndarray:
 
 
 def band(
-    obs: pd.DataFrame, net: Network, targets: list[tuple[int, int, float]], seed: int = 0
+    obs: pd.DataFrame | dict,
+    net: Network,
+    targets: list[tuple[int, int, float]],
+    seed: int = 0,
 ) -> tuple[Fit, np.ndarray, np.ndarray, np.ndarray]:
     """(point fit, step seconds, lo, hi) at targets [(N, nodes, b)]: bootstrap percentiles of
     a run's step time, widened to contain the point prediction. Every resample is drawn from
-    the random stream of the study's seed and all are fitted in one array operation."""
-    a = _arrays(obs)
+    the random stream of the study's seed and all are fitted in one array operation. `obs`:
+    one family's runs, or their `_arrays`."""
+    a = _arrays(obs) if isinstance(obs, pd.DataFrame) else obs
     strategy, size = a["strategy"], a["S"]
     point = fit(a, net)
     pred = np.array([point.step(strategy, n, k, b, size, net) for n, k, b in targets])
@@ -328,28 +332,33 @@ def family_predictions(
 
 def family_check(obs: pd.DataFrame, net: Network) -> list[dict]:
     """prediction_check.csv rows of one family: each measured world size N > 1 predicted by the
-    model fitted without its runs."""
+    model fitted without its runs (on the family's arrays: a frame masked per held-out world
+    size was most of the predictions' time at 10,000 runs)."""
     key = {k: obs[k].iloc[0] for k in FAMILY}
     batch, mode = int(key["batch_size"]), str(key["batch_mode"])
+    a = _arrays(obs)
+    ws, nodes, throughput = a["world_size"], a["nodes"], obs["throughput"].to_numpy(float)
     rows = []
-    for (n, k), held in obs[obs["world_size"] > 1].groupby(["world_size", "nodes"]):
-        rest = obs[~((obs["world_size"] == n) & (obs["nodes"] == k))]
-        measured = float(held["throughput"].mean())
-        row = {**key, "world_size": int(n), "nodes": int(k), "measured": measured}
-        fitted_on = sorted({int(v) for v in rest["world_size"]})
-        row["fitted_on"] = " ".join(map(str, fitted_on))
-        if not len(rest):
-            row["note"] = f"check could not be made: N = {int(n)} is the only world size measured"
+    for n, k in sorted({(int(n), int(k)) for n, k in zip(ws, nodes, strict=True) if n > 1}):
+        held = (ws == n) & (nodes == k)
+        measured = throughput[held & ~np.isnan(throughput)]
+        row = {**key, "world_size": n, "nodes": k}
+        row["measured"] = float(measured.mean()) if len(measured) else math.nan
+        row["fitted_on"] = " ".join(map(str, sorted({int(v) for v in ws[~held]})))
+        if held.all():
+            row["note"] = f"check could not be made: N = {n} is the only world size measured"
             rows.append(row)
             continue
+        rest = {c: v[~held] if isinstance(v, np.ndarray) else v for c, v in a.items()}
         try:
-            point, step, lo, hi = band(rest, net, [(int(n), int(k), _per_worker(batch, mode, n))])
+            point, step, lo, hi = band(rest, net, [(n, k, _per_worker(batch, mode, n))])
         except ValueError as e:
             row.update(note=f"check could not be made: {e}")
             rows.append(row)
             continue
         g = _global(batch, mode, n)
         pred, p_lo, p_hi = g / step[0], g / hi[0], g / lo[0]
+        measured = row["measured"]
         row.update(
             predicted=pred, lo=p_lo, hi=p_hi, error_pct=100 * (pred - measured) / measured,
             in_band=bool(p_lo <= measured <= p_hi), note="; ".join(point.notes),

@@ -47,16 +47,20 @@ def summary_text(
     study: str,
     scaling: pd.DataFrame | None = None,
     equivalence: float = EQUIVALENCE,
+    ranked: pd.DataFrame | None = None,
 ) -> str:
     """Plain-text answers: fastest strategy per model and N with its efficiency, the cells
     that could be the fastest and what each panel resolves, every cell's mean ± 95% CI, and
-    what failed or was invalid."""
+    what failed or was invalid. `ranked`: the ranking by throughput of `scaling`, where the
+    caller has it (`Study.by_throughput`), else computed here once."""
     scaling = scaling_frame(df, equivalence=equivalence) if scaling is None else scaling
-    fast = fastest(scaling, equivalence)
+    if ranked is None and len(scaling):
+        ranked = ranking(scaling, equivalence=equivalence)
+    fast = fastest(scaling, equivalence, ranked)
     ok = scaling[scaling["ok"] > 0] if len(scaling) else scaling
     lines = [headline(df, study, scaling)]
     lines += fastest_lines(fast, scaling)
-    lines += ties(scaling, equivalence)
+    lines += ties(scaling, equivalence, ranked)
     lines += cost_lines(scaling)
     lines += logical_lines(scaling if len(fast) else fast)
     lines += table_lines(ok)
@@ -191,11 +195,16 @@ def failure_lines(df: pd.DataFrame, invalid: list[tuple[str, str]]) -> list[str]
     return lines
 
 
-def ties(scaling: pd.DataFrame, equivalence: float = EQUIVALENCE) -> list[str]:
+def ties(
+    scaling: pd.DataFrame, equivalence: float = EQUIVALENCE, ranked: pd.DataFrame | None = None
+) -> list[str]:
     """The lines naming every cell that could be its panel's fastest but is not it, and what
     the panel resolves (or that it is equivalent to the fastest, or has one run and no
-    interval: trainscale.analysis.settle), and what the CIs are; none without a ranking."""
-    r = ranking(scaling, equivalence=equivalence) if len(scaling) else scaling
+    interval: trainscale.analysis.settle), and what the CIs are; none without a ranking.
+    `ranked`: the ranking by throughput of `scaling` where the caller has it."""
+    if ranked is None:
+        ranked = ranking(scaling, equivalence=equivalence) if len(scaling) else scaling
+    r = ranked
     if not len(r) or "could_be_fastest" not in r:
         return []
     lines = ["", "± CI: 95% from steps and repeats (Methods: confidence interval); "

@@ -137,7 +137,7 @@ def render_all(
 
     from trainscale.analysis.metrics_tables import mp_context
 
-    study.convergence  # noqa: B018 (computed once, before forking)
+    study.convergence, study.ranking  # noqa: B018 (computed once, before forking)
     global _FORKED
     _FORKED = (study, speed)
     # heaviest first, so the processes finish together (at 10,000 runs the ranking took half

@@ -24,6 +24,12 @@ TUNES = 100
 WITHIN, BLOCKS = 0.02, 8
 #: config `tune:`'s defaults.
 DEFAULTS = race.Settings()
+#: Issue 68's benchmark panel (7 strategies × 2 batch sizes, digits × 100, N = 2): each cell's
+#: share behind the grid's fastest, in %, the second 10 % behind.
+BENCH_LIKE = (0, 10, 14, 17, 25, 61, 66, 57, 64, 68, 69, 69, 90, 90)
+#: More runs of a cell than any race reads: `race.more_runs` asks no cell for more than
+#: settle.MAX_REPEATS before its confirmation runs.
+DEEPEST = settle.MAX_REPEATS + 1
 #: The default-like panel: each cell's share behind the fastest, in %.
 DEFAULT_LIKE = (0, 10, 20, 27, 27, 30, 33, 46, 50, 61, 69, 70, 73, 73)
 
@@ -45,7 +51,7 @@ def draw(rng: np.random.Generator, mu: np.ndarray, sigma_a: float, runs: int) ->
 def tune(rng, mu: np.ndarray, sigma_a: float, settings: race.Settings = DEFAULTS) -> pd.DataFrame:
     """A whole race in one call: every cell has more runs than any race asks (the replay reads
     only those asked, in order; test_calls_one_round_at_a_time_replay_the_same_race)."""
-    deepest = race.first_runs(len(mu)) + race.MAX_LOOKS + settings.confirm
+    deepest = DEEPEST + settings.confirm
     return race.decide(panel(len(mu)), draw(rng, mu, sigma_a, deepest), settings)
 
 
@@ -82,12 +88,39 @@ def test_a_default_like_panel_ends_with_at_most_two_cells():
     assert np.mean(np.array(sizes) <= 2) >= 0.90
 
 
+def test_a_rival_10_percent_behind_is_stopped_by_runs_sized_to_resolve_it():
+    """Issue 68's benchmark panel at σ_a = 0.05: the best and its rival 10 % behind get the runs
+    that resolve their gap as observed, so the race ends with the best alone in most tunes
+    (one run a cell a look, as before `race.more_runs`: 74 % of 100)."""
+    rng = np.random.default_rng(4)
+    mu = np.log1p(-np.array(BENCH_LIKE) / 100)
+    sets = [
+        set(t.loc[t["decision"] == race.BEST, "cell"])
+        for t in (tune(rng, mu, 0.05) for _ in range(TUNES // 2))
+    ]
+    alone = [won == {"c0"} for won in sets]
+    print(f"bench-like panel, σ_a 0.05: the best alone in {np.mean(alone):.1%}")
+    assert np.mean(alone) >= 0.85
+
+
+def test_more_runs_go_to_the_best_and_a_rival_the_next_look_could_resolve():
+    """Look 1 of three cells, 3 runs each: a rival 12 % behind, resolvable at 7 runs (at most
+    GROWTH × 3), gets 4 more, as does the best estimate; a cell tied with it gets one."""
+    spread = np.array([0.0, 0.05, -0.05])
+    y = np.concatenate([spread, spread, spread - 0.13])
+    names = np.repeat(["c0", "c1", "c2"], 3)
+    runs = pd.DataFrame({"cell": names, "y": y, "w": np.nan, "k": np.nan})
+    out = race.decide(panel(3), runs, DEFAULTS)
+    assert (out["decision"] == race.GO_ON).all()
+    assert out["next_runs"].tolist() == [4, 1, 4]
+
+
 def test_runs_without_batch_means_race_on_their_repeats():
     """Evidence whose w and k are NaN (records without step times): the repeats alone carry
     the variance, and the default-like panel still ends small."""
     rng = np.random.default_rng(8)
     mu = np.log1p(-np.array(DEFAULT_LIKE) / 100)
-    deepest = race.first_runs(len(mu)) + race.MAX_LOOKS + DEFAULTS.confirm
+    deepest = DEEPEST + DEFAULTS.confirm
     sizes = []
     for _ in range(TUNES // 4):
         runs = draw(rng, mu, 0.02, deepest).assign(w=np.nan, k=np.nan)
@@ -111,7 +144,7 @@ def test_calls_one_round_at_a_time_replay_the_same_race(max_runs, sigma_a):
     than any race asks end alike: the replay reads the runs asked, in order."""
     rng = np.random.default_rng(11)
     mu = np.log1p(-np.array([0, 5, 10, 30]) / 100)
-    drawn = draw(rng, mu, sigma_a, 20)
+    drawn = draw(rng, mu, sigma_a, DEEPEST)
     settings = race.Settings(max_runs=max_runs)
     per_cell = {c: rows for c, rows in drawn.groupby("cell")}
     made, confirmed = dict.fromkeys(per_cell, 0), set()

@@ -54,14 +54,14 @@ def panel_value(cells: int, df: float, level: float = LEVEL) -> float:
     return float(simultaneous(ones, np.full(cells, float(df)), ones > 0, level))
 
 
-def detectable(cells: int, var: float, df: float) -> float:
+def detectable(cells: int, var: float, df: float, level: float = LEVEL) -> float:
     """The log difference from the best that a pair of variance `var` (the pair's: V_i + V_j)
     is called slower at in POWER of studies, among `cells` cells whose variances have `df`
     degrees of freedom each: (c + t(POWER, df)) · √var, c the comparison's value for such a
-    panel (`panel_value`)."""
+    panel at `level` (`panel_value`)."""
     if cells < 2 or not df >= 1 or not var >= 0:
         return math.nan
-    return (panel_value(cells, math.floor(df)) + t_scalar(df, POWER)) * math.sqrt(var)
+    return (panel_value(cells, math.floor(df), level) + t_scalar(df, POWER)) * math.sqrt(var)
 
 
 def resolution(var: np.ndarray, df: np.ndarray, n: np.ndarray, margin: float = EQUIVALENCE) -> dict:
@@ -99,11 +99,13 @@ def repeats_to_resolve(
     gaps: np.ndarray,
     top: int,
     compared: np.ndarray,
+    level: float = LEVEL,
 ) -> np.ndarray:
     """Per cell, the fewest repeats (of it and of the panel's fastest, cell `top`) that
     resolve its log shortfall in `gaps` (the size observed, not a claim that it is the true
-    one), among the `compared` cells: from the pair's own Var(ȳ), moderated as the comparison
-    reads them, not the panel's median, so a noisy cell says it needs more. At r repeats the
+    one), among the `compared` cells at the comparison's `level`: from the pair's own Var(ȳ),
+    moderated as the comparison reads them, not the panel's median, so a noisy cell says it
+    needs more. At r repeats the
     pair's variance is (V_i n_i + V_top n_top) / r, on the smaller of the two cells' df, each
     grown by one a repeat (a cell's df is its prior's d₀ plus its own n − 1). NaN for the
     fastest, a cell not behind it or not compared, and beyond MAX_REPEATS."""
@@ -113,7 +115,7 @@ def repeats_to_resolve(
     def met(i: int, reps: float) -> bool:
         pair_var = (var[i] * n[i] + var[top] * n[top]) / reps
         nu = min(df[i] + reps - n[i], df[top] + reps - n[top])
-        return detectable(cells, pair_var, nu) <= gaps[i]
+        return detectable(cells, pair_var, nu, level) <= gaps[i]
 
     out = np.full(len(gaps), math.nan)
     for i in np.flatnonzero(np.asarray(compared, bool) & (gaps > 0)):

@@ -4,7 +4,8 @@ which are the best, from the runs made so far.
 Racing (Maron & Moore 1994; F-Race, Birattari et al. 2002; irace): every run has the same
 length; a look is made once every surviving cell of a panel has its runs; the comparison with
 the best (`trainscale.analysis.best`) stops the cells it calls slower, and every cell it does
-not stop gets one more run. The cells never stopped form a confidence set of the best: each
+not stop gets one more run, or more where the next look could resolve its shortfall from the
+best estimate (`more_runs`). The cells never stopped form a confidence set of the best: each
 look's simultaneous intervals hold at 1 − ALPHA / MAX_LOOKS, so over a race of at most
 MAX_LOOKS looks the true best is stopped with probability at most ALPHA (Bonferroni's split of
 the level over a fixed maximum of looks). A panel ends when one cell is left, when its
@@ -28,6 +29,7 @@ import pandas as pd
 from trainscale.analysis import interval
 from trainscale.analysis.best import ALPHA, compare_with_best, look_level
 from trainscale.analysis.settle import equivalent as tost
+from trainscale.analysis.settle import repeats_to_resolve
 
 GO_ON, STOPPED, BEST = "go on", "stopped", "best"
 #: The most looks a race makes; each look's intervals hold at 1 − ALPHA / MAX_LOOKS
@@ -35,6 +37,9 @@ GO_ON, STOPPED, BEST = "go on", "stopped", "best"
 MAX_LOOKS = 6
 #: Each look's simultaneous level.
 LOOK_LEVEL = look_level(MAX_LOOKS, ALPHA)
+#: The most a look multiplies a cell's runs by: more runs only where the next look could
+#: resolve its observed shortfall within this (`more_runs`).
+GROWTH = 3
 #: Successive halving's rate where tune.cap is true: at most 1/ETA of a panel's cells go on.
 ETA = 3
 #: The fewest degrees of freedom of a panel's first look's pooled run-to-run variance.
@@ -142,6 +147,9 @@ def decide(cells: pd.DataFrame, evidence: pd.DataFrame, settings: Settings) -> p
             end_by_budget(live, panels, state, f"budget: the race's last look ({MAX_LOOKS})")
             live = set()
         if live and over_runs(state, have, settings):
+            for s in (s for s in state.values() if s.decision == GO_ON):
+                s.target = s.used + 1  # the more runs asked do not fit: one each
+        if live and over_runs(state, have, settings):
             why = (f"budget: the next look's runs and the winners' confirmations would pass "
                    f"tune.max_runs {settings.max_runs}")  # fmt: skip
             end_by_budget(live, panels, state, why)
@@ -227,10 +235,29 @@ def look_panel(
         for c in left:
             state[c].decision, state[c].reason = BEST, why
         return True
-    for c in left:
-        state[c].target += 1
+    for c, more in zip(left, more_runs(fit, [panel.index(c) for c in left]), strict=True):
+        state[c].target += more
         state[c].reason = could_be(state[c], look, settings.cap)
     return False
+
+
+def more_runs(fit: interval.Fit, left: list[int]) -> list[int]:
+    """The runs each cell left (indices into `fit`) makes before the next look: one, or, for
+    a cell whose observed shortfall from the best estimate the next look could resolve with
+    at most GROWTH times its runs (`settle.repeats_to_resolve` at the look's level: 80 %
+    power at that shortfall), as many as that takes; the best estimate as many as the most
+    any other is given, the pair's comparison needing both. Runs are raised only where the
+    look's result is promising, which does not raise the chance of calling the best slower
+    (Chen, DeMets & Lan 2004; Mehta & Pocock 2011): docs/tune.md, "The method" step 5."""
+    at = np.asarray(left)
+    ybar, n = fit.ybar[at], fit.n[at].astype(float)
+    top = int(np.argmax(ybar))
+    gaps, compared = ybar[top] - ybar, np.isfinite(fit.var[at])
+    need = repeats_to_resolve(fit.var[at], fit.vdf[at], n, gaps, top, compared, LOOK_LEVEL)
+    promising = np.isfinite(need) & (need <= GROWTH * n)
+    more = np.where(promising, need - n, 1).clip(1).astype(int)
+    more[top] = more.max()
+    return more.tolist()
 
 
 def cut_by_cap(left: list[str], ybar: np.ndarray, panel: list[str], state: dict) -> list[str]:
@@ -259,7 +286,7 @@ def equivalent(ybar: np.ndarray, var: np.ndarray, pair_df: np.ndarray, margin: f
 
 
 def over_runs(state: dict[str, Cell], have: dict[str, int], settings: Settings) -> bool:
-    """Whether the runs asked next (one per cell going on) and the confirmation runs every
+    """Whether the runs asked next (`more_runs`) and the confirmation runs every
     cell going on or newly won could need would pass tune.max_runs, counting every run made
     so far, failed ones included: the race ends while its winners' confirmations still fit."""
     if settings.max_runs is None:
@@ -267,8 +294,7 @@ def over_runs(state: dict[str, Cell], have: dict[str, int], settings: Settings) 
     going = [s for s in state.values() if s.decision == GO_ON]
     fresh = [s for s in state.values() if s.decision == BEST and not s.confirming]
     spent = sum(min(have[c], s.target) for c, s in state.items() if s.decision != GO_ON)
-    spent += sum(s.target - 1 for s in going)
-    asked = len(going) + settings.confirm * (len(going) + len(fresh))
+    asked = sum(s.target for s in going) + settings.confirm * (len(going) + len(fresh))
     return spent + asked > settings.max_runs
 
 

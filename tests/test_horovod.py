@@ -45,7 +45,8 @@ def test_build_script_edits_are_scripted_and_explained():
     """The edits to Horovod's source live in the script as sed lines, each after a comment."""
     text = (ROOT / "scripts" / "build-horovod.sh").read_text()
     assert "HOROVOD_VERSION=0.28.1" in text
-    assert text.count("sed -i") == 3 and "# Edit 3: leave out the XLA ops" in text
+    assert text.count("sed -i") == 4 and "# Edit 3: leave out the XLA ops" in text
+    assert "# Edit 4: no debug info" in text and 'sha256sum "${BASH_SOURCE[0]}"' in text
     assert "--no-deps" in text and "--no-build-isolation" in text
 
 

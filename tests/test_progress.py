@@ -74,7 +74,9 @@ def test_a_line_per_finished_run_with_what_is_left(tmp_path):
     log.info("job", extra={"event": "job_info", "jobid": 4, "rule_name": "train",
                            "wildcards": {"run": "d"}})  # fmt: skip
     log.info("done", extra={"event": "job_finished", "job_id": 4})
-    assert "512 tokens/s" in lines[3]
+    assert "512 tokens/s" in lines[3]  # past the 3 planned: a repeat a race added, no "0 to go"
+    assert lines[3] == ("trainscale: [3+1] ok torch-ddp workers=2: 512 tokens/s, job 0 s; "
+                        "a repeat the race asked for (repeats: min/max)")  # fmt: skip
     log.removeHandler(p)
 
 

@@ -15,6 +15,11 @@ per finished run.
 
     trainscale: [12/56] ok torch-ddp workers=2 batch_size=64 repeat=1: 5,120 samples/s,
         job 9 s; 44 to go, about 6 min 50 s left
+
+Where a study's `repeats: {min, max}` races, the repeats it adds after the plan count past it:
+
+    trainscale: [56+1] ok tf workers=1 batch_size=256 repeat=2: 46,857 samples/s, job 7 s;
+        a repeat the race asked for (repeats: min/max)
 """
 
 from __future__ import annotations
@@ -139,9 +144,16 @@ class Progress(logging.Handler):
             status = f"{status}, job failed" if rec else "job failed"
         spec = rec.get("spec")
         cell = cell_label(spec, self.cell_keys) if spec else wildcards.get("run", "?")
-        line = f"trainscale: [{self.done}/{self.total or '?'}] {status} {cell}: {rate(rec)}, "
-        line += f"job {duration(now - start)}"
-        if self.total is not None:
+        raced = self.total is not None and self.done > self.total  # a repeat past the plan
+        count = (
+            f"{self.total}+{self.done - self.total}"
+            if raced
+            else f"{self.done}/{self.total or '?'}"
+        )
+        line = f"trainscale: [{count}] {status} {cell}: {rate(rec)}, job {duration(now - start)}"
+        if raced:
+            line += "; a repeat the race asked for (repeats: min/max)"
+        elif self.total is not None:
             left = max(self.total - self.done, 0)
             line += f"; {left} to go"
             if left:

@@ -1,6 +1,6 @@
 """How long reading a study takes: metrics files -> validated runs, epochs and cell tables.
 
-Times `Study.build` (find, read, validate with the compiled schema check, tabulate, in
+Times `Study.build` (find, read, validate with the compiled fastjsonschema check, tabulate, in
 a process pool; then the cell statistics and the convergence table) on the metrics files under
 DIR (e.g. what `benchmarks/report_scale.py --runs N --keep DIR` wrote under DIR/runs), beside
 its floor: `json.load` of every file in the same process pool, discarding the result. Each is

@@ -15,7 +15,6 @@ import resource
 import socket
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +29,6 @@ from trainscale.measure import (
     divergence,
     flops,
     node_state,
-    schema_check,
     timeline,
     variables,
 )
@@ -62,28 +60,14 @@ def _validator():
 
 
 @functools.cache
-def _fast_check() -> Callable[[Any], bool]:
-    """A compiled check for the common case of a valid record: True only for a valid one
-    (`trainscale.measure.schema_check`, a few µs a record; fastjsonschema where the schema
-    uses a keyword it does not check). It only says valid or not; the decision on a record
-    it does not pass, and the detailed message, come from jsonschema."""
+def _fast_check():
+    """A compiled validator (fastjsonschema) for the common case of a valid record: about 50×
+    faster than jsonschema, which matters when a report reads 10,000 files. It only says
+    valid or not; the detailed message comes from jsonschema."""
+    import fastjsonschema
+
     schema = {k: v for k, v in _schema().items() if k not in ("$schema", "$id", "$defs")}
-    schema = _inline_refs(schema, _schema()["$defs"])
-    try:
-        return schema_check.compile_check(schema)
-    except schema_check.Unsupported:
-        import fastjsonschema
-
-        compiled = fastjsonschema.compile(schema)
-
-        def check(record: Any) -> bool:
-            try:
-                compiled(record)
-            except Exception:  # fastjsonschema.JsonSchemaException, or anything odd
-                return False
-            return True
-
-        return check
+    return fastjsonschema.compile(_inline_refs(schema, _schema()["$defs"]))
 
 
 def _inline_refs(node: object, defs: dict) -> object:
@@ -103,8 +87,11 @@ def _inline_refs(node: object, defs: dict) -> object:
 
 def validate(record: dict) -> None:
     """Raise MetricsError listing every place `record` breaks the metrics schema."""
-    if _fast_check()(record):
+    try:
+        _fast_check()(record)
         return
+    except Exception:  # fastjsonschema.JsonSchemaException, or anything odd in the record
+        pass
     errors = sorted(_validator().iter_errors(record), key=lambda e: list(e.path))
     if errors:
         msgs = [f"{'/'.join(map(str, e.path)) or '<top>'}: {e.message}" for e in errors[:5]]

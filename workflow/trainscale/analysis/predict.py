@@ -231,16 +231,12 @@ def _scatter(a: dict, groups: list[np.ndarray]) -> np.ndarray:
 
 
 def band(
-    obs: pd.DataFrame | dict,
-    net: Network,
-    targets: list[tuple[int, int, float]],
-    seed: int = 0,
+    a: dict, net: Network, targets: list[tuple[int, int, float]], seed: int = 0
 ) -> tuple[Fit, np.ndarray, np.ndarray, np.ndarray]:
     """(point fit, step seconds, lo, hi) at targets [(N, nodes, b)]: bootstrap percentiles of
     a run's step time, widened to contain the point prediction. Every resample is drawn from
-    the random stream of the study's seed and all are fitted in one array operation. `obs`:
-    one family's runs, or their `_arrays`."""
-    a = _arrays(obs) if isinstance(obs, pd.DataFrame) else obs
+    the random stream of the study's seed and all are fitted in one array operation. `a`:
+    one family's runs as `_arrays`."""
     strategy, size = a["strategy"], a["S"]
     point = fit(a, net)
     pred = np.array([point.step(strategy, n, k, b, size, net) for n, k, b in targets])
@@ -288,7 +284,7 @@ def family_predictions(
     targets = [(n, math.ceil(n / net.gpus_per_node), _per_worker(batch, mode, n)) for n in todo]
     if 1 not in measured:
         targets.append((1, 1, _per_worker(batch, mode, 1)))
-    point, step, lo, hi = band(obs, net, targets)
+    point, step, lo, hi = band(_arrays(obs), net, targets)
     x1 = measured[1][1] if 1 in measured else _global(batch, mode, 1) / step[-1]
     rows = []
     for n in wanted:

@@ -202,9 +202,9 @@ def ties(
     the panel resolves (or that it is equivalent to the fastest, or has one run and no
     interval: trainscale.analysis.settle), and what the CIs are; none without a ranking.
     `ranked`: the ranking by throughput of `scaling` where the caller has it."""
-    if ranked is None:
-        ranked = ranking(scaling, equivalence=equivalence) if len(scaling) else scaling
     r = ranked
+    if r is None:
+        r = ranking(scaling, equivalence=equivalence) if len(scaling) else scaling
     if not len(r) or "could_be_fastest" not in r:
         return []
     lines = ["", "± CI: 95% from steps and repeats (Methods: confidence interval); "

@@ -73,18 +73,30 @@ dryrun: $(STAMP) bytecode
 
 # Two pytest-xdist workers: the suite's runs leave one of 2 cores idle half the time (process
 # starts, imports, Snakemake's bookkeeping). A study's tests stay in one worker (loadgroup).
-# The SLURM tests run after them, alone: their jobs have 1-minute time limits, which a run
-# beside another test's training could exceed. So do the compare tests: their planted 2x
-# slowdown must stand out of 2 repeats' run-to-run spread, which beside another test's training
-# reached a factor of 1.5 (a 95% CI of [0.43, 2.31] on a copy).
+# Beside them, in a process of their own, the SLURM tests: their jobs keep ~0.8 of 2 cores
+# busy (sbatch, sacct polled every 2 s, job starts), and alone they took 10 of CI's 51 minutes.
+# Their output is printed after the workers'. Two run after both, alone: the SLURM study
+# whose runs get a 2-minute time limit, which a run beside other tests' training could exceed,
+# and the compare tests, whose planted 2x slowdown must stand out of 2 repeats' run-to-run
+# spread, which beside another test's training reached a factor of 1.5 (a 95% CI of
+# [0.43, 2.31] on a copy).
 PYTEST_WORKERS ?= 2
-ALONE := tests/test_slurm.py tests/test_slurm_affinity.py tests/test_slurm_containers.py tests/test_compare.py
+SLURM_TESTS := tests/test_slurm.py tests/test_slurm_affinity.py tests/test_slurm_containers.py
+SLURM_STUDY := tests/test_slurm.py::test_study_runs_through_slurm_across_two_nodes
+ALONE := $(SLURM_STUDY) tests/test_compare.py
 pytest:
 	$(MAKE) --no-print-directory pytest-parallel
 	$(MAKE) --no-print-directory pytest-alone
 pytest-parallel: $(STAMP) $(HOROVOD) bytecode
+	@slurm_log=$$(mktemp); \
+	$(BIN)/python -m pytest -q -rs --durations=5 $(SLURM_TESTS) \
+	  --deselect=$(SLURM_STUDY) $(PYTEST_ARGS) > $$slurm_log 2>&1 & \
+	slurm=$$!; \
 	$(BIN)/python -m pytest -q -rs --durations=25 -n $(PYTEST_WORKERS) --dist loadgroup \
-	  $(addprefix --ignore=,$(ALONE)) $(PYTEST_ARGS)
+	  $(addprefix --ignore=,$(SLURM_TESTS) tests/test_compare.py) $(PYTEST_ARGS); \
+	status=$$?; wait $$slurm; slurm_status=$$?; \
+	echo "--- the SLURM tests, run beside the above:"; cat $$slurm_log; rm -f $$slurm_log; \
+	[ $$status = 0 ] && [ $$slurm_status = 0 ]
 pytest-alone: $(STAMP) $(HOROVOD) bytecode
 	$(BIN)/python -m pytest -q -rs --durations=5 $(ALONE) $(PYTEST_ARGS)
 

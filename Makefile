@@ -71,8 +71,8 @@ dryrun: $(STAMP) bytecode
 	$(NO_SLURM) $(BIN)/snakemake export_data --cores 1 --configfile .test/config.yaml --quiet rules
 	for c in .test/*.yaml; do $(NO_SLURM) $(BIN)/snakemake -n --quiet rules --configfile $$c || exit 1; done
 
-# Two pytest-xdist workers: the suite's runs leave one of 2 cores idle half the time (process
-# starts, imports, Snakemake's bookkeeping). A study's tests stay in one worker (loadgroup).
+# Two pytest-xdist workers: together they kept 1.9 of 2 cores busy (user+sys CPU over the
+# phase's wall time, measured alone). A study's tests stay in one worker (loadgroup).
 # Beside them, in a process of their own, the SLURM tests: their jobs keep ~0.8 of 2 cores
 # busy (sbatch, sacct polled every 2 s, job starts), and alone they took 10 of CI's 51 minutes.
 # Their output is printed after the workers'. Two run after both, alone: the SLURM study

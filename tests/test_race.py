@@ -28,7 +28,7 @@ DEFAULTS = race.Settings()
 #: share behind the grid's fastest, in %, the second 10 % behind.
 BENCH_LIKE = (0, 10, 14, 17, 25, 61, 66, 57, 64, 68, 69, 69, 90, 90)
 #: More runs of a cell than any race reads: `race.more_runs` asks no cell for more than
-#: settle.MAX_REPEATS before its confirmation runs.
+#: race.most_runs (below settle.MAX_REPEATS) before its confirmation runs.
 DEEPEST = settle.MAX_REPEATS + 1
 #: The default-like panel: each cell's share behind the fastest, in %.
 DEFAULT_LIKE = (0, 10, 20, 27, 27, 30, 33, 46, 50, 61, 69, 70, 73, 73)
@@ -198,3 +198,23 @@ def test_the_race_and_a_studys_repeats_share_one_looks_level_and_one_tost():
     t = stats.t.ppf(race.LOOK_LEVEL, 30)
     reach = math.log(1.02) - math.log(1 / 0.99) - 1e-9
     assert settle.equivalent(np.array([math.log(0.99)]), np.array([(reach / t) ** 2]), t, 0.02)
+
+
+def test_no_cell_is_asked_for_more_runs_than_the_tune_numbers():
+    """Near-ties at high noise, a round at a time: no cell is asked past race.most_runs and
+    its confirmation runs, the run paths a tune defines (tune.space.max_repeats). The
+    benchmark's tune asked a cell for its 10th run where the paths ended at its 8th."""
+    rng = np.random.default_rng(3)
+    mu = np.log1p(-np.array([0, 2, 4, 6]) / 100)
+    most = race.most_runs(race.first_runs(4)) + DEFAULTS.confirm
+    for _ in range(3):
+        per_cell = dict(list(draw(rng, mu, 0.15, DEEPEST).groupby("cell")))
+        made = dict.fromkeys(per_cell, 0)
+        while True:
+            taken = pd.concat([per_cell[c].iloc[: made[c]] for c in per_cell])
+            out = race.decide(panel(4), taken, DEFAULTS)
+            if not (out["next_runs"] > 0).any():
+                break
+            for c, more in zip(out["cell"], out["next_runs"], strict=True):
+                made[c] += more
+        assert max(made.values()) <= most, made

@@ -88,6 +88,13 @@ def cells_frame(cells: list[dict]) -> pd.DataFrame:
     return pd.DataFrame(cells, columns=list(CELL_COLUMNS))
 
 
+def most_runs(first: int) -> int:
+    """The most runs a cell makes before its confirmation runs, where its first look came
+    after `first`: one a look, or up to GROWTH² times its first runs where the looks ask more
+    (`more_runs`). The tune's run paths are numbered up to this (tune.space.max_repeats)."""
+    return max(first + MAX_LOOKS - 1, first * GROWTH**2)
+
+
 def first_runs(cells: int) -> int:
     """Runs of each cell before a panel's first look: 2, more where so few cells would pool a
     run-to-run variance of fewer than FIRST_DF degrees of freedom."""
@@ -235,20 +242,22 @@ def look_panel(
         for c in left:
             state[c].decision, state[c].reason = BEST, why
         return True
-    for c, more in zip(left, more_runs(fit, [panel.index(c) for c in left]), strict=True):
+    most = most_runs(first_runs(len(panel)))
+    for c, more in zip(left, more_runs(fit, [panel.index(c) for c in left], most), strict=True):
         state[c].target += more
         state[c].reason = could_be(state[c], look, settings.cap)
     return False
 
 
-def more_runs(fit: interval.Fit, left: list[int]) -> list[int]:
+def more_runs(fit: interval.Fit, left: list[int], most: int) -> list[int]:
     """The runs each cell left (indices into `fit`) makes before the next look: one, or, for
     a cell whose observed shortfall from the best estimate the next look could resolve with
     at most GROWTH times its runs (`settle.repeats_to_resolve` at the look's level: 80 %
     power at that shortfall), as many as that takes; the best estimate as many as the most
-    any other is given, the pair's comparison needing both. Runs are raised only where the
-    look's result is promising, which does not raise the chance of calling the best slower
-    (Chen, DeMets & Lan 2004; Mehta & Pocock 2011): docs/tune.md, "The method" step 5."""
+    any other is given, the pair's comparison needing both; none past `most` runs (most_runs).
+    Runs are raised only where the look's result is promising, which does not raise the chance
+    of calling the best slower (Chen, DeMets & Lan 2004; Mehta & Pocock 2011): docs/tune.md,
+    "The method" step 5."""
     at = np.asarray(left)
     ybar, n = fit.ybar[at], fit.n[at].astype(float)
     top = int(np.argmax(ybar))
@@ -257,7 +266,7 @@ def more_runs(fit: interval.Fit, left: list[int]) -> list[int]:
     promising = np.isfinite(need) & (need <= GROWTH * n)
     more = np.where(promising, need - n, 1).clip(1).astype(int)
     more[top] = more.max()
-    return more.tolist()
+    return np.minimum(more, most - n).clip(0).astype(int).tolist()  # none past `most` runs
 
 
 def cut_by_cap(left: list[str], ybar: np.ndarray, panel: list[str], state: dict) -> list[str]:

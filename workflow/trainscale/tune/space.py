@@ -95,10 +95,10 @@ class Space:
 
     @property
     def max_repeats(self) -> int:
-        """The most runs a race can make of a cell: its first runs, one a look after the
-        first, and its confirmation runs."""
+        """The most runs a race can make of a cell: race.most_runs and its confirmation
+        runs."""
         first = max((race.first_runs(n) for n in self.panel_sizes().values()), default=2)
-        return first + race.MAX_LOOKS - 1 + self.settings.confirm
+        return race.most_runs(first) + self.settings.confirm
 
     def study_spec(self, run_path: str) -> RunSpec:
         """The study's own first run of the cell of a tune run: the tune run's input files

@@ -343,4 +343,4 @@ from gpu_guard import (  # noqa: E402, F401
 )
 
 # One group per study under pytest-xdist: tests/xdist_groups.py, as this suite's hook.
-from xdist_groups import pytest_collection_modifyitems  # noqa: E402, F401
+from xdist_groups import pytest_collection_modifyitems, pytest_runtest_call  # noqa: E402, F401

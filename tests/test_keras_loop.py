@@ -157,16 +157,16 @@ def test_every_keras_runner_records_per_rank_memory_utilisation_and_step_p95(fam
         assert len(rec["env"]["rank_hosts"]) == processes
 
 
-def fed_run(request, strategy: str, workers: int) -> tuple[dict, Path]:
+def fed_run(studies: dict, strategy: str, workers: int) -> tuple[dict, Path]:
     """(record, the test plug-in's files) of the session's Keras-loop run of `strategy` at
     `workers`, from the study that ran it with the plug-in: no run of its own."""
     if strategy.startswith("tf"):
-        study = request.getfixturevalue("tf_study")
+        study = studies["tf_study"]
         return study[strategy], study["_dir"]["tap"]
     if strategy == "horovod-keras":
-        study = request.getfixturevalue("horovod_study")
+        study = studies["horovod_study"]
         return study["recs"][strategy][0], study["tap"]
-    return request.getfixturevalue("elastic_keras_runs")[workers]
+    return studies["elastic_keras_runs"][workers]
 
 
 @pytest.mark.slow
@@ -174,12 +174,18 @@ def fed_run(request, strategy: str, workers: int) -> tuple[dict, Path]:
     "strategy, workers",
     [*((s, w) for s, w, _ in FAMILY), ("horovod-keras-elastic", 1)],
 )
-def test_every_keras_strategy_records_the_samples_its_workers_fed(request, strategy, workers):
+def test_every_keras_strategy_records_the_samples_its_workers_fed(
+    tf_study, horovod_study, elastic_keras_runs, strategy, workers
+):
     """Each epoch's recorded samples are the rows the model's train_step got in that epoch,
     over every replica and worker, each a per-worker batch (tap.assert_recorded_samples_were_fed;
     tf-ps: tests/test_tf_ps.py and tests/test_seeds.py). Under ParameterServerStrategy the
-    two disagreed by 2× until the tf-ps fix: a check here makes any strategy's drift fail."""
-    rec, taps = fed_run(request, strategy, workers)
+    two disagreed by 2× until the tf-ps fix: a check here makes any strategy's drift fail.
+    The studies are named here, not fetched by name, so that xdist_groups puts this test in
+    their group: fetched, they were built again on the other worker."""
+    studies = {"tf_study": tf_study, "horovod_study": horovod_study,
+               "elastic_keras_runs": elastic_keras_runs}  # fmt: skip
+    rec, taps = fed_run(studies, strategy, workers)
     assert rec["status"] == "ok", rec["error"]
     assert rec["spec"]["workers"] == workers
     tap.assert_recorded_samples_were_fed(rec, taps)

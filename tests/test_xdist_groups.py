@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from xdist_groups import pytest_collection_modifyitems  # noqa: F401
+from xdist_groups import pytest_collection_modifyitems, pytest_runtest_call  # noqa: F401
 
 
 @pytest.fixture(scope="session")
@@ -60,3 +60,26 @@ def test_a_study_runs_on_one_worker_and_is_built_once(tmp_path: Path) -> None:
     workers = {path.read_text() for path in (suite / "ran").iterdir()}
     assert len(list((suite / "ran").iterdir())) == 6 and len(workers) == 1, workers
     assert (suite / "built").read_text().split() == list(workers)
+
+
+def test_a_study_fetched_by_name_fails_the_test_that_fetches_it(tmp_path: Path) -> None:
+    """Fetched with request.getfixturevalue, a study is outside the test's group: the test
+    fails with the fix, even where the study was built already (one worker, in file order)."""
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    suite = tmp_path / "tests"
+    suite.mkdir()
+    (suite / "conftest.py").write_text(CONFTEST)
+    (suite / "test_a.py").write_text(
+        STUDY_TESTS + "\n\ndef test_named(study):\n    ran('named')\n"
+        "\n\ndef test_fetched(request):\n    request.getfixturevalue('study')\n"
+    )
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "tests"), str(ROOT / "workflow")])
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+         "-n", "1", "-c", str(tmp_path / "pytest.ini"), str(suite / "test_a.py")],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert "1 failed, 1 passed" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "reads the session fixture(s) study without naming them in its signature" in done.stdout

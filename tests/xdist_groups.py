@@ -64,3 +64,27 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for item in items:
             _carry_group(item)
     return result
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    """A suite's session fixture that a test fetches by name (`request.getfixturevalue`) is not
+    in the test's group, which is read from its signature: the study is built a second time
+    where the test runs on the other worker (test_keras_loop's were, about 300 s of CI). Such a
+    test fails, saying to name the fixture in its signature."""
+    result = yield
+    named = set(_study_fixtures(item))
+    defs = item.session._fixturemanager
+    fetched = [
+        name for name in item._request.fixturenames
+        if f"fixture:{name}" not in named
+        and any(d.scope == "session" and d.baseid for d in defs.getfixturedefs(name, item) or ())
+    ]  # fmt: skip
+    if fetched:
+        pytest.fail(
+            f"{item.nodeid} reads the session fixture(s) {', '.join(fetched)} without naming "
+            "them in its signature: tests/xdist_groups.py groups a test by the fixtures it "
+            "names, so the study is built again on another worker; name them as arguments",
+            pytrace=False,
+        )
+    return result

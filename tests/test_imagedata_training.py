@@ -67,6 +67,23 @@ def assert_trained_on_images(rec: dict, fmt: str, loader_workers: int = 0) -> No
     assert rec["test"]["accuracy"] > MIN_ACCURACY, rec["test"]
 
 
+@pytest.fixture(scope="module")
+def imagedata_study(tmp_path_factory) -> dict[tuple[str, int, str], dict]:
+    """`snakemake export_data`, then .test/imagedata.yaml on its output, up to runs.csv (every
+    record read; the report's rules run in the studies of test_workflow.py, test_seeds.py,
+    test_faults.py and test_slurm.py): the records by (strategy, workers, data.format)."""
+    work = tmp_path_factory.mktemp("imagedata-study")
+    ci = str(ROOT / ".test" / "config.yaml")  # any study: export_data reads only its own keys
+    p = snakemake(work, "export_data", "--cores", "1", "--configfile", ci)
+    assert p.returncode == 0, p.stderr[-3000:]
+    config = ROOT / ".test" / "imagedata.yaml"
+    study = yaml.safe_load(config.read_text())["study"]
+    p = snakemake(work, f"results/{study}/runs.csv", "--cores", "2", "--configfile", str(config))
+    assert p.returncode == 0, p.stderr[-4000:]
+    recs = [metrics.read(f) for f in (work / "results" / study).rglob("metrics.json")]
+    return {(r["spec"]["strategy"], r["spec"]["workers"], r["data"]["format"]): r for r in recs}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "strategy, workers, layout",
@@ -78,12 +95,14 @@ def assert_trained_on_images(rec: dict, fmt: str, loader_workers: int = 0) -> No
     ],
 )
 def test_training_on_exported_digits_records_the_data_wait(
-    digits, tmp_path, strategy, workers, layout
+    imagedata_study, strategy, workers, layout
 ):
-    spec = spec_of(digits, f"digits-{layout}", strategy, workers)
-    assert spec.epochs == 2 and spec.lr == 0.001  # the defaults, nothing tuned
-    rec = run_ok(spec, tmp_path / "metrics.json")
-    assert_trained_on_images(rec, "imagefolder" if layout == "folders" else "webdataset")
+    """Each run of the Snakemake study, trained with the defaults (nothing tuned)."""
+    fmt = "imagefolder" if layout == "folders" else "webdataset"
+    rec = imagedata_study[strategy, workers, fmt]
+    assert rec["status"] == "ok", rec["error"]
+    assert rec["spec"]["epochs"] == 2 and rec["spec"]["lr"] == 0.001
+    assert_trained_on_images(rec, fmt)
 
 
 @pytest.mark.slow
@@ -224,27 +243,16 @@ def test_a_missing_shard_fails_the_run_naming_the_shard(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_imagedata_study_runs_through_snakemake(tmp_path):
+def test_the_imagedata_study_runs_through_snakemake(imagedata_study):
     """`snakemake export_data`, then .test/imagedata.yaml on its output: torch-ddp at 1 and 2
     workers and tf on the folders, torch-ddp on the shards; each run ok with its data fields."""
-    ci = str(ROOT / ".test" / "config.yaml")  # any study: export_data reads only its own keys
-    p = snakemake(tmp_path, "export_data", "--cores", "1", "--configfile", ci)
-    assert p.returncode == 0, p.stderr[-3000:]
-    config = ROOT / ".test" / "imagedata.yaml"
-    study = yaml.safe_load(config.read_text())["study"]
-    # up to runs.csv (every record read): the report's rules run in the studies of
-    # test_workflow.py, test_seeds.py, test_faults.py and test_slurm.py
-    target = f"results/{study}/runs.csv"
-    p = snakemake(tmp_path, target, "--cores", "2", "--configfile", str(config))
-    assert p.returncode == 0, p.stderr[-4000:]
-    recs = [metrics.read(f) for f in (tmp_path / "results" / study).rglob("metrics.json")]
-    got = sorted((r["spec"]["strategy"], r["spec"]["workers"], r["data"]["format"]) for r in recs)
-    assert got == [
+    assert sorted(imagedata_study) == [
         ("tf", 1, "imagefolder"),
         ("torch-ddp", 1, "imagefolder"),
         ("torch-ddp", 2, "imagefolder"),
         ("torch-ddp", 2, "webdataset"),
     ]
+    recs = imagedata_study.values()
     for r in recs:
         assert r["status"] == "ok", r["error"]
         assert r["data"]["input_shape"] == [3, 8, 8]

@@ -75,22 +75,19 @@ dryrun: $(STAMP) bytecode
 # phase's wall time, measured alone). A study's tests stay in one worker (loadgroup).
 # Beside them, in a process of their own, the SLURM tests: their jobs keep ~0.8 of 2 cores
 # busy (sbatch, sacct polled every 2 s, job starts), and alone they took 10 of CI's 51 minutes.
-# Their output is printed after the workers'. Two run after both, alone: the SLURM study
-# whose runs get a 2-minute time limit, which a run beside other tests' training could exceed,
-# and the compare tests, whose planted 2x slowdown must stand out of 2 repeats' run-to-run
-# spread, which beside another test's training reached a factor of 1.5 (a 95% CI of
-# [0.43, 2.31] on a copy).
+# Their output is printed after the workers'. The compare tests run after both, alone: their
+# planted 2x slowdown must stand out of 2 repeats' run-to-run spread, which beside another
+# test's training reached a factor of 1.5 (a 95% CI of [0.43, 2.31] on a copy).
 PYTEST_WORKERS ?= 2
 SLURM_TESTS := tests/test_slurm.py tests/test_slurm_affinity.py tests/test_slurm_containers.py
-SLURM_STUDY := tests/test_slurm.py::test_study_runs_through_slurm_across_two_nodes
-ALONE := $(SLURM_STUDY) tests/test_compare.py
+ALONE := tests/test_compare.py
 pytest:
 	$(MAKE) --no-print-directory pytest-parallel
 	$(MAKE) --no-print-directory pytest-alone
 pytest-parallel: $(STAMP) $(HOROVOD) bytecode
 	@slurm_log=$$(mktemp); \
-	$(BIN)/python -m pytest -q -rs --durations=5 $(SLURM_TESTS) \
-	  --deselect=$(SLURM_STUDY) $(PYTEST_ARGS) > $$slurm_log 2>&1 & \
+	$(BIN)/python -m pytest -q -rs --durations=5 $(SLURM_TESTS) $(PYTEST_ARGS) \
+	  > $$slurm_log 2>&1 & \
 	slurm=$$!; \
 	$(BIN)/python -m pytest -q -rs --durations=25 -n $(PYTEST_WORKERS) --dist loadgroup \
 	  $(addprefix --ignore=,$(SLURM_TESTS) tests/test_compare.py) $(PYTEST_ARGS); \

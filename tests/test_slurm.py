@@ -26,9 +26,10 @@ from conftest import ROOT, SNAKEMAKE
 
 SCRIPT = ROOT / "scripts" / "local-slurm.sh"
 STUDY = ROOT / ".test" / "slurm.yaml"
-#: the time limit (minutes) the test gives every train job: the long torch run must hit it, and
-#: the others finish well within it (at 1 minute, tf-multiworker across 2 nodes met it on CI)
-RUNTIME = 2
+#: the SLURM time limit (minutes) a long run is given, and meets (a study of its own: the limit
+#: is the train rule's, every run of a study's; one beside it, tf-multiworker across 2 nodes,
+#: met a limit of 1 minute on CI, with other tests training beside it)
+RUNTIME = 1
 #: seconds between the plugin's sacct checks (its default is 40: too slow for a test)
 FAST = ["--slurm-init-seconds-before-status-checks", "2"]
 
@@ -115,16 +116,7 @@ def test_study_runs_through_slurm_across_two_nodes(cluster, tmp_path):
     """The study's default target (runs, tables, all-reduce benchmarks, figures, report) on
     1 and 2 nodes through the profile."""
     t0 = time.perf_counter()
-    p = profile_run(
-        tmp_path,
-        "--profile",
-        "profiles/slurm",
-        "--configfile",
-        str(STUDY),
-        "--set-resources",
-        f"train:runtime={RUNTIME}",
-        *FAST,
-    )
+    p = profile_run(tmp_path, "--profile", "profiles/slurm", "--configfile", str(STUDY), *FAST)
     print(f"study through SLURM: {time.perf_counter() - t0:.1f} s")
     assert p.returncode == 0, p.stderr[-5000:]
     res = tmp_path / "results" / "ci-slurm"
@@ -154,6 +146,7 @@ def test_study_runs_through_slurm_across_two_nodes(cluster, tmp_path):
     # every run was a SLURM job, and the ok ones' jobs ended COMPLETED in SLURM's accounting
     ok = [r for r in runs.values() if r["status"] == "ok"]
     assert {(r["spec"]["strategy"], r["spec"]["nodes"]) for r in ok} == {
+        ("torch", 1),
         ("torch-ddp", 1),
         ("torch-ddp", 2),
         ("tf-multiworker", 2),
@@ -175,19 +168,15 @@ def test_study_runs_through_slurm_across_two_nodes(cluster, tmp_path):
     one = runs[("torch-ddp", 2, 1)]
     assert len(one["env"]["rank_hosts"]) == 2 and len(set(one["env"]["rank_hosts"])) == 1
 
-    # a run that fails, and one that meets its SLURM time limit, are recorded as such with
-    # the reason, and the rest of the study completed around them
+    # a run that fails is recorded as such with the reason, and the rest of the study
+    # completed around it
     failed = runs[("torch-dp", 2, 1)]
     assert failed["status"] == "failed" and "needs 2 GPUs, found 0" in failed["error"]
-    timeout = runs[("torch", 1, 1)]
-    assert timeout["status"] == "timeout", timeout["error"]
-    assert f"SLURM time limit of job {timeout['env']['slurm_job_id']}" in timeout["error"]
-    assert f"TimeLimit {RUNTIME} min" in timeout["error"]
     with open(tmp_path / "results" / "ci-slurm" / "runs.csv") as f:
         table = list(csv.DictReader(f))
-    assert sorted(r["status"] for r in table) == ["failed", "ok", "ok", "ok", "timeout"]
+    assert sorted(r["status"] for r in table) == ["failed", "ok", "ok", "ok", "ok"]
     summary = (tmp_path / "results" / "ci-slurm" / "summary.txt").read_text()
-    assert "[timeout]" in summary and "SLURM time limit" in summary and "[failed]" in summary
+    assert "[failed]" in summary
 
 
 def test_check_target_shows_what_every_task_sees(cluster, tmp_path):
@@ -387,6 +376,24 @@ def test_a_run_whose_supervisor_was_killed_is_recorded_from_sacct_next_time(clus
     log = next((work / "logs" / "ci-killed" / "runs").rglob("*.log")).read_text()
     assert "recorded status 'failed' from sacct" in log and "launching" not in log, log
     assert (work / "results" / "ci-killed" / "report.html").exists()
+
+
+def test_a_run_that_meets_its_slurm_time_limit_is_recorded_as_a_timeout(cluster, tmp_path):
+    """A long run given a SLURM time limit of RUNTIME minutes: SLURM ends its job, the
+    record says so with the limit, and the study's tables and report are made around it."""
+    work = tmp_path / "w"
+    work.mkdir()
+    (work / "study.yaml").write_text(LONG.format(study="ci-timeout", repeats=1))
+    p = profile_run(work, "--profile", "profiles/slurm", "--configfile", str(work / "study.yaml"),
+                    "--set-resources", f"train:runtime={RUNTIME}", *FAST)  # fmt: skip
+    assert p.returncode == 0, p.stderr[-5000:]
+    timeout = records(work, "ci-timeout")[0]
+    assert timeout["status"] == "timeout", timeout["error"]
+    assert f"SLURM time limit of job {timeout['env']['slurm_job_id']}" in timeout["error"]
+    assert f"TimeLimit {RUNTIME} min" in timeout["error"]
+    summary = (work / "results" / "ci-timeout" / "summary.txt").read_text()
+    assert "[timeout]" in summary and "SLURM time limit" in summary
+    assert (work / "results" / "ci-timeout" / "report.html").stat().st_size > 0
 
 
 def test_a_tune_runs_its_rounds_as_slurm_jobs(cluster, tmp_path):

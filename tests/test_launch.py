@@ -108,6 +108,22 @@ def test_thread_budget_follows_spec():
     ]
 
 
+def test_a_compiled_cpu_worker_compiles_with_its_own_threads():
+    """Inductor's compile processes per rank follow threads_per_worker on CPU; on GPUs, and
+    where config `env` sets them, trainscale leaves them alone."""
+    cfg = base_config(strategy=["torch-ddp"], workers=[2])
+    cfg["threads_per_worker"], cfg["compile"] = 2, True
+    (run,), _ = build_runs(cfg)
+    assert "TORCHINDUCTOR_COMPILE_THREADS=2" in command(run, LOCAL, "m.json")
+    given = Environment(mode="local", python="/venv/bin/python",
+                        variables=(("TORCHINDUCTOR_COMPILE_THREADS", "8"),))  # fmt: skip
+    assert "TORCHINDUCTOR_COMPILE_THREADS=2" not in command(run, given, "m.json")
+    (gpu,), _ = build_runs(cfg, accelerator="cuda")
+    (plain,), _ = build_runs({**cfg, "compile": False})
+    for other in (gpu, plain):
+        assert not any("TORCHINDUCTOR" in a for a in command(other, LOCAL, "m.json"))
+
+
 def test_one_process_strategies_are_the_single_process_launches():
     from trainscale.plan import catalog
     from trainscale.plan.matrix import IMPLEMENTED

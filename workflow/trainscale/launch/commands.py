@@ -48,9 +48,15 @@ class Environment:
 
 def worker_env(spec: RunSpec, env: Environment | None = None) -> dict[str, str]:
     """Environment every worker process gets: its thread budget (a worker is a fixed unit),
-    and for DeepSpeed a persistent cache for the ops it JIT-compiles (built once, not per run)."""
+    and for DeepSpeed a persistent cache for the ops it JIT-compiles (built once, not per run).
+    A compiled CPU worker compiles with its own threads too: Inductor's default, one compile
+    process per core of the machine, started in every rank, would take the other workers'
+    cores (config `env` may set TORCHINDUCTOR_COMPILE_THREADS otherwise)."""
     n = str(spec.threads_per_worker)
     out = {"OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n, "OPENBLAS_NUM_THREADS": n}
+    if spec.compile and spec.accelerator == "cpu":
+        if COMPILE_THREADS not in dict(env.variables if env else ()):
+            out[COMPILE_THREADS] = n
     if spec.framework == "deepspeed":
         cache = env.cache_dir if env else ".cache"
         out["TORCH_EXTENSIONS_DIR"] = f"{cache}/torch_extensions"
@@ -130,6 +136,8 @@ def torchrun(spec: RunSpec, env: Environment, worker: list[str]) -> list[str]:
 #: What every TensorFlow worker needs: tf-keras 2 as tf.keras for every TF strategy (Keras 3's
 #: fit fails under MultiWorkerMirroredStrategy), and TensorFlow's C++ INFO lines silenced.
 TF_ENV = {"TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "1"}
+#: Inductor's compile processes per rank (torch._inductor.config.decide_compile_threads)
+COMPILE_THREADS = "TORCHINDUCTOR_COMPILE_THREADS"
 
 
 def tfrun(spec: RunSpec, env: Environment, worker: list[str]) -> list[str]:

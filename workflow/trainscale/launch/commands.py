@@ -54,9 +54,9 @@ def worker_env(spec: RunSpec, env: Environment | None = None) -> dict[str, str]:
     cores (config `env` may set TORCHINDUCTOR_COMPILE_THREADS otherwise)."""
     n = str(spec.threads_per_worker)
     out = {"OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n, "OPENBLAS_NUM_THREADS": n}
-    if spec.compile and spec.accelerator == "cpu":
-        if COMPILE_THREADS not in dict(env.variables if env else ()):
-            out[COMPILE_THREADS] = n
+    given = dict(env.variables if env else ())
+    if spec.compile and spec.accelerator == "cpu" and COMPILE_THREADS not in given:
+        out[COMPILE_THREADS] = n
     if spec.framework == "deepspeed":
         cache = env.cache_dir if env else ".cache"
         out["TORCH_EXTENSIONS_DIR"] = f"{cache}/torch_extensions"

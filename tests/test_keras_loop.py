@@ -157,16 +157,16 @@ def test_every_keras_runner_records_per_rank_memory_utilisation_and_step_p95(fam
         assert len(rec["env"]["rank_hosts"]) == processes
 
 
-def fed_run(studies: dict, strategy: str, workers: int) -> tuple[dict, Path]:
+def fed_run(
+    tf_study: dict, horovod_study: dict, elastic_keras_runs: dict, strategy: str, workers: int
+) -> tuple[dict, Path]:
     """(record, the test plug-in's files) of the session's Keras-loop run of `strategy` at
     `workers`, from the study that ran it with the plug-in: no run of its own."""
     if strategy.startswith("tf"):
-        study = studies["tf_study"]
-        return study[strategy], study["_dir"]["tap"]
+        return tf_study[strategy], tf_study["_dir"]["tap"]
     if strategy == "horovod-keras":
-        study = studies["horovod_study"]
-        return study["recs"][strategy][0], study["tap"]
-    return studies["elastic_keras_runs"][workers]
+        return horovod_study["recs"][strategy][0], horovod_study["tap"]
+    return elastic_keras_runs[workers]
 
 
 @pytest.mark.slow
@@ -183,9 +183,7 @@ def test_every_keras_strategy_records_the_samples_its_workers_fed(
     two disagreed by 2× until the tf-ps fix: a check here makes any strategy's drift fail.
     The studies are named here, not fetched by name, so that xdist_groups puts this test in
     their group: fetched, they were built again on the other worker."""
-    studies = {"tf_study": tf_study, "horovod_study": horovod_study,
-               "elastic_keras_runs": elastic_keras_runs}  # fmt: skip
-    rec, taps = fed_run(studies, strategy, workers)
+    rec, taps = fed_run(tf_study, horovod_study, elastic_keras_runs, strategy, workers)
     assert rec["status"] == "ok", rec["error"]
     assert rec["spec"]["workers"] == workers
     tap.assert_recorded_samples_were_fed(rec, taps)

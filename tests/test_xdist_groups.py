@@ -25,6 +25,10 @@ def study():
     with open(Path(__file__).parent / "built", "a") as log:
         log.write(os.environ["PYTEST_XDIST_WORKER"] + "\\n")
 '''
+#: the toy suites import tests/xdist_groups.py and trainscale as this suite does
+SUITE_ENV = dict(
+    os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "tests"), str(ROOT / "workflow")])
+)
 STUDY_TESTS = """
 import os
 from pathlib import Path
@@ -47,13 +51,10 @@ def test_a_study_runs_on_one_worker_and_is_built_once(tmp_path: Path) -> None:
         )
         tests += "".join(f"\n\ndef test_{module}_alone{i}():\n    pass\n" for i in range(3))
         (suite / f"test_{module}.py").write_text(STUDY_TESTS + tests)
-    env = dict(
-        os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "tests"), str(ROOT / "workflow")])
-    )
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2"]
     done = subprocess.run(
         [*command, "--dist", "loadgroup", "-c", str(tmp_path / "pytest.ini"), str(tmp_path)],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+        cwd=tmp_path, env=SUITE_ENV, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "12 passed" in done.stdout
@@ -73,13 +74,10 @@ def test_a_study_fetched_by_name_fails_the_test_that_fetches_it(tmp_path: Path) 
         STUDY_TESTS + "\n\ndef test_named(study):\n    ran('named')\n"
         "\n\ndef test_fetched(request):\n    request.getfixturevalue('study')\n"
     )
-    env = dict(
-        os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "tests"), str(ROOT / "workflow")])
-    )
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
          "-n", "1", "-c", str(tmp_path / "pytest.ini"), str(suite / "test_a.py")],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+        cwd=tmp_path, env=SUITE_ENV, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert "1 failed, 1 passed" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
     assert "reads the session fixture(s) study without naming them in its signature" in done.stdout

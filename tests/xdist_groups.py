@@ -17,10 +17,16 @@ from __future__ import annotations
 import pytest
 
 
+def _is_study(defs) -> bool:
+    """Whether a fixture name's definitions (the last applies) are a session fixture of the
+    suite's own, not pytest's."""
+    return bool(defs) and defs[-1].scope == "session" and bool(defs[-1].baseid)
+
+
 def _study_fixtures(item: pytest.Item) -> list[str]:
     """The session fixtures defined by the suite (not pytest's own) that the test reads."""
     defs = item._fixtureinfo.name2fixturedefs.items()
-    return [f"fixture:{n}" for n, d in defs if d and d[-1].scope == "session" and d[-1].baseid]
+    return [f"fixture:{n}" for n, d in defs if _is_study(d)]
 
 
 def _groups(items: list[pytest.Item]) -> list[str]:
@@ -77,8 +83,7 @@ def pytest_runtest_call(item: pytest.Item):
     defs = item.session._fixturemanager
     fetched = [
         name for name in item._request.fixturenames
-        if f"fixture:{name}" not in named
-        and any(d.scope == "session" and d.baseid for d in defs.getfixturedefs(name, item) or ())
+        if f"fixture:{name}" not in named and _is_study(defs.getfixturedefs(name, item))
     ]  # fmt: skip
     if fetched:
         pytest.fail(

@@ -231,10 +231,8 @@ def fit(y: np.ndarray, w: np.ndarray, k: np.ndarray, strata: np.ndarray | None =
     has no such run (w NaN where the run has no batch means); `strata` labels each cell
     (integers, one per cell; None: one stratum). Every cell's own run-to-run variance is
     moderated toward its stratum's, the strata's toward the study's (`moderate.moderate`):
-    no test decides what is pooled. The blocks' w̄ is a floor, as a run varies at least as much
-    as its steps say: on s² before the moderation (two runs that agreed by chance, s² far
-    below w̄, otherwise spread the log variances so that the prior's d₀ falls to about 0 for
-    every cell) and on Var(ȳ) = max(post, w̄) / n, on d₀ + n − 1 df."""
+    no test decides what is pooled. Var(ȳ) = max(post, w̄) / n (the blocks' w̄ a floor: a run
+    varies at least as much as its steps say), on d₀ + n − 1 df."""
     have = np.isfinite(y)
     n = have.sum(-1)
     labels = np.zeros(y.shape[-2], int) if strata is None else np.asarray(strata)
@@ -247,8 +245,7 @@ def fit(y: np.ndarray, w: np.ndarray, k: np.ndarray, strata: np.ndarray | None =
         wdf = np.where(runs, k - 1, 0).sum(-1)
         df = (n - 1).clip(0).astype(float)
         s2 = (np.where(have, y - ybar[..., None], 0) ** 2).sum(-1) / df
-        floored = np.fmax(s2, np.where(steps, wbar, 0.0))  # runs vary at least as steps say
-        m = moderate.moderate(np.where(df > 0, floored, np.nan), df, at)
+        m = moderate.moderate(np.where(df > 0, s2, np.nan), df, at)
         per_run = np.fmax(m.post, np.where(steps, wbar, 0.0))
         between = np.where(steps, np.maximum(m.post - wbar, 0.0), m.post)
         usable = (n > 1) | ((n == 1) & (m.df >= MIN_DF))

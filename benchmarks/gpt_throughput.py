@@ -36,6 +36,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import torch
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -62,7 +63,7 @@ def spec(a: argparse.Namespace) -> RunSpec:
         global_batch_size=a.batch, per_worker_batch_size=a.batch, world_size=1,
         threads_per_worker=a.threads, timeout_minutes=60, target_accuracy=None,
         data_dir="data", steps_per_epoch=a.steps, seq_len=a.seq_len, compile=a.compile,
-        fused=FUSED[a.fused],
+        fused=FUSED[a.fused], accelerator=ACCELERATOR,
     )  # fmt: skip
 
 
@@ -82,10 +83,16 @@ def hf_spec(a: argparse.Namespace) -> RunSpec:
     runs, _ = build_runs(config)  # the overlay keeps config.yaml's other axes: one process
     run = next(r for r in runs if r.world_size == 1 and r.repeat == 0)
     return dataclasses.replace(
-        run, threads_per_worker=a.threads, compile=a.compile, fused=FUSED[a.fused]
+        run,
+        threads_per_worker=a.threads,
+        compile=a.compile,
+        fused=FUSED[a.fused],
+        accelerator=ACCELERATOR,
     )
 
 
+#: both sides train on the GPU where there is one (minimal_gpt.py picks its device so)
+ACCELERATOR = "cuda" if torch.cuda.is_available() else "cpu"
 #: --fused as config optimizer.fused has it
 FUSED = {"auto": "auto", "true": True, "false": False}
 

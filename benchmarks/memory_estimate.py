@@ -8,10 +8,9 @@
    - on CPU, each cell of the study traced with fake tensors against the same step traced
      with real ones under the same tracker (ratio fake ÷ real; the trackers see the same
      storages, so anything but 1 is a bug in the fake path);
-   - the two H200 cells measured on a lent GPU (issue 45: bf16 autocast, seq_len 1024, batch
-     16, AdamW; torch.cuda.max_memory_allocated), predicted here for CUDA: gpt2-124m under
-     torch, 17,843,420,672 B (the bar: within 5 %); gpt2-774m under torch-fsdp at one rank,
-     43,617,351,680 B (within 10 %).
+   - the cells of benchmarks/gpu_memory.py measured on an H200 (bf16, AdamW, one rank;
+     torch.cuda.max_memory_allocated), predicted here for CUDA: gpt2-124m under torch (the
+     bar: within 5 %) and gpt2-774m under torch-fsdp (within 10 %) among them.
 3. `--large` (issue 59): `hf:llama3.1-8b` at seq_len 8192, batch 2 per worker, bf16, planned
    for CUDA: torch-fsdp on 8 ranks with selective checkpointing, and deepspeed-zero3 on 64
    ranks (8 × 8 nodes, full checkpointing: ZeRO-3 refuses selective). Each cell cold (an
@@ -53,8 +52,15 @@ from trainscale.plan import check, matrix, overlay  # noqa: E402
 from trainscale.plan.preflight import memory  # noqa: E402
 from trainscale.plan.runspec import RunSpec  # noqa: E402
 
-#: the H200 cells of issue 45: (strategy, model, measured bytes)
-H200 = [("torch", "gpt2-124m", 17_843_420_672), ("torch-fsdp", "gpt2-774m", 43_617_351_680)]
+#: torch.cuda.max_memory_allocated of each cell of benchmarks/gpu_memory.py (bf16, one rank,
+#: seq_len 1024, batch 16; ResNet-50 at 256) on an H200, torch 2.11.0+cu130, 2026-11-29
+H200 = {
+    "torch": 17_855_267_840, "torch-ddp": 18_849_245_696, "torch-fsdp": 16_622_771_200,
+    "lightning-ddp": 18_843_949_568, "torch-ckpt-full": 12_209_198_080,
+    "torch-ckpt-selective": 15_238_546_432, "torch-fsdp-774m": 45_164_795_904,
+    "torch-resnet50": 12_827_652_096, "deepspeed-zero1": 16_594_503_680,
+    "deepspeed-zero2": 16_594_503_680, "deepspeed-zero3": 17_843_593_728,
+}  # fmt: skip
 #: the Llama 3.1 8B cells of issue 59: (strategy, nodes, activation checkpointing)
 LARGE = [("torch-fsdp", 1, "selective"), ("deepspeed-zero3", 8, "full")]
 LLAMA = {"model": ["hf:llama3.1-8b"], "dataset": ["synthetic-tokens"], "seq_len": [8192],
@@ -142,25 +148,15 @@ def fake_against_real(runs: list[RunSpec]) -> None:
 
 
 def h200_cells() -> None:
-    from trainscale.runners.torch.memory import trace as memory_trace
+    import gpu_memory
 
-    spec0 = study_runs(ROOT / ".test" / "gpt.yaml")[0]
-    print("the H200 cells of issue 45, predicted for CUDA:")
-    for strategy, model, measured in H200:
-        spec = spec0.__class__.from_dict({
-            **spec0.to_dict(), "strategy": strategy, "model": model, "dataset": "synthetic-tokens",
-            "seq_len": 1024, "batch_size": 16, "global_batch_size": 16,
-            "per_worker_batch_size": 16, "workers": 1, "world_size": 1, "precision": "bf16",
-            "optimizer": "adamw", "own_model": None, "token_source": None,
-        })  # fmt: skip
-        t0 = time.perf_counter()
-        a = memory_trace.predict(spec, "cuda")
-        err = measured / a["total_bytes"] - 1
-        print(f"  {strategy} {model}: predicted {a['total_bytes']:,} B = "
-              f"{a['total_bytes'] / 2**30:.2f} GiB (traced on {a['traced_on']}) against "
-              f"{measured:,} B = {measured / 2**30:.2f} GiB measured on an H200: measured ÷ "
-              f"predicted − 1 = {err:+.2%} ({time.perf_counter() - t0:.0f} s, {load()})"
-              )  # fmt: skip
+    answers = gpu_memory.predicted(list(H200), gpu_memory.study_keys(20))
+    print("the cells of benchmarks/gpu_memory.py measured on an H200, predicted for CUDA here "
+          "(allocated peak; bar: within 5 % for torch, 10 % for torch-fsdp-774m):")  # fmt: skip
+    for name, measured in H200.items():
+        got = answers[name]["total_bytes"]
+        print(f"  {name:<22} predicted {got / 2**30:6.2f} GiB, measured {measured / 2**30:6.2f} "
+              f"GiB: measured ÷ predicted − 1 = {measured / got - 1:+.1%} ({load()})")  # fmt: skip
 
 
 def llama_runs(cells: list[tuple[str, int, str]], **matrix_extra) -> tuple[dict, list[RunSpec]]:

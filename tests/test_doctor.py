@@ -64,3 +64,7 @@ def test_setup_stops_where_torch_cannot_use_the_driver():
     assert "torch 2.13.0+cpu is a CPU build" in cpu
     (old,) = stack.problems("550.54.15", "13.0", "2.13.0")
     assert "driver 550.54.15 is too old for CUDA 13.0" in old and "torch 2.13.0" in old
+    # TensorFlow's CUDA libraries are told by their CUDA 12 wheel, not by the module
+    # nvidia.cudnn, which torch's CUDA 13 wheels install too
+    assert stack.TF_CUDNN == "nvidia-cudnn-cu12" and stack.installed("pyyaml")
+    assert not stack.installed("trainscale-no-such-distribution")

@@ -71,6 +71,9 @@ def test_every_training_path_is_a_run_the_matrix_builds():
         assert len(runs) == 1 and not dropped, (name, dropped)
     (oom,) = matrix.build_runs(gpu_check.study(**cases["cuda-oom"]), "cuda")[0]
     assert oom.per_worker_batch_size == 8192 and 1280 * 7 >= 8192  # one step, no evaluation
+    # told the node has 1 GPU, the planner drops the TP cell (its matrix's only one) with its
+    # reason: the check's first half, which failed on an H200 when the drop emptied the matrix
+    assert paths.tp_kept_on_one_gpu() is None
 
 
 def test_a_driver_without_cuda_in_torch_fails_every_path(monkeypatch, tmp_path):

@@ -6,7 +6,7 @@ reported, not required: TensorFlow cells need them, the rest do not."""
 
 from __future__ import annotations
 
-import importlib.util
+import importlib.metadata
 import sys
 
 from trainscale.gpu.doctor import driver_too_old
@@ -30,11 +30,25 @@ def problems(driver: str | None, torch_cuda: str | None, torch_version: str) -> 
     return [f"{old}: torch {torch_version} cannot use this host's GPUs"] if old else []
 
 
+#: the cuDNN wheel of tensorflow[and-cuda] (CUDA 12). Not the module nvidia.cudnn: torch's
+#: CUDA 13 wheels install nvidia-cudnn-cu13 there too (nvidia/cudnn/lib/libcudnn.so.9, seen on
+#: an H200 with torch 2.11.0+cu130 and no TensorFlow)
+TF_CUDNN = "nvidia-cudnn-cu12"
+
+
+def installed(distribution: str) -> bool:
+    try:
+        importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
 def main() -> int:
     import torch
 
     found = problems(metrics.driver_version(), torch.version.cuda, torch.__version__)
-    tf_cuda = importlib.util.find_spec("nvidia.cudnn") is not None
+    tf_cuda = installed(TF_CUDNN)
     print(
         f"gpu stack: driver {metrics.driver_version()}, torch {torch.__version__} "
         f"(CUDA {torch.version.cuda}), TensorFlow's CUDA libraries "

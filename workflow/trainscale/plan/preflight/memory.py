@@ -48,7 +48,7 @@ from trainscale.plan.studyconfig import Memory
 CACHE = Path(".cache") / "trainscale" / "memory"
 WORKFLOW = Path(__file__).resolve().parents[3]
 #: bumped when the method changes, so older cached answers are not read
-VERSION = 4
+VERSION = 5
 GIB = 2**30
 TIMEOUT_SECONDS = 1800
 

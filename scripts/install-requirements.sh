@@ -75,13 +75,15 @@ case $INSTALLER in
 esac
 say "installed with $how in $((SECONDS - start)) s"
 
-# On a host with an NVIDIA driver: TensorFlow with the CUDA 12 libraries it was built for
-# (tensorflow[and-cuda]: nvidia-*-cu12, beside torch's nvidia-*-cu13: other packages, other
-# sonames), then the driver against torch's CUDA (trainscale.gpu.stack: exit 1 naming both).
-# Nothing of this runs where there is no driver (a CPU machine, a login node).
+# On a host with an NVIDIA driver: the CUDA 12 libraries TensorFlow was built for, the wheels of
+# tensorflow[and-cuda] but its cuDNN and NCCL (nvidia-cudnn-cu12 and nvidia-nccl-cu12 write the
+# same files as torch's nvidia-cudnn-cu13 and nvidia-nccl-cu13, libcudnn*.so.9 and libnccl.so.2:
+# installed after torch they would replace torch's; TensorFlow finds torch's there instead), then
+# the driver against torch's CUDA and torch's libraries against their wheels (trainscale.gpu.stack:
+# exit 1 naming what and the fix). Nothing of this runs where there is no driver.
 if [ -e /proc/driver/nvidia/version ]; then
-  tf=$(grep -E '^tensorflow==' "$REQUIREMENTS")
-  say "NVIDIA driver found: ${tf/==/[and-cuda]==} for TensorFlow's CUDA libraries"
-  pip_ install "${tf/==/[and-cuda]==}"
+  mapfile -t tf_cuda < <("$PY" -m trainscale.gpu.stack --tensorflow-cuda)
+  say "NVIDIA driver found: TensorFlow's CUDA 12 libraries (tensorflow[and-cuda]'s wheels but cuDNN and NCCL, which are torch's): ${tf_cuda[*]}"
+  pip_ install "${tf_cuda[@]}"
   "$PY" -m trainscale.gpu.stack
 fi

@@ -68,3 +68,40 @@ def test_setup_stops_where_torch_cannot_use_the_driver():
     # nvidia.cudnn, which torch's CUDA 13 wheels install too
     assert stack.TF_CUDNN == "nvidia-cudnn-cu12" and stack.installed("pyyaml")
     assert not stack.installed("trainscale-no-such-distribution")
+
+
+def test_setup_finds_torchs_cudnn_replaced_by_tensorflows_cuda_12_wheel(tmp_path):
+    """nvidia-cudnn-cu12 (tensorflow[and-cuda]) and nvidia-cudnn-cu13 (torch) both install
+    nvidia/cudnn/lib/libcudnn.so.9: a site-packages in the wheels' own format (dist-info
+    METADATA and RECORD), where the file holds torch's bytes, then TensorFlow's."""
+    import base64
+    import hashlib
+    import importlib.metadata
+
+    from trainscale.gpu import stack
+
+    lib = "nvidia/cudnn/lib/libcudnn.so.9"
+    ours, theirs = b"cuDNN 9 for CUDA 13", b"cuDNN 9 for CUDA 12"
+
+    def wheel(name: str, version: str, content: bytes) -> None:
+        info = tmp_path / f"{name.replace('-', '_')}-{version}.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+        digest = base64.urlsafe_b64encode(hashlib.sha256(content).digest()).rstrip(b"=").decode()
+        (info / "RECORD").write_text(
+            f"{lib},sha256={digest},{len(content)}\n{info.name}/RECORD,,\n"
+        )
+
+    (tmp_path / lib).parent.mkdir(parents=True)
+    (tmp_path / lib).write_bytes(ours)
+    wheel("nvidia-cudnn-cu13", "9.19.0.56", ours)
+    assert stack.replaced([str(tmp_path)]) == []
+    wheel("nvidia-cudnn-cu12", "9.28.0.42", theirs)
+    assert stack.replaced([str(tmp_path)]) == []  # torch's wheel was installed last
+    (tmp_path / lib).write_bytes(theirs)  # tensorflow[and-cuda] after torch
+    (line,) = stack.replaced([str(tmp_path)])
+    assert line == f"{lib} is nvidia-cudnn-cu12's, not nvidia-cudnn-cu13 9.19.0.56's"
+    # what make setup installs for TensorFlow instead: and-cuda's wheels but cuDNN and NCCL
+    wheels = stack.tensorflow_cuda(importlib.metadata.requires("tensorflow"))
+    assert "nvidia-cublas-cu12<13.0,>=12.5.3.2" in wheels and len(wheels) == 10
+    assert not [w for w in wheels if w.startswith(("nvidia-cudnn", "nvidia-nccl", "tensorflow"))]

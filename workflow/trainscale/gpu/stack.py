@@ -40,10 +40,11 @@ def problems(driver: str | None, torch_cuda: str | None, torch_version: str) -> 
     return [f"{old}: torch {torch_version} cannot use this host's GPUs"] if old else []
 
 
-#: the cuDNN wheel of tensorflow[and-cuda] (CUDA 12). Not the module nvidia.cudnn: torch's
-#: CUDA 13 wheels install nvidia-cudnn-cu13 there too (nvidia/cudnn/lib/libcudnn.so.9, seen on
-#: an H200 with torch 2.11.0+cu130 and no TensorFlow)
-TF_CUDNN = "nvidia-cudnn-cu12"
+#: a wheel of tensorflow[and-cuda] whose files only TensorFlow's CUDA 12 libraries bring: they
+#: are installed where it is. Not the module nvidia.cudnn: torch's CUDA 13 wheels install
+#: nvidia-cudnn-cu13 there too (nvidia/cudnn/lib/libcudnn.so.9, seen on an H200 with torch
+#: 2.11.0+cu130 and no TensorFlow), and setup leaves nvidia-cudnn-cu12 out
+TF_CUDA = "nvidia-cublas-cu12"
 #: TensorFlow's CUDA 12 wheel -> torch's CUDA 13 wheel that installs the same files
 SHARED_FILES = {"nvidia-cudnn-cu12": "nvidia-cudnn-cu13", "nvidia-nccl-cu12": "nvidia-nccl-cu13"}
 
@@ -116,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
 
     found = problems(metrics.driver_version(), torch.version.cuda, torch.__version__)
     found += replaced_problem(replaced())
-    tf_cuda = installed(TF_CUDNN) or installed("nvidia-cublas-cu12")
+    tf_cuda = installed(TF_CUDA)
     print(
         f"gpu stack: driver {metrics.driver_version()}, torch {torch.__version__} "
         f"(CUDA {torch.version.cuda}), TensorFlow's CUDA libraries "

@@ -108,6 +108,9 @@ def test_fp32_zero2_counts_four_byte_parameters():
     # DDP's step keeps (on an H200 the autocast trace over-counted ZeRO-2 by 16 %)
     ddp = gpt_run(strategy=["torch-ddp"], workers=[2], precision=["bf16"])
     assert low["parts"]["activations"] < memory_trace.predict(ddp, "cpu")["parts"]["activations"]
+    # an image model's batches are cast with it, as its runner casts them
+    (image,), _ = build_runs(base_config(strategy=["deepspeed-zero2"], precision=["bf16"]))
+    assert memory_trace.predict(image, "cpu")["parts"]["activations"] > 0
 
 
 def test_fsdp_offload_at_one_rank_keeps_the_gathered_parameters():

@@ -128,12 +128,14 @@ def plain(spec: RunSpec, device: torch.device, keep: int | None, batch: int,
     dtype = DTYPES[spec.precision]
     with tensors():
         net = fake_model(spec, device, keep)
+        x, y = fake_batch(spec, batch, device)
         if cast and dtype is not None:  # in place: `to` cannot swap a tied fake weight
             for t in (*net.parameters(), *net.buffers()):
                 t.data = t.data.to(dtype) if t.is_floating_point() else t.data
+            x = x.to(dtype) if x.is_floating_point() else x  # images, as its runner casts them
             dtype = None
         opt = trace_optimizer(spec, net.parameters(), target)
-        batches = [fake_batch(spec, batch, device)]
+        batches = [(x, y)]
         tracker = MemTracker()
         tracker.track_external(net, opt, *batches[0])
         return tracked(tracker, net, opt, batches, device, dtype)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainscale.measure import metrics
-from trainscale.plan import matrix
+from trainscale.plan import catalog, matrix
 from trainscale.plan.runspec import ConfigError
 
 PACKAGE_DIR = Path(__file__).resolve().parents[2]  # workflow/: where `trainscale` lives
@@ -168,16 +168,25 @@ def gpu_run_problems(run: Run, nvml: bool = True) -> str | None:
             problems.append(f"epoch {e['epoch']}: train loss {e['train_loss']}")
     peak, params = r["memory"]["peak_device_bytes"], r["model"]["params"]
     weights = 4 * (params or 0) // max(1, r["spec"]["world_size"])  # fp32, sharded at most
+    reserved = r["memory"].get("peak_reserved_bytes")
     if not peak:
         problems.append(f"peak_device_bytes missing ({peak})")
     elif peak < weights:
         problems.append(f"peak_device_bytes {peak} below the weights' {weights} B")
+    elif torch_family(r["spec"]["strategy"]) and not (reserved and reserved >= peak):
+        # the caching allocator's reserved peak, at least the allocated one: what memory.check's
+        # prediction is measured against (lightning-ddp recorded none on an H200)
+        problems.append(f"peak_reserved_bytes {reserved} missing or below the allocated {peak}")
     if nvml and (dev["utilization_mean"] is None or dev["energy_joules"] is None):
         problems.append(
             f"NVML readings missing: utilization_mean {dev['utilization_mean']}, "
             f"energy_joules {dev['energy_joules']}{nvml_note(run.log)}"
         )
     return "; ".join(problems) or None
+
+
+def torch_family(strategy: str) -> bool:
+    return catalog.STRATEGIES[strategy].runtime == "torch"
 
 
 def trains(name: str, env: Callable[[Context], dict] | None = None, **values) -> Callable:

@@ -22,6 +22,7 @@ is built from the same parts as `torch-ddp`'s (metrics.Recorder, memory_block, e
 
 from __future__ import annotations
 
+import math
 import os
 import time
 import warnings
@@ -324,7 +325,8 @@ class LightningRun:
     def gather(self) -> tuple[torch.Tensor, float | None, float | None, list[str]]:
         """Every rank's peaks (rows), the mean utilisation and summed energy, and the hosts."""
         utilization, energy = self.gpu.stop()
-        peaks = torch.tensor(self.memory.finish(), dtype=torch.float64, device=self.device)
+        row = self.memory.finish() + self.memory.gpu_held()  # reserved, NVML: NaN if not read
+        peaks = torch.tensor(row, dtype=torch.float64, device=self.device)
         gathered = [torch.zeros_like(peaks) for _ in range(self.rk.world_size)]
         dist.all_gather(gathered, peaks)
         per_rank = torch.stack(gathered).cpu()
@@ -360,8 +362,13 @@ class LightningRun:
         )  # fmt: skip
         memory = {"peak_host_rss_bytes": None, "peak_device_bytes": None}
         if per_rank is not None:
+            held = per_rank[:, 4:6].nan_to_num(-1.0).max(0).values.tolist()
             memory = {
-                **memory_block(per_rank.max(0).values.tolist(), self.cuda),
+                **memory_block(
+                    per_rank[:, :4].max(0).values.tolist(),
+                    self.cuda,
+                    [v if v >= 0 else math.nan for v in held],
+                ),
                 "per_rank_host_rss_bytes": [int(v) for v in per_rank[:, 0].tolist()],
                 "per_rank_device_bytes": [int(v) for v in per_rank[:, 1].tolist()]
                 if self.cuda

@@ -124,6 +124,18 @@ def test_phase_peaks_keep_an_evaluations_allocation_out_of_trainings_peak():
     assert memory.memory_block([1.0, 0, 0, 0], device=False)["eval_peak_host_rss_bytes"] is None
 
 
+def test_the_ranks_peaks_are_maxed_and_an_unread_figure_stays_unread():
+    """Every rank's row (PhasePeaks.finish, then gpu_held), as the runners gather them: a
+    figure one rank could not read (NaN) is the others' maximum, and null where none read it."""
+    nan = float("nan")
+    rows = [[10.0, 7.0, 0.0, 0.0, 9.0, nan], [12.0, 5.0, 0.0, 0.0, nan, nan]]
+    block = memory.ranks_memory(rows, device=True)
+    assert block["peak_host_rss_bytes"] == 12 and block["peak_device_bytes"] == 7
+    assert block["peak_reserved_bytes"] == 9 and block["peak_nvml_process_bytes"] is None
+    assert block["per_rank_host_rss_bytes"] == [10, 12] and block["per_rank_device_bytes"] == [7, 5]
+    assert memory.ranks_memory(rows, device=False)["per_rank_device_bytes"] is None
+
+
 # --- part 3: the config overlay ----------------------------------------------------------------
 
 

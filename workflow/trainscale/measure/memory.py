@@ -116,6 +116,20 @@ def memory_block(peaks: list[float], device: bool, held: list[float] | None = No
     }
 
 
+def ranks_memory(rows: list[list[float]], device: bool) -> dict:
+    """The `memory` entries of every rank's row of `PhasePeaks.finish` followed by its
+    `gpu_held` (NaN where not read), as the ranks gathered them: the peaks maxed over ranks,
+    and each rank's host and device peak."""
+    peaks = [max(column) for column in zip(*(r[:4] for r in rows), strict=True)]
+    held = [max((v for v in column if not math.isnan(v)), default=math.nan)
+            for column in zip(*(r[4:6] for r in rows), strict=True)]  # fmt: skip
+    return {
+        **memory_block(peaks, device, held),
+        "per_rank_host_rss_bytes": [int(r[0]) for r in rows],
+        "per_rank_device_bytes": [int(r[1]) for r in rows] if device else None,
+    }
+
+
 def nvml_process_reader(cuda_ordinal: int, cuda_uuid: object = None):
     """A reader of the device memory NVML counts for this process on CUDA device
     `cuda_ordinal` (its context, allocator blocks and NCCL buffers), or None where NVML or the

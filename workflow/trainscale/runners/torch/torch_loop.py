@@ -27,7 +27,7 @@ from trainscale import data
 from trainscale.data import imagedata, imagesets, tokendata
 from trainscale.measure import datawait, metrics
 from trainscale.measure.device_usage import CpuUsage, energy_once_per_device
-from trainscale.measure.memory import memory_block
+from trainscale.measure.memory import ranks_memory
 from trainscale.models import torch_models as models
 from trainscale.models.init import on_meta
 from trainscale.plan.matrix import RunSpec
@@ -332,13 +332,7 @@ class Loop:
         env.update(p.env_extra)
         memory = {"peak_host_rss_bytes": None, "peak_device_bytes": None, **p.extra_memory}
         if per_rank is not None:
-            peaks = per_rank[:, :4].max(0).values.tolist()
-            held = per_rank[:, 4:6].nan_to_num(-1.0).max(0).values.tolist()  # NaN: not read
-            memory.update(memory_block(peaks, cuda, [v if v >= 0 else math.nan for v in held]))
-            memory["per_rank_host_rss_bytes"] = [int(v) for v in per_rank[:, 0].tolist()]
-            memory["per_rank_device_bytes"] = (
-                [int(v) for v in per_rank[:, 1].tolist()] if cuda else None
-            )
+            memory.update(ranks_memory(per_rank.tolist(), cuda))
         counted = parts.run(
             "flops", lambda: flop_count.counted(self.spec, self.info.shape,
                                                 self.info.num_classes, self.device, out,

@@ -17,12 +17,11 @@ Lightning checks them against torchrun's world. What it trains is exactly `torch
 Lightning owns the loop; a Callback times it as the torch runners do: a barrier at every
 epoch's start and end (device synchronised), rank 0's per-step wall times, the fault hook half
 way through the epoch, the test set scored after the epoch outside the timed span. The record
-is built from the same parts as `torch-ddp`'s (metrics.Recorder, memory_block, environment).
+is built from the same parts as `torch-ddp`'s (metrics.Recorder, ranks_memory, environment).
 """
 
 from __future__ import annotations
 
-import math
 import os
 import time
 import warnings
@@ -40,7 +39,7 @@ from trainscale import data
 from trainscale.data import imagesets, tokendata
 from trainscale.measure import datawait, metrics
 from trainscale.measure.device_usage import energy_once_per_device
-from trainscale.measure.memory import PhasePeaks, memory_block
+from trainscale.measure.memory import PhasePeaks, ranks_memory
 from trainscale.models import torch_models as models
 from trainscale.plan.matrix import RunSpec
 from trainscale.runners.common import (
@@ -362,18 +361,7 @@ class LightningRun:
         )  # fmt: skip
         memory = {"peak_host_rss_bytes": None, "peak_device_bytes": None}
         if per_rank is not None:
-            held = per_rank[:, 4:6].nan_to_num(-1.0).max(0).values.tolist()
-            memory = {
-                **memory_block(
-                    per_rank[:, :4].max(0).values.tolist(),
-                    self.cuda,
-                    [v if v >= 0 else math.nan for v in held],
-                ),
-                "per_rank_host_rss_bytes": [int(v) for v in per_rank[:, 0].tolist()],
-                "per_rank_device_bytes": [int(v) for v in per_rank[:, 1].tolist()]
-                if self.cuda
-                else None,
-            }
+            memory = ranks_memory(per_rank.tolist(), self.cuda)
         result = self.rec.record(
             flops=counted,
             model={

@@ -131,7 +131,8 @@ def plain(spec: RunSpec, device: torch.device, keep: int | None, batch: int,
         x, y = fake_batch(spec, batch, device)
         if cast and dtype is not None:  # in place: `to` cannot swap a tied fake weight
             for t in (*net.parameters(), *net.buffers()):
-                t.data = t.data.to(dtype) if t.is_floating_point() else t.data
+                if t.is_floating_point():
+                    t.data = t.data.to(dtype)
             x = x.to(dtype) if x.is_floating_point() else x  # images, as its runner casts them
             dtype = None
         opt = trace_optimizer(spec, net.parameters(), target)

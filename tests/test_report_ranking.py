@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 from matplotlib.text import Text
 
+from trainscale.analysis.interval import REPEATS
 from trainscale.analysis.ranking import ranking
 from trainscale.report import figures
 from trainscale.report.figures import ranking as ranking_figure
@@ -123,8 +124,28 @@ def test_a_panel_never_leaves_out_a_cell_that_could_be_the_fastest(monkeypatch):
         {"strategy": st, "throughput_mean": 100.0 + 0.01 * i, **tied}
         for i, st in enumerate(STRATEGIES)
     ]
-    drawn, hidden = ranking_figure._panel(ranking(scaling(rows)))
+    drawn, hidden, _ = ranking_figure._panel(ranking(scaling(rows)))
     assert len(drawn) == len(STRATEGIES) > ranking_figure.ROWS and hidden == 0
+
+
+def test_a_tag_every_row_of_a_panel_has_is_said_once_under_it():
+    rows = [
+        {"strategy": st, "throughput_mean": x, "oversubscribed": True,
+         "interval_method": REPEATS if x < 100 else ""}
+        for st, x in (("torch-ddp", 100.0), ("tf-ps", 99.5), ("horovod-torch", 80.0))
+    ]  # fmt: skip
+    drawn, _, shared = ranking_figure._panel(ranking(scaling(rows)))
+    assert shared == ["oversubscribed"]  # the fastest's interval is from steps: per row
+    assert drawn["_marks"].str.replace(" ·\n", " · ").tolist() == [
+        "fastest · 1 of 2 that could be",
+        "−0.50 % · could be the fastest · equivalent (±2 %) · CI: repeats only · asynchronous",
+        "−20 % · slower · CI: repeats only",
+    ]
+    fig = ranking_figure.draw_ranking(drawn, figures.REGISTRY["ranking"])
+    (ax,) = [a for a in fig.axes if a.get_title()]
+    assert ax.get_xlabel().endswith("\nevery cell shown: oversubscribed")
+    marks = [t.get_text() for t in ax.texts]
+    assert marks[:3] == drawn["_marks"].tolist() and not any("oversub" in m for m in marks)
 
 
 def test_a_panel_with_one_x_value_is_left_out_and_an_empty_figure_is_not_drawn():

@@ -15,6 +15,8 @@ cheapest on top, and the marks say how much dearer each cell is.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
@@ -33,6 +35,8 @@ from trainscale.report.figures.style import label, labels, palette
 #: Inches: a cell's row, the plot's width, and the space around a panel.
 ROW_H, PLOT_W = 0.26, 3.3
 TITLE_H, XLABEL_H, MFU_H, GAP_W = 0.3, 0.66, 0.42, 0.35
+#: Inches: the line under a panel's axis with the tags all its rows share.
+SHARED_H = 0.14
 #: Panels side by side at most: two 7-inch panels fill the report's width.
 WRAP = 2
 #: Characters of marks on one line at most (longer ones wrap).
@@ -48,6 +52,12 @@ ROWS = 16
 #: Cell keys that may tell two rows of one strategy apart (the rest are the panel's).
 CONFIG = ["batch_size", "batch_mode", "scale", "precision", "nodes", "seq_len",
           "activation_checkpointing", "offload"]  # fmt: skip
+#: The ranking's columns the figure reads (itertuples over all of scaling.csv's, and copies
+#: of them, were a fifth of the figure's time at 432 cells).
+DRAWN = {"model", "dataset", "world_size", "strategy", *CONFIG, "value", "value_ci95",
+         "value_unit", "ranked_by", "fastest", "could_be_fastest", "slower", "behind",
+         "mcb_high", "equivalent", "equivalence", "interval_method", "mark", "logical",
+         "oversubscribed", "mfu_mean", "mfu_ci95", "mdd_rel", "repeats_for_5pct"}  # fmt: skip
 
 
 def _ranking(study: Study) -> pd.DataFrame | str:
@@ -61,38 +71,47 @@ def _ranking(study: Study) -> pd.DataFrame | str:
     return r
 
 
-def marks(r, could: int = 1) -> str:
+def marks(r, could: int = 1, shared: Sequence[str] = ()) -> str:
     """The words beside a row: its place against the best (of `could` cells that could be
-    it), the comparison with the best's verdict, and the flags the tables give it."""
+    it), the comparison with the best's verdict, and the tags the tables give it but those in
+    `shared` (said once under the panel)."""
+    return " · ".join([*_verdict(r, could), *(t for t in tags(r) if t not in shared)])
+
+
+def _verdict(r, could: int) -> list[str]:
     best = "cheapest" if r.ranked_by == "cost" else "fastest"
     if r.logical:
-        words = [f"{LOGICAL.label}, not ranked"]
-    elif r.fastest:
-        words = [best if could < 2 else f"{best} · 1 of {could} that could be"]
-    elif pd.isna(r.value):
-        words = ["no price"]
+        return [f"{LOGICAL.label}, not ranked"]
+    if r.fastest:
+        return [best if could < 2 else f"{best} · 1 of {could} that could be"]
+    if pd.isna(r.value):
+        return ["no price"]
+    sign = "+" if r.ranked_by == "cost" else "−"
+    words = [f"{sign}{human(100 * r.behind, digits=2)} %"]
+    if r.slower:
+        words.append("dearer" if r.ranked_by == "cost" else "slower")
+    elif pd.isna(r.mcb_high):
+        words.append(NO_INTERVAL if r.interval_method == NO_INTERVAL else "no interval")
     else:
-        sign = "+" if r.ranked_by == "cost" else "−"
-        words = [f"{sign}{human(100 * r.behind, digits=2)} %"]
-        if r.slower:
-            words.append("dearer" if r.ranked_by == "cost" else "slower")
-        elif pd.isna(r.mcb_high):
-            words.append(NO_INTERVAL if r.interval_method == NO_INTERVAL else "no interval")
-        else:
-            words.append(f"could be the {best}")
-        if r.equivalent:
-            words.append(f"equivalent (±{pct(r.equivalence)})")
-    if getattr(r, "interval_method", "") == REPEATS:
-        words.append("CI: repeats only")
+        words.append(f"could be the {best}")
+    if r.equivalent:
+        words.append(f"equivalent (±{pct(r.equivalence)})")
+    return words
+
+
+def tags(r) -> list[str]:
+    """A row's tags after its verdict: how its interval was made where not from steps, the
+    catalog's mark of its strategy, and its flags."""
+    words = ["CI: repeats only"] if getattr(r, "interval_method", "") == REPEATS else []
     if r.mark:
         words.append(r.mark)
-    words += [f.label for f in cell_flags(r) if f is not LOGICAL]
-    return " · ".join(words)
+    return words + [f.label for f in cell_flags(r) if f is not LOGICAL]
 
 
-def _panel(sub: pd.DataFrame) -> tuple[pd.DataFrame, int]:
+def _panel(sub: pd.DataFrame) -> tuple[pd.DataFrame, int, list[str]]:
     """A panel's rows to draw, best first (as `trainscale.analysis.ranking` orders them), with
-    their label and marks, and how many rows below them are left out (ROWS)."""
+    their label and marks; how many rows below them are left out (ROWS); and the tags every
+    drawn row has, said once under the panel instead of on each row."""
     could = int(sub["could_be_fastest"].sum())
     keep = (np.arange(len(sub)) < ROWS) | sub["could_be_fastest"].to_numpy(bool)
     keep |= sub["fastest"].to_numpy(bool)
@@ -103,8 +122,11 @@ def _panel(sub: pd.DataFrame) -> tuple[pd.DataFrame, int]:
     sub["_label"] = sub["strategy"] + config.where(several, "").map(
         lambda s: f" · {s}" if s else ""
     )
-    sub["_marks"] = [_wrap(marks(r, could)) for r in sub.itertuples(index=False)]
-    return sub, int((~keep).sum())
+    rows = list(sub.itertuples(index=False))
+    every = [tags(r) for r in rows]
+    shared = [t for t in every[0] if all(t in e for e in every[1:])] if len(rows) > 1 else []
+    sub["_marks"] = [_wrap(marks(r, could, shared)) for r in rows]
+    return sub, int((~keep).sum()), shared
 
 
 def _wrap(text: str) -> str:
@@ -123,32 +145,33 @@ def _wrap(text: str) -> str:
 @figure("ranking", data=_ranking, row=("model", "dataset"), col=("world_size",))
 def draw_ranking(d: pd.DataFrame, kind: Kind) -> Figure:
     keys = ["model", "dataset", "world_size"]
+    d = d[[c for c in d.columns if c in DRAWN]]  # the ranking carries scaling.csv's columns too
     panels = [(k, *_panel(g)) for k, g in d.groupby(keys, sort=True)]
     colours = palette(d["strategy"], "strategy")
     mfu = bool(d["mfu_mean"].notna().any())
-    longest_label = max(p["_label"].str.len().max() for _, p, _ in panels)
+    longest_label = max(p["_label"].str.len().max() for _, p, _, _ in panels)
     longest_marks = max(
-        len(line) for _, p, _ in panels for m in p["_marks"] for line in m.split("\n")
+        len(line) for _, p, _, _ in panels for m in p["_marks"] for line in m.split("\n")
     )
-    label_w = 0.3 + 0.062 * longest_label
+    label_w = 0.3 + 0.066 * longest_label  # the fastest's label is bold: wider
     marks_w = 0.25 + 0.056 * longest_marks
     panel_w = label_w + PLOT_W + marks_w
     ncols = min(WRAP, len(panels))
     nrows = -(-len(panels) // ncols)
-    n_max = max(len(p) + int(hidden > 0) for _, p, hidden in panels)
+    n_max = max(len(p) + int(hidden > 0) for _, p, hidden, _ in panels)
     plot_h = ROW_H * (n_max + 0.6)
     top_h = TITLE_H + (MFU_H if mfu else 0.0)
-    cell_h = top_h + plot_h + XLABEL_H
+    cell_h = top_h + plot_h + XLABEL_H + (SHARED_H if any(sh for *_, sh in panels) else 0.0)
     head = 0.5  # the figure's title and its legend
     width = ncols * panel_w + (ncols - 1) * GAP_W + 0.2
     height = head + nrows * cell_h
     fig = Figure(figsize=(width, height))
-    for i, (key, p, hidden) in enumerate(panels):
+    for i, (key, p, hidden, shared) in enumerate(panels):
         r, c = divmod(i, ncols)
         left = 0.1 + c * (panel_w + GAP_W) + label_w
         bottom = height - head - r * cell_h - top_h - plot_h
         ax = fig.add_axes((left / width, bottom / height, PLOT_W / width, plot_h / height))
-        _draw_panel(ax, p, colours, mfu)
+        _draw_panel(ax, p, colours, mfu, shared)
         if hidden:
             _left_out(ax, len(p), hidden)
         model, dataset, n = key
@@ -216,9 +239,9 @@ def _dot(marker: str, face: str, text: str) -> Line2D:
     )
 
 
-def _draw_panel(ax, p: pd.DataFrame, colours: dict, mfu: bool) -> None:
+def _draw_panel(ax, p: pd.DataFrame, colours: dict, mfu: bool, shared: list[str]) -> None:
     """One panel: dots with CI bars, the fastest's band, labels on the left, marks on the right,
-    and MFU on a twin top axis."""
+    the tags every row shares under the axis, and MFU on a twin top axis."""
     y = np.arange(len(p))
     x, ci = p["value"].to_numpy(float), p["value_ci95"].to_numpy(float)
     ci = np.where(np.isfinite(ci), ci, 0.0)
@@ -249,7 +272,10 @@ def _draw_panel(ax, p: pd.DataFrame, colours: dict, mfu: bool) -> None:
     by_cost = p["ranked_by"].iloc[0] == "cost"
     unit = p["value_unit"].iloc[0] + ("" if by_cost else " (steady, all workers)")
     told = resolves(p["mdd_rel"].iloc[0], p["repeats_for_5pct"].iloc[0])
-    ax.set_xlabel(f"{unit}\n{told.replace('this study', 'this panel')}", fontsize=8)
+    lines = [unit, told.replace("this study", "this panel")]
+    if shared:
+        lines.append(f"every cell shown: {' · '.join(shared)}")
+    ax.set_xlabel("\n".join(lines), fontsize=8)
     ax.xaxis.set_major_locator(MaxNLocator(TICKS))
     # money in plain digits: engineering notation's "m" (milli) reads as million beside a price
     ax.xaxis.set_major_formatter(

@@ -580,3 +580,11 @@ def test_report_shows_the_communication_model(built):
     assert f"{aggregate.human(4000 / bw * 1e3)} ms" in page
     assert "ring" in page and "no overlap" in page  # Methods states the assumptions
     assert "bus bandwidth" in page and "2(n − 1)/n" in page
+
+
+def test_a_forked_part_of_the_report_gives_its_result_or_its_error():
+    from trainscale.report.pipeline import forked
+
+    assert forked(lambda: {"rows": [1, 2]})() == {"rows": [1, 2]}
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        forked(lambda: 1 / 0)()

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import csv
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -180,6 +180,29 @@ def _files(where: str | Path | Mapping) -> dict[str, object]:
     return {t: folder / f for t, f in FILES.items() if (folder / f).exists()}
 
 
+@dataclass(frozen=True)
+class Measured:
+    """A study's tables of what was measured, before any cell is computed from them: runs,
+    epochs, the invalid files and the all-reduce benchmark."""
+
+    runs: pd.DataFrame
+    epochs: pd.DataFrame
+    invalid: list[tuple[str, str]]
+    collectives: pd.DataFrame
+
+    #: The tables `write` writes.
+    NAMES = ("runs", "epochs", "invalid", "collectives")
+
+    def write(self, folder: str | Path) -> None:
+        """runs.csv, epochs.csv, invalid.csv and collectives.csv into `folder`, as
+        `Study.write` writes them."""
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        invalid = pd.DataFrame(self.invalid, columns=["path", "error"])
+        for table, df in (("runs", self.runs), ("epochs", self.epochs), ("invalid", invalid),
+                          ("collectives", self.collectives)):  # fmt: skip
+            write_csv(df, Path(folder) / FILES[table])
+
+
 @dataclass
 class Study:
     """A study's tables: runs (one row per run), epochs, scaling (one row per cell; computed
@@ -222,27 +245,39 @@ class Study:
         default_name: str = "study",
         collectives: Iterable[str | Path] = (),
         config: Mapping | None = None,
+        measured: Callable[[Measured], None] | None = None,
     ) -> Study:
         """Read and validate metrics files (by `jobs` processes) and compute every table; with
         the all-reduce benchmark's JSON files, its table and the communication model too; at
-        the prices of `config` (the study's config: `options`)."""
+        the prices of `config` (the study's config: `options`). `measured` is given the tables
+        of what was measured as soon as they are read, before the cells are computed."""
         runs, epochs, invalid = read_tables(metrics_paths, jobs=jobs)
         for p, why in invalid:
             print(f"trainscale: invalid metrics file {p}: {why}", file=sys.stderr)
         name = study_name(runs, default_name) if name is None else name
+        runs, epochs = typed("runs", runs), typed("epochs", epochs)
+        collectives = list(collectives)
+        benchmark = typed("collectives", collectives_frame(collectives)) if collectives else None
+        if measured is not None:
+            none = _empty("collectives") if benchmark is None else benchmark
+            measured(Measured(runs, epochs, invalid, none))
         study = cls(name, runs, epochs, **options(config))
         study.invalid = invalid
-        study.add_collectives(collectives)
+        if benchmark is not None:
+            study._with_collectives(benchmark)
         return study
 
     def add_collectives(self, paths: Iterable[str | Path]) -> None:
         """collectives.csv from the benchmark's JSON files, and communication.csv from it."""
         paths = list(paths)
         if paths:
-            self.collectives = typed("collectives", collectives_frame(paths))
-            self.communication = typed(
-                "communication", communication_frame(self.scaling, self.runs, self.collectives)
-            )
+            self._with_collectives(typed("collectives", collectives_frame(paths)))
+
+    def _with_collectives(self, table: pd.DataFrame) -> None:
+        self.collectives = table
+        self.communication = typed(
+            "communication", communication_frame(self.scaling, self.runs, table)
+        )
 
     @classmethod
     def read(
@@ -263,16 +298,18 @@ class Study:
             study.invalid = list(invalid[["path", "error"]].itertuples(index=False, name=None))
         return study
 
-    def write(self, where: str | Path | Mapping, jobs: int = 1) -> None:
+    def write(self, where: str | Path | Mapping, jobs: int = 1, skip: Iterable[str] = ()) -> None:
         """Every table and summary.txt into the folder `where`, or the ones named in the mapping
-        `where` (e.g. `snakemake.output`) to the paths it gives. With `jobs` > 1, epochs.csv
-        (five or more rows per run: the longest to write) is written by a forked process
-        while this one writes the rest."""
+        `where` (e.g. `snakemake.output`) to the paths it gives; but the tables in `skip`
+        (written already: `Measured.write`). With `jobs` > 1, epochs.csv (five or more rows
+        per run: the longest to write) is written by a forked process while this one writes
+        the rest."""
         if hasattr(where, "items"):
             files = _files(where)
         else:
             Path(where).mkdir(parents=True, exist_ok=True)
             files = {t: Path(where) / f for t, f in {**FILES, "summary": SUMMARY}.items()}
+        files = {t: f for t, f in files.items() if t not in set(skip)}
         for path in files.values():
             Path(path).parent.mkdir(parents=True, exist_ok=True)
         beside = None

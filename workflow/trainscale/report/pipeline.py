@@ -6,26 +6,38 @@ predictions are written). Both call these functions, so the two paths cannot dri
 
 from __future__ import annotations
 
+import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import pandas as pd
 
 from trainscale.analysis import metrics_tables, predict
-from trainscale.analysis.study import Study
+from trainscale.analysis.study import Measured, Study
 from trainscale.report import html as report
+
+T = TypeVar("T")
 
 
 def read(
-    runs_dir: str | Path, name: str | None = None, jobs: int = 1, config: dict | None = None
+    runs_dir: str | Path,
+    name: str | None = None,
+    jobs: int = 1,
+    config: dict | None = None,
+    measured: Callable[[Measured], None] | None = None,
 ) -> Study:
     """The study of the metrics files under `runs_dir`, with the all-reduce benchmark where it
-    sits beside them (results/<study>/collectives), at the prices and ranking of `config`."""
+    sits beside them (results/<study>/collectives), at the prices and ranking of `config`;
+    `measured` is given the measured tables before the cells are computed (`Study.build`)."""
     paths = metrics_tables.metrics_paths(runs_dir)
     # unnamed runs in results/<study>/runs are named after <study>
     default = Path(runs_dir).resolve().parent.name if Path(runs_dir).name == "runs" else "study"
     found = sorted((Path(runs_dir).parent / "collectives").rglob("*.json"))
-    return Study.build(paths, name, jobs, default_name=default, collectives=found, config=config)
+    return Study.build(
+        paths, name, jobs, default_name=default, collectives=found, config=config,
+        measured=measured,
+    )  # fmt: skip
 
 
 def figures(
@@ -81,27 +93,36 @@ def build(
     jobs: int = 1,
 ) -> Study:
     """Tables, figures, predictions and report.html in `out` from the metrics files under
-    `runs_dir`: the rules' steps in one process (`python -m trainscale.report`)."""
+    `runs_dir`: the rules' steps in one process (`python -m trainscale.report`), but for
+    the tables of what was measured and the predictions from them, which a forked process
+    writes while this one computes the cells (a core idle otherwise: the cells' statistics
+    are one process's work)."""
     from trainscale.report import predict_plot
 
-    study = read(runs_dir, name=name, jobs=jobs, config=config)
     out = Path(out)
     fig_dir = out / "figures"
     csv, check_csv = out / "predictions.csv", out / "prediction_check.csv"
-    predicting = wants_predictions(study.runs, config)
+    beside: list[Callable[[], dict]] = []
 
+    def measured(tables: Measured) -> None:
+        def work() -> dict:
+            tables.write(out)
+            if not wants_predictions(tables.runs, config):
+                return {}
+            predictions(tables.runs, tables.collectives, config, csv, check_csv, fig_dir)
+            return predict_plot.section(csv, check_csv, fig_dir / f"{predict_plot.NAME}.png")
+
+        beside.append(forked(work))
+
+    study = read(runs_dir, name=name, jobs=jobs, config=config, measured=measured)
     tables: dict = {}
-    predicted: dict = {}
 
     def meanwhile() -> None:  # in this process while the pool draws the figures
-        study.write(out, jobs=jobs)
-        if predicting:
-            predictions(study.runs, study.collectives, config, csv, check_csv, fig_dir)
-            png = fig_dir / f"{predict_plot.NAME}.png"
-            predicted.update(predict_plot.section(csv, check_csv, png))
+        study.write(out, jobs=jobs, skip=Measured.NAMES)
         tables.update(report.tables_context(study, config))
 
     drawn = figures(study, fig_dir, config, jobs=jobs, meanwhile=meanwhile)
+    predicted = beside[0]() if beside else {}
     report.write_html(
         study,
         out / "report.html",
@@ -112,3 +133,36 @@ def build(
         tables=tables or None,
     )
     return study
+
+
+def forked(work: Callable[[], T]) -> Callable[[], T]:
+    """Start `work` in a forked process; the function returned waits for it and gives its
+    result (pickled back), raising where it failed. Without fork (not Linux), `work` runs
+    here when its result is asked for."""
+    ctx = metrics_tables.mp_context()
+    if ctx is None:
+        return work
+    receive, send = ctx.Pipe(duplex=False)
+
+    def child() -> None:
+        try:
+            send.send((True, work()))
+        except BaseException:  # its traceback, for the parent's error
+            send.send((False, traceback.format_exc()))
+
+    process = ctx.Process(target=child, daemon=True)
+    process.start()
+    send.close()
+
+    def result() -> T:
+        try:
+            ok, value = receive.recv()
+        except EOFError:  # died without a word (killed, out of memory)
+            ok, value = False, f"exit status {process.exitcode}"
+        finally:
+            process.join()
+        if not ok:
+            raise RuntimeError(f"a forked part of the report failed:\n{value}")
+        return value
+
+    return result

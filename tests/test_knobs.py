@@ -146,10 +146,15 @@ def test_checkpointing_and_offload_train_one_process_weights(tmp_path):
     offloaded (DeepSpeed's CPU Adam), the weights and losses of `torch` without either."""
     deepspeed_ops_built()
     cmd = [PYTHON, "-m", "trainscale.runners.torch.deepspeed_zero", "--build-ops", "cpu-adam"]
+    ops = ROOT / ".cache" / "torch_extensions"
     built = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900,
-                           env=run_env(TORCH_EXTENSIONS_DIR=str(ROOT / ".cache" /
-                                                                "torch_extensions")))  # fmt: skip
+                           env=run_env(TORCH_EXTENSIONS_DIR=str(ops)))  # fmt: skip
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    # built without debug info (deepspeed_zero.cpu_adam_builder), and loaded as built below
+    flags = (ops / "cpu_adam" / "build.ninja").read_text()
+    assert " -O3 " in flags and " -g " not in flags, flags
+    op = ops / "cpu_adam" / "cpu_adam.so"
+    op_built = op.stat().st_mtime_ns
     (ref_spec,), _ = plan(["torch"], workers=1)
     ref_rec, ref = tapped(tmp_path, ref_spec)
     cases = [  # full checkpointing: under FSDP and ZeRO here, and traced (test above)
@@ -178,3 +183,6 @@ def test_checkpointing_and_offload_train_one_process_weights(tmp_path):
         assert rec["optimizer"]["implementation"] == ("cpu-adam" if cpu_adam else "for-loop")
     tap.assert_moved(tap.initial_weights(tmp_path / f"{ref_spec.strategy}-none-none-tap"), ref,
                      "torch")  # fmt: skip
+    # the ZeRO-2 run loaded the op with the flags it was built with: torch's JIT compiles an op
+    # again, inside the run, where they differ
+    assert op.stat().st_mtime_ns == op_built, "a run built DeepSpeed's CPU Adam op again"

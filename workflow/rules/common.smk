@@ -86,7 +86,9 @@ os.environ.update(to_environ(config.get("container"), config.get("env") or {}))
 STUDY = config["study"]
 RESULTS = f"results/{STUDY}"
 DEEPSPEED_OPS = ".cache/torch_extensions/deepspeed-ops.done"
-DEEPSPEED_CPU_ADAM = ".cache/torch_extensions/deepspeed-cpu-adam.done"
+#: named for the flags (trainscale.runners.torch.deepspeed_zero.cpu_adam_builder: no -g since
+#: issue 71), so a build of the old name, with -g, is built again by the rule, not in a run
+DEEPSPEED_CPU_ADAM = ".cache/torch_extensions/deepspeed-cpu-adam-no-g.done"
 #: The build jobs (Horovod, DeepSpeed's ops) take every core of this machine and go first: a
 #: compiler beside a timed run would slow its steps, and nothing is timed while they build.
 #: (Locally Snakemake gives a job at most --cores; under SLURM the builds ask for their own.)

@@ -236,14 +236,26 @@ def deepspeed_ops_built() -> Path:
 
 @pytest.fixture(scope="session")
 def deepspeed_study(tmp_path_factory) -> dict:
-    """`.test/deepspeed.yaml` through Snakemake up to runs.csv: ZeRO 0-3, fp32 and bf16.
+    """`.test/deepspeed.yaml` through Snakemake up to runs.csv: ZeRO 0-3 at fp32, ZeRO-1 at
+    bf16, with the test plug-in (tests/tap_plugin): "taps", each record's path to what its run
+    wrote (tap.of_run; the runs took turns, checked).
 
     The op the DeepSpeed tests' runs compiled in this checkout's .cache (47 s on 2 cores) is
     reused, as a user's second study would: the deepspeed_ops rule still runs and loads it."""
+    from itertools import pairwise
+
+    import tap
+
     work = tmp_path_factory.mktemp("deepspeed-study")
     reuse_deepspeed_ops(work)
-    results, _ = run_test_study(work, "deepspeed", "runs.csv")
-    return {"workdir": work, "results": results, "recs": study_records(results)}
+    env = run_env(**tap.env(work / "tap"))
+    results, _ = run_test_study(work, "deepspeed", "runs.csv", env=env)
+    recs = study_records(results)
+    spans = sorted((r["timeline"]["launched_unix"], r["timeline"]["exited_unix"]) for r, _ in recs)
+    assert all(a[1] < b[0] for a, b in pairwise(spans)), f"runs overlapped: {spans}"
+    taps = {f: tap.of_run(work / "tap", r, work / "taps" / str(i))
+            for i, (r, f) in enumerate(recs)}  # fmt: skip
+    return {"workdir": work, "results": results, "recs": recs, "taps": taps}
 
 
 @pytest.fixture(scope="session")

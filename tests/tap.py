@@ -82,6 +82,23 @@ def labels(tap: Path) -> list[tuple[int, float, list[int]]]:
     return sorted(rows, key=lambda x: x[1])
 
 
+def of_run(tap: Path, rec: dict, into: Path) -> Path:
+    """`into`, holding what the run of `rec` wrote into `tap`, a tap the runs of a study shared
+    one after another: each file's lines stamped between the run's launch and exit, and the
+    weights files written then (one run's own tap, for the readers above)."""
+    start, end = rec["timeline"]["launched_unix"], rec["timeline"]["exited_unix"]
+    into.mkdir(parents=True)
+    for f in tap.iterdir():
+        if f.suffix == ".txt":
+            lines = [ln for ln in f.read_text().splitlines(True)
+                     if start <= float(ln.split()[1]) <= end]  # fmt: skip
+            if lines:
+                (into / f.name).write_text("".join(lines))
+        elif start <= f.stat().st_mtime <= end:
+            (into / f.name).write_bytes(f.read_bytes())
+    return into
+
+
 def load(path: Path) -> dict[str, np.ndarray]:
     """Weights from a torch state dict (.pt) or a Keras get_weights() .npz, as numpy arrays."""
     if path.suffix == ".npz":

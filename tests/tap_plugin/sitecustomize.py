@@ -27,7 +27,9 @@ TRAINSCALE_TEST_TAP=DIR, and every process of a run (each rank) writes into DIR
   losses: the labels of the batch (with one sample per class, which samples were fed);
 - `final-<strategy>-<rank>.pt`: the trained model's full weights (keys as `models.build`
   names them: FSDP's and ZeRO-3's gathered, a pipeline's stages put together) when the PyTorch
-  loop (`trainscale.runners.torch.torch_loop.Loop.report`) starts its report, after the last epoch;
+  loop (`trainscale.runners.torch.torch_loop.Loop.report`) starts its report, after the last epoch
+  (`final-<strategy>-<precision>-<rank>.pt` at a precision other than fp32: a study's runs of a
+  strategy at two precisions keep both);
 - `ended-<strategy>-<rank>.pt`: the same weights once the report is written, after the extra
   steps of exposed communication, which must have put the trained weights back.
 
@@ -257,7 +259,8 @@ def _patch_torch_loop(mod) -> None:
         def save(kind: str) -> None:
             weights = _final_weights(self)
             if weights:
-                path = os.path.join(TAP, f"{kind}-{self.spec.strategy}-{self.rk.rank}.pt")
+                at = "" if self.spec.precision == "fp32" else f"{self.spec.precision}-"
+                path = os.path.join(TAP, f"{kind}-{self.spec.strategy}-{at}{self.rk.rank}.pt")
                 torch.save({k: v.detach().float().cpu() for k, v in weights.items()}, path)
 
         save("final")

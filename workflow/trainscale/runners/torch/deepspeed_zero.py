@@ -34,15 +34,20 @@ if TYPE_CHECKING:
 TIMERS = {"forward": "fwd", "backward": "bwd", "step": "step"}
 
 
-def cpu_adam_builder() -> OpBuilder:
+def cpu_adam_builder() -> OpBuilder | None:
     """DeepSpeed's builder of its CPU Adam op, for this machine's accelerator, compiling
     without debug info (-g; -O3 and the rest of DeepSpeed's flags kept): on 2 cores shared
     with another job, two builds with -g took 136 and 201 CPU-s, two without it 103 and 111.
     The `deepspeed_cpu_adam` rule builds with it and every run loads with it (cpu_adam): torch's
-    JIT keys a build by its flags, so a run loading with other flags would compile it again."""
+    JIT keys a build by its flags, so a run loading with other flags would compile it again.
+    None where the accelerator's DeepSpeed has no CPU Adam."""
     from deepspeed.accelerator import get_accelerator
 
-    class NoDebugInfo(get_accelerator().get_op_builder("CPUAdamBuilder")):
+    builder = get_accelerator().get_op_builder("CPUAdamBuilder")
+    if builder is None:
+        return None
+
+    class NoDebugInfo(builder):
         def cxx_args(self) -> list[str]:
             return [a for a in super().cxx_args() if a != "-g"]
 
@@ -56,7 +61,8 @@ def cpu_adam(spec: RunSpec, params) -> torch.optim.Optimizer:
     keeps loaded ops by name) instead of loading its own build."""
     from deepspeed.ops.adam import DeepSpeedCPUAdam
 
-    cpu_adam_builder().load()
+    if (builder := cpu_adam_builder()) is not None:  # else DeepSpeedCPUAdam says it has none
+        builder.load()
     return DeepSpeedCPUAdam(params, lr=spec.lr, betas=spec.betas, eps=spec.eps,
                             weight_decay=spec.weight_decay,
                             adamw_mode=spec.optimizer == "adamw")  # fmt: skip

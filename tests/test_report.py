@@ -16,6 +16,7 @@ import sys
 import xml.etree.ElementTree as ET
 import zipfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
@@ -588,3 +589,29 @@ def test_a_forked_part_of_the_report_gives_its_result_or_its_error():
     assert forked(lambda: {"rows": [1, 2]})() == {"rows": [1, 2]}
     with pytest.raises(RuntimeError, match="ZeroDivisionError"):
         forked(lambda: 1 / 0)()
+
+
+def test_the_runs_columns_are_summarised_by_their_distinct_values():
+    """The environment lines and the specs' values (report.html's "Environment" and, without a
+    config, "Study config") count each distinct value once per run, split host lists into
+    hosts, and keep 1 and 1.0 apart where a column mixes them; failed parts come by run."""
+    from trainscale.analysis.summary import failed_parts
+    from trainscale.report import rows
+
+    runs = pd.DataFrame(
+        {
+            "run": ["b", "a", "c"],
+            "env.hostnames": ["n1 n2", "n1", None],
+            "spec.lr": pd.Series([1, 1.0, None], dtype=object),
+            "spec.model": ["m", "m", "m"],
+            "warnings": [json.dumps([{"part": "p", "error": "e"}]), None, "no list"],
+        }
+    )
+    assert rows._values(runs["env.hostnames"], split=True) == "n1 (2 runs); n2 (1 run)"
+    assert rows._values(runs["spec.model"]) == "m"
+    assert rows._values(pd.Series([None, None], dtype=object)) == "–"
+    assert yaml.safe_load(rows.spec_values(SimpleNamespace(runs=runs))) == {
+        "lr": ["1", "1.0"],
+        "model": "m",
+    }
+    assert failed_parts(runs) == [("b", "p", "e")]

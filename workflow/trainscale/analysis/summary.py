@@ -241,10 +241,11 @@ def failed_parts(df: pd.DataFrame) -> list[tuple[str, str, str]]:
     its training record (runs.csv's `warnings`: trainscale.runners.guarded), by run path."""
     if not len(df) or "warnings" not in df.columns:
         return []
+    table = df[["run", "warnings"]]  # two columns sorted, not every column of every run
+    table = table[[isinstance(t, str) and t.startswith("[") for t in table["warnings"].tolist()]]
     out = []
-    for run, text in df.sort_values("run")[["run", "warnings"]].itertuples(index=False):
-        if isinstance(text, str) and text.startswith("["):
-            out += [(run, w["part"], w["error"]) for w in json.loads(text)]
+    for run, text in table.sort_values("run").itertuples(index=False):
+        out += [(run, w["part"], w["error"]) for w in json.loads(text)]
     return out
 
 

@@ -144,6 +144,11 @@ def write_csv(df: pd.DataFrame, path: str | Path) -> None:
         out.writerows(zip(*columns, strict=True))
 
 
+def invalid_table(invalid: list[tuple[str, str]]) -> pd.DataFrame:
+    """invalid.csv's table: a row per unreadable metrics file, its path and why."""
+    return pd.DataFrame(invalid, columns=["path", "error"])
+
+
 def typed(table: str, df: pd.DataFrame) -> pd.DataFrame:
     """`df` with the stated dtypes of `table`'s columns (and "" for an empty note)."""
     df = metrics_tables.typed(df, _types(table, df.columns))
@@ -197,8 +202,8 @@ class Measured:
         """runs.csv, epochs.csv, invalid.csv and collectives.csv into `folder`, as
         `Study.write` writes them."""
         Path(folder).mkdir(parents=True, exist_ok=True)
-        invalid = pd.DataFrame(self.invalid, columns=["path", "error"])
-        for table, df in (("runs", self.runs), ("epochs", self.epochs), ("invalid", invalid),
+        for table, df in (("runs", self.runs), ("epochs", self.epochs),
+                          ("invalid", invalid_table(self.invalid)),
                           ("collectives", self.collectives)):  # fmt: skip
             write_csv(df, Path(folder) / FILES[table])
 
@@ -321,7 +326,7 @@ class Study:
                 if table == "summary":
                     Path(path).write_text(self.summary())
                 elif table == "invalid":
-                    write_csv(pd.DataFrame(self.invalid, columns=["path", "error"]), path)
+                    write_csv(invalid_table(self.invalid), path)
                 else:
                     write_csv(getattr(self, table), path)
         finally:

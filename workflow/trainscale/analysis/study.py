@@ -198,13 +198,12 @@ class Measured:
     #: The tables `write` writes.
     NAMES = ("runs", "epochs", "invalid", "collectives")
 
-    def write(self, folder: str | Path) -> None:
-        """runs.csv, epochs.csv, invalid.csv and collectives.csv into `folder`, as
-        `Study.write` writes them."""
+    def write(self, folder: str | Path, names: Iterable[str] = NAMES) -> None:
+        """The tables `names` (runs.csv, epochs.csv, invalid.csv and collectives.csv unless
+        told) into `folder`, as `Study.write` writes them."""
         Path(folder).mkdir(parents=True, exist_ok=True)
-        for table, df in (("runs", self.runs), ("epochs", self.epochs),
-                          ("invalid", invalid_table(self.invalid)),
-                          ("collectives", self.collectives)):  # fmt: skip
+        for table in names:
+            df = invalid_table(self.invalid) if table == "invalid" else getattr(self, table)
             write_csv(df, Path(folder) / FILES[table])
 
 

@@ -127,7 +127,8 @@ def build(
         tables.update(report.tables_context(study, config))
 
     drawn = figures(study, fig_dir, config, jobs=jobs, meanwhile=meanwhile)
-    predicted, *_ = [wait() for wait in beside] or [{}]
+    written = [wait() for wait in beside]  # both writers done, or the first error raised
+    predicted = written[0] if written else {}
     report.write_html(
         study,
         out / "report.html",

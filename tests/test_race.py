@@ -218,3 +218,50 @@ def test_no_cell_is_asked_for_more_runs_than_the_tune_numbers():
             for c, more in zip(out["cell"], out["next_runs"], strict=True):
                 made[c] += more
         assert max(made.values()) <= most, made
+
+
+def raced_by_round(rng, mu: np.ndarray, sigma_a: float, sigma_round: float, rounds: bool):
+    """A race made a round at a time, as the workflow makes it: each round's runs share a drift
+    N(0, σ_round²) on top of the two-level model's noise; the evidence names each run's round
+    where `rounds`. Returns decide's last result."""
+    names, rows = [f"c{i}" for i in range(len(mu))], []
+    for number in range(1, 20):
+        columns = [*race.EVIDENCE_COLUMNS, race.ROUND][: 5 if rounds else 4]
+        out = race.decide(panel(len(mu)), pd.DataFrame(rows, columns=columns), DEFAULTS)
+        asked = out["next_runs"].to_numpy()
+        if not asked.any():
+            return out
+        drift = rng.normal(0, sigma_round)
+        for i in np.repeat(np.arange(len(mu)), asked):
+            y = mu[i] + drift + rng.normal(0, sigma_a) + rng.normal(0, WITHIN)
+            w = WITHIN**2 * rng.chisquare(BLOCKS - 1) / (BLOCKS - 1)
+            rows.append((names[i], y, w, float(BLOCKS), float(number))[: len(columns)])
+    raise AssertionError("the race did not end")
+
+
+def test_blocking_by_round_takes_the_rounds_drift_out_of_the_comparison():
+    """14 cells, one 10 % faster, σ_a 0.03 and a drift of σ 0.10 shared by each round's runs:
+    with each run's round the race keeps the best and ends small (about 1.1 cells in 40
+    races); without, the drift counts as run-to-run noise and the set stays large (about 12)."""
+    mu = np.zeros(14)
+    mu[0] = math.log(1.1)
+    rng = np.random.default_rng(21)
+    blocked = [raced_by_round(rng, mu, 0.03, 0.10, rounds=True) for _ in range(TUNES // 5)]
+    plain = [raced_by_round(rng, mu, 0.03, 0.10, rounds=False) for _ in range(TUNES // 5)]
+    sets = [[set(t.loc[t["decision"] == race.BEST, "cell"]) for t in ts] for ts in (blocked, plain)]
+    sizes = [np.mean([len(s) for s in ss]) for ss in sets]
+    print(f"drift 0.10: mean set {sizes[0]:.1f} cells by round, {sizes[1]:.1f} without")
+    assert np.mean(["c0" in s for s in sets[0]]) >= 0.93
+    assert sizes[0] <= 2 and sizes[1] >= 2 * sizes[0]
+
+
+def test_blocking_by_round_keeps_a_tied_best_in_the_set():
+    """The least favourable case, the best tied with a rival, at σ_a 0.06 and a round drift of
+    σ 0.15: `more_runs` gives the pair unequal runs in a round, which blocking's variance
+    allows for (`blocks.inflation`); the best stays in the set (98 % in 300 races). At 50
+    races a check at 90 % fails by chance in about 0.05 % of CI runs where it holds 98 %."""
+    rng = np.random.default_rng(22)
+    races = (raced_by_round(rng, np.zeros(2), 0.06, 0.15, True) for _ in range(TUNES // 2))
+    kept = [("c0" in set(t.loc[t["decision"] == race.BEST, "cell"])) for t in races]
+    print(f"tied pair, drift 0.15: the best in the set in {np.mean(kept):.1%}")
+    assert np.mean(kept) >= 0.90

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from trainscale.analysis import moderate
+from trainscale.analysis import blocks, moderate
 from trainscale.measure import steptimes
 from trainscale.plan import catalog
 
@@ -225,14 +225,25 @@ class Fit:
                 "prior_scale": self.prior_scale[..., None] * every}  # fmt: skip
 
 
-def fit(y: np.ndarray, w: np.ndarray, k: np.ndarray, strata: np.ndarray | None = None) -> Fit:
+def fit(
+    y: np.ndarray,
+    w: np.ndarray,
+    k: np.ndarray,
+    strata: np.ndarray | None = None,
+    rounds: np.ndarray | None = None,
+) -> Fit:
     """The model of docs/metrics.md's "confidence interval" on log throughputs `y`, within-run
     variances `w` and batch counts `k`, each shaped (..., cells, runs) with NaN where a cell
     has no such run (w NaN where the run has no batch means); `strata` labels each cell
     (integers, one per cell; None: one stratum). Every cell's own run-to-run variance is
     moderated toward its stratum's, the strata's toward the study's (`moderate.moderate`):
     no test decides what is pooled. Var(ȳ) = max(post, w̄) / n (the blocks' w̄ a floor: a run
-    varies at least as much as its steps say), on d₀ + n − 1 df."""
+    varies at least as much as its steps say), on d₀ + n − 1 df. `rounds` (cells, runs; two
+    axes only): each run's round, whose shared drift is then taken out of the cells'
+    comparison (`trainscale.analysis.blocks`): ȳ and s² are of the runs less their round's
+    effect, n − 1 scaled to the residual df, Var(ȳ) raised where the rounds are unbalanced."""
+    block = blocks.unblocked(y) if rounds is None else blocks.fit(y, rounds)
+    y = block.adjusted
     have = np.isfinite(y)
     n = have.sum(-1)
     labels = np.zeros(y.shape[-2], int) if strata is None else np.asarray(strata)
@@ -243,14 +254,15 @@ def fit(y: np.ndarray, w: np.ndarray, k: np.ndarray, strata: np.ndarray | None =
         runs = have & steps[..., None]
         wbar = np.where(steps, np.where(runs, w, 0).sum(-1) / n, np.nan)
         wdf = np.where(runs, k - 1, 0).sum(-1)
-        df = (n - 1).clip(0).astype(float)
+        df = (n - 1).clip(0) * block.df_share
         s2 = (np.where(have, y - ybar[..., None], 0) ** 2).sum(-1) / df
         m = moderate.moderate(np.where(df > 0, s2, np.nan), df, at)
         per_run = np.fmax(m.post, np.where(steps, wbar, 0.0))
         between = np.where(steps, np.maximum(m.post - wbar, 0.0), m.post)
         usable = (n > 1) | ((n == 1) & (m.df >= MIN_DF))
         ok = usable & np.isfinite(per_run)
-        var, vdf = np.where(ok, per_run / n, np.nan), np.where(ok, m.df, np.nan)
+        var = np.where(ok, per_run * block.inflation / n, np.nan)
+        vdf = np.where(ok, m.df, np.nan)
     prior_df = np.minimum(m.prior.df, moderate.PRIOR_DF)
     return Fit(n, ybar, wbar, wdf, steps, s2, df, m.post, m.prior2, between, var, vdf,
                prior_df, np.sqrt(m.study.scale2))  # fmt: skip

@@ -5,7 +5,10 @@ Racing (Maron & Moore 1994; F-Race, Birattari et al. 2002; irace): every run has
 length; a look is made once every surviving cell of a panel has its runs; the comparison with
 the best (`trainscale.analysis.best`) stops the cells it calls slower, and every cell it does
 not stop gets one more run, or more where the next look could resolve its shortfall from the
-best estimate (`more_runs`). The cells never stopped form a confidence set of the best: each
+best estimate (`more_runs`). A round's runs are made interleaved, so a spell of the machine
+falls on all its cells alike; where the evidence names each run's round, each look compares
+the cells with that drift taken out (blocking by round, as F-Race blocks by instance:
+`trainscale.analysis.blocks`). The cells never stopped form a confidence set of the best: each
 look's simultaneous intervals hold at 1 − ALPHA / MAX_LOOKS, so over a race of at most
 MAX_LOOKS looks the true best is stopped with probability at most ALPHA (Bonferroni's split of
 the level over a fixed maximum of looks). A panel ends when one cell is left, when its
@@ -49,6 +52,9 @@ BIASED = "selected: biased up"
 #: The columns of `decide`'s inputs and result.
 CELL_COLUMNS = ("cell", "panel", "stratum")
 EVIDENCE_COLUMNS = ("cell", "y", "w", "k")
+#: The evidence's optional column: each run's round, whose drift the looks then take out of
+#: the comparison (`trainscale.analysis.blocks`).
+ROUND = "round"
 RESULT_COLUMNS = ["cell", "decision", "reason", "next_runs", "estimate", "ci_low", "ci_high"]
 
 
@@ -119,7 +125,9 @@ def decide(cells: pd.DataFrame, evidence: pd.DataFrame, settings: Settings) -> p
     """Each cell's decision, reason, the runs to make before the next call, and its estimate
     with its 95 % interval on `y`'s scale. `cells`: CELL_COLUMNS; `evidence`: one row per run
     in the order made, EVIDENCE_COLUMNS (a row whose `y` is NaN is a run that failed: spent,
-    no evidence). The race is over when no row has `next_runs` > 0."""
+    no evidence), and optionally ROUND, each run's round: each look then compares the cells
+    with the rounds' shared drift taken out (blocking). The race is over when no row has
+    `next_runs` > 0."""
     check_columns(cells, CELL_COLUMNS, "cells")
     check_columns(evidence, EVIDENCE_COLUMNS, "evidence")
     names = cells["cell"].astype(str).tolist()
@@ -174,10 +182,12 @@ def check_columns(frame: pd.DataFrame, columns: tuple[str, ...], name: str) -> N
 
 
 def runs_by_cell(names: list[str], evidence: pd.DataFrame) -> dict[str, np.ndarray]:
-    """Each cell's runs in the order made: an array (runs, 3) of y, w and k. An ok run
-    without a within-run variance (w NaN: no batch means) gets w = 0: its spread within is
-    then part of its run-to-run spread, which the repeats estimate (Student's t over them)."""
-    values = evidence[list(EVIDENCE_COLUMNS[1:])].apply(pd.to_numeric, errors="coerce")
+    """Each cell's runs in the order made: an array (runs, 4) of y, w, k and the round (NaN
+    where the evidence has no ROUND). An ok run without a within-run variance (w NaN: no batch
+    means) gets w = 0: its spread within is then part of its run-to-run spread, which the
+    repeats estimate (Student's t over them)."""
+    columns = [*EVIDENCE_COLUMNS[1:], ROUND]
+    values = evidence.reindex(columns=columns).apply(pd.to_numeric, errors="coerce")
     values = values.to_numpy(float, copy=True)
     bare = np.isfinite(values[:, 0]) & ~(np.isfinite(values[:, 1]) & (values[:, 2] >= 2))
     values[bare, 1], values[bare, 2] = 0.0, 2.0
@@ -187,14 +197,15 @@ def runs_by_cell(names: list[str], evidence: pd.DataFrame) -> dict[str, np.ndarr
 
 def arrays(
     cells: list[str], runs: dict[str, np.ndarray], upto: dict[str, slice]
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(y, w, k) shaped (cells, runs) of each cell's runs in `upto`, NaN-padded (failed: NaN)."""
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(y, w, k, round) shaped (cells, runs) of each cell's runs in `upto`, NaN-padded
+    (failed: NaN)."""
     parts = [runs[c][upto[c]] for c in cells]
     width = max([len(r) for r in parts] + [1])
-    out = np.full((3, len(cells), width), np.nan)
+    out = np.full((4, len(cells), width), np.nan)
     for i, r in enumerate(parts):
         out[:, i, : len(r)] = r.T
-    return out[0], out[1], out[2]
+    return out[0], out[1], out[2], out[3]
 
 
 def look_panel(
@@ -210,8 +221,8 @@ def look_panel(
     alive = [c for c in panel if state[c].decision == GO_ON]
     for c in alive:
         state[c].used = state[c].target
-    y, w, k = arrays(panel, runs, {c: slice(0, state[c].target) for c in panel})
-    fit = interval.fit(y, w, k, np.array([strata[c] for c in panel]))
+    y, w, k, rounds = arrays(panel, runs, {c: slice(0, state[c].target) for c in panel})
+    fit = interval.fit(y, w, k, np.array([strata[c] for c in panel]), rounds)
     on = np.array([c in alive for c in panel])
     level = LOOK_LEVEL
     pair_df = interval.pair_df(fit.columns())
@@ -345,7 +356,7 @@ def result(
     confirmation runs once they are all in (with the run-to-run variance pooled over every
     run of the race), else labelled BIASED."""
     sel = {c: slice(0, state[c].used or min(have[c], state[c].target)) for c in names}
-    y, w, k = arrays(names, runs, sel)
+    y, w, k, _ = arrays(names, runs, sel)
     labels = np.array([strata[c] for c in names])
     selected = interval.fit(y, w, k, labels)
     winners = [c for c in names if state[c].decision == BEST]
@@ -353,7 +364,7 @@ def result(
     confirm_fit, at = None, {}
     if done:
         conf = {c: slice(state[c].used, state[c].target) for c in done}
-        cy, cw, ck = arrays(done, runs, conf)
+        cy, cw, ck, _ = arrays(done, runs, conf)
         pad = max(cy.shape[1], y.shape[1])
         stack = [np.pad(a, ((0, 0), (0, pad - a.shape[1])), constant_values=np.nan)
                  for a in (cy, cw, ck, y, w, k)]  # fmt: skip

@@ -123,7 +123,8 @@ def round_result(
 
 
 def race_decisions(space: RoundZero, runs: pd.DataFrame) -> pd.DataFrame:
-    """`race.decide` on every cell it compares (index: cell); the cells it never compares
+    """`race.decide` on every cell it compares (index: cell), each run with its round (the
+    looks take the rounds' drift out of the comparison); the cells it never compares
     (`excluded`) stopped with why."""
     out = excluded(space, runs)
     raced = [c for c in space.cells if c.cell not in out]
@@ -131,7 +132,7 @@ def race_decisions(space: RoundZero, runs: pd.DataFrame) -> pd.DataFrame:
                               for c in raced])  # fmt: skip
     ev = runs[runs["cell"].isin([c.cell for c in raced])].rename(
         columns={"within_run_var": "w", "within_run_blocks": "k"}
-    )[list(race.EVIDENCE_COLUMNS)]
+    )[[*race.EVIDENCE_COLUMNS, race.ROUND]]
     decided = race.decide(cells, ev, space.settings).set_index("cell")
     for cell, why in out.items():
         decided.loc[cell, ["decision", "reason", "next_runs"]] = STOPPED, why, 0

@@ -37,7 +37,11 @@ method, as the report's Methods states it:
   objective minus the best of the others) stops the cells it calls slower; the others go on.
   A race makes at most 6 looks, and each look's intervals hold at 1 − 0.05/6 (Bonferroni's
   split): the cells never stopped are a 95 % confidence set of the panel's best over the whole
-  race. A cell without an ok run, or on logical devices (never ranked), is stopped.
+  race. Each look blocks by round, as F-Race blocks by instance: the cell + round model fitted
+  by least squares takes the drift a round's runs share out of the comparison
+  (`trainscale.analysis.blocks`; its rounds' effects cost their degrees of freedom, and a
+  round with unequal runs per cell widens the contrasts it affects). A cell without an ok run,
+  or on logical devices (never ranked), is stopped.
 - end: a panel ends when one cell is left, when the cells left are equivalent within
   tune.equivalence (TOST, each pair at the look's level: an intersection-union test), or when
   the budget runs out (the race's 6th look; tune.max_runs, which keeps room for the winners'

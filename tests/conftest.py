@@ -59,7 +59,8 @@ def run_env(**extra: str) -> dict[str, str]:
 
 def launch(spec, out: Path, timeout: float = 300, **env: str) -> subprocess.CompletedProcess:
     """Run one spec through the real supervisor (python -m trainscale.launch); past `timeout`
-    the supervisor is sent SIGTERM, which stops the run's process group too."""
+    the supervisor is sent SIGTERM, which stops the run's process group too, and the test
+    fails with the end of the run's output (where it hung)."""
     p = subprocess.Popen(
         [PYTHON, "-m", "trainscale.launch", "--spec", spec.to_json(), "--out", str(out)],
         cwd=ROOT,
@@ -73,7 +74,8 @@ def launch(spec, out: Path, timeout: float = 300, **env: str) -> subprocess.Comp
     except subprocess.TimeoutExpired:
         p.terminate()
         stdout, stderr = p.communicate(timeout=30)
-        raise subprocess.TimeoutExpired(p.args, timeout, stdout, stderr) from None
+        pytest.fail(f"the run did not end within {timeout} s (stopped); the end of its output:\n"
+                    f"{stdout[-3000:]}\n--- stderr:\n{stderr[-5000:]}")  # fmt: skip
     return subprocess.CompletedProcess(p.args, p.returncode, stdout, stderr)
 
 

@@ -46,7 +46,7 @@ def spec_of(
 
 
 def run_ok(spec: matrix.RunSpec, out: Path, **env: str) -> dict:
-    p = launch(spec, out, timeout=600, **env)
+    p = launch(spec, out, timeout=300, **env)  # 10-60 s; a hang costs CI at most this
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     rec = metrics.read(out)  # validated against the metrics schema
     assert rec["status"] == "ok", rec["error"]

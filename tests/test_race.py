@@ -189,7 +189,7 @@ def test_the_cap_cuts_cells_that_could_still_be_the_best():
 def test_the_race_and_a_studys_repeats_share_one_looks_level_and_one_tost():
     """One Bonferroni split over looks (`best.look_level`) and one TOST (`settle.equivalent`)
     serve the race, a study's repeats and the ranking."""
-    assert race.LOOK_LEVEL == best.look_level(race.MAX_LOOKS) == 1 - 0.05 / 6
+    assert race.LOOK_LEVEL == best.look_level(race.MAX_LOOKS) == 1 - 0.05 / 10
     assert repeats.Repeats(2, 2 + race.MAX_LOOKS).look_level() == race.LOOK_LEVEL
     var, df = np.full(2, 1e-6), np.full((2, 2), 30.0)
     assert race.equivalent(np.log([1.0, 0.99]), var, df, 0.02)

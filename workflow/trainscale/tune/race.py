@@ -37,7 +37,7 @@ from trainscale.analysis.settle import repeats_to_resolve
 GO_ON, STOPPED, BEST = "go on", "stopped", "best"
 #: The most looks a race makes; each look's intervals hold at 1 − ALPHA / MAX_LOOKS
 #: (`best.look_level`; ALPHA, the whole race's error, is `best.ALPHA`).
-MAX_LOOKS = 6
+MAX_LOOKS = 10
 #: Each look's simultaneous level.
 LOOK_LEVEL = look_level(MAX_LOOKS, ALPHA)
 #: The most a look multiplies a cell's runs by: more runs only where the next look could

@@ -35,7 +35,7 @@ method, as the report's Methods states it:
 - race: racing (Maron & Moore 1994; F-Race, Birattari et al. 2002; irace). At each look, the
   comparison with the best (`trainscale.analysis.best`: simultaneous intervals of each cell's log
   objective minus the best of the others) stops the cells it calls slower; the others go on.
-  A race makes at most 6 looks, and each look's intervals hold at 1 − 0.05/6 (Bonferroni's
+  A race makes at most 10 looks, and each look's intervals hold at 1 − 0.05/10 (Bonferroni's
   split): the cells never stopped are a 95 % confidence set of the panel's best over the whole
   race. Each look blocks by round, as F-Race blocks by instance: the cell + round model fitted
   by least squares takes the drift a round's runs share out of the comparison
@@ -44,7 +44,7 @@ method, as the report's Methods states it:
   or on logical devices (never ranked), is stopped.
 - end: a panel ends when one cell is left, when the cells left are equivalent within
   tune.equivalence (TOST, each pair at the look's level: an intersection-union test), or when
-  the budget runs out (the race's 6th look; tune.max_runs, which keeps room for the winners'
+  the budget runs out (the race's 10th look; tune.max_runs, which keeps room for the winners'
   confirmation runs; tune.max_worker_hours, predicted from each cell's measured set-up,
   warm-up and steady epoch seconds, and before round 1 from each run's set-up and its steps
   at its FLOPs, erring low). Its cells left are the winning set (decision `best`).

@@ -266,7 +266,7 @@ def main() -> None:
               f"{rates[seed]:.1%}"
               + ("" if rates[seed] <= RANDOM_MOST else f" (MORE THAN {100 * RANDOM_MOST:.0f} %: "
                  "the rule cannot tell this tune from chance)"))  # fmt: skip
-        shown = sorted(set(won) | {cell(fastest)} | set(close), key=lambda c: -share[c])
+        shown = sorted(set(won) | {cell(fastest)} | set(close), key=lambda c: -share.get(c, 0.0))
         gaps = [
             f"{name(dict(zip(MATRIX_KEYS, c, strict=True)))} "
             f"{behind(t['own_share'].get(c))} / {behind(share.get(c))}"

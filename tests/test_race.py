@@ -13,10 +13,14 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+import yaml
 from scipy import stats
 
+import trainscale.tune
 from trainscale.analysis import best, repeats, settle
 from trainscale.tune import race
+
+from conftest import ROOT
 
 #: Simulated tunes per check.
 TUNES = 100
@@ -198,6 +202,23 @@ def test_the_race_and_a_studys_repeats_share_one_looks_level_and_one_tost():
     t = stats.t.ppf(race.LOOK_LEVEL, 30)
     reach = math.log(1.02) - math.log(1 / 0.99) - 1e-9
     assert settle.equivalent(np.array([math.log(0.99)]), np.array([(reach / t) ** 2]), t, 0.02)
+
+
+def test_the_methods_and_the_config_docs_state_the_races_looks():
+    """The tune report's Methods (trainscale.tune's docstring), config `tune`'s description
+    and docs/config.md say how many looks a race makes: the number is written out there, so a
+    change of race.MAX_LOOKS must change them too."""
+    schema = yaml.safe_load((ROOT / "workflow/schemas/config.schema.yaml").read_text())
+    said = {
+        "Methods": trainscale.tune.__doc__,
+        "the schema's tune": schema["properties"]["tune"]["description"],
+        "docs/config.md": (ROOT / "docs/config.md").read_text(),
+    }
+    looks = f"at most {race.MAX_LOOKS} looks"
+    for where, text in said.items():
+        assert looks in " ".join(text.split()), f"{where} does not say {looks!r}"
+    methods = " ".join(trainscale.tune.__doc__.split())
+    assert f"1 − 0.05/{race.MAX_LOOKS}" in methods and f"{race.MAX_LOOKS}th look" in methods
 
 
 def test_no_cell_is_asked_for_more_runs_than_the_tune_numbers():

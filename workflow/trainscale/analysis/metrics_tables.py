@@ -17,7 +17,7 @@ import json
 import math
 import multiprocessing
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -256,18 +256,27 @@ def mp_context() -> multiprocessing.context.BaseContext | None:
     return multiprocessing.get_context("fork") if "fork" in methods else None
 
 
-def _in_pool(func, paths: list[str], jobs: int) -> list:
+def _in_pool(
+    func, paths: list[str], jobs: int, meanwhile: Callable[[], None] | None = None
+) -> list:
     """func(chunk) for consecutive chunks of `paths`, in order, by `jobs` worker processes when
-    there are enough files to repay starting them."""
+    there are enough files to repay starting them; `meanwhile` runs in this process while they
+    read (after them, where this process reads alone)."""
     if jobs <= 1 or len(paths) < PARALLEL_FROM:
-        return [func(paths)]
+        parts = [func(paths)]
+        if meanwhile:
+            meanwhile()
+        return parts
     from concurrent.futures import ProcessPoolExecutor
 
     metrics._fast_check()  # compiled once here, inherited by forked workers
     size = min(CHUNK, math.ceil(len(paths) / jobs))
     chunks = [paths[i : i + size] for i in range(0, len(paths), size)]
     with ProcessPoolExecutor(jobs, mp_context=mp_context()) as ex:
-        return list(ex.map(func, chunks))
+        parts = ex.map(func, chunks)  # every chunk handed out, the workers forked
+        if meanwhile:
+            meanwhile()
+        return list(parts)
 
 
 def load(paths: Iterable[str | Path], jobs: int = 1) -> tuple[list[dict], Invalid]:
@@ -278,12 +287,13 @@ def load(paths: Iterable[str | Path], jobs: int = 1) -> tuple[list[dict], Invali
 
 
 def read_tables(
-    paths: Iterable[str | Path], jobs: int = 1
+    paths: Iterable[str | Path], jobs: int = 1, meanwhile: Callable[[], None] | None = None
 ) -> tuple[pd.DataFrame, pd.DataFrame, Invalid]:
     """(runs table, epochs table, invalid files) from metrics files, `jobs` processes reading,
-    validating and tabulating chunks of them side by side."""
+    validating and tabulating chunks of them side by side; `meanwhile` runs in this process
+    while they do."""
     with gc_paused():
-        parts = _in_pool(_tables_of, [str(p) for p in paths], jobs)
+        parts = _in_pool(_tables_of, [str(p) for p in paths], jobs, meanwhile)
         if len(parts) == 1:
             return parts[0]
         invalid = [i for p in parts for i in p[2]]
@@ -373,15 +383,25 @@ def _column_order(columns: Iterable[str]) -> list[str]:
 
 
 def epochs_frame(records: list[dict]) -> pd.DataFrame:
-    """One row per (run, epoch): the cell, the repeat, the status and the epoch's measurements."""
-    cols = ["run", "status", *CELL, "world_size", "repeat", "epoch", *EPOCH_FIELDS]
-    rows = []
+    """One row per (run, epoch): the cell, the repeat, the status and the epoch's measurements.
+    Built a column at a time (a list of rows took pandas twice as long to turn into columns)."""
+    spec_keys = [*CELL, "world_size", "repeat"]
+    names = ["run", "status", *spec_keys, "epoch", *EPOCH_FIELDS]
+    columns: dict[str, list] = {c: [] for c in names}
     for rec in records:
-        s = rec["spec"]
-        head = [rec["run"], rec["status"], *(s[k] for k in CELL), s["world_size"], s["repeat"]]
-        for e in rec["epochs"]:
-            rows.append([*head, e["epoch"], *(e.get(f) for f in EPOCH_FIELDS)])
-    return pd.DataFrame(rows, columns=cols)
+        epochs = rec["epochs"]
+        n = len(epochs)
+        if not n:
+            continue
+        spec = rec["spec"]
+        columns["run"] += [rec["run"]] * n
+        columns["status"] += [rec["status"]] * n
+        for k in spec_keys:
+            columns[k] += [spec[k]] * n
+        columns["epoch"] += [e["epoch"] for e in epochs]
+        for f in EPOCH_FIELDS:
+            columns[f] += [e.get(f) for e in epochs]
+    return pd.DataFrame(columns)
 
 
 def default_jobs() -> int:

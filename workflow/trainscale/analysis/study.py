@@ -250,12 +250,14 @@ class Study:
         collectives: Iterable[str | Path] = (),
         config: Mapping | None = None,
         measured: Callable[[Measured], None] | None = None,
+        while_reading: Callable[[], None] | None = None,
     ) -> Study:
         """Read and validate metrics files (by `jobs` processes) and compute every table; with
         the all-reduce benchmark's JSON files, its table and the communication model too; at
         the prices of `config` (the study's config: `options`). `measured` is given the tables
-        of what was measured as soon as they are read, before the cells are computed."""
-        runs, epochs, invalid = read_tables(metrics_paths, jobs=jobs)
+        of what was measured as soon as they are read, before the cells are computed;
+        `while_reading` runs in this process while the reading processes work."""
+        runs, epochs, invalid = read_tables(metrics_paths, jobs=jobs, meanwhile=while_reading)
         for p, why in invalid:
             print(f"trainscale: invalid metrics file {p}: {why}", file=sys.stderr)
         name = study_name(runs, default_name) if name is None else name

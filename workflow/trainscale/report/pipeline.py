@@ -26,17 +26,19 @@ def read(
     jobs: int = 1,
     config: dict | None = None,
     measured: Callable[[Measured], None] | None = None,
+    while_reading: Callable[[], None] | None = None,
 ) -> Study:
     """The study of the metrics files under `runs_dir`, with the all-reduce benchmark where it
     sits beside them (results/<study>/collectives), at the prices and ranking of `config`;
-    `measured` is given the measured tables before the cells are computed (`Study.build`)."""
+    `measured` is given the measured tables before the cells are computed, and
+    `while_reading` runs here while the reading processes work (`Study.build`)."""
     paths = metrics_tables.metrics_paths(runs_dir)
     # unnamed runs in results/<study>/runs are named after <study>
     default = Path(runs_dir).resolve().parent.name if Path(runs_dir).name == "runs" else "study"
     found = sorted((Path(runs_dir).parent / "collectives").rglob("*.json"))
     return Study.build(
         paths, name, jobs, default_name=default, collectives=found, config=config,
-        measured=measured,
+        measured=measured, while_reading=while_reading,
     )  # fmt: skip
 
 
@@ -119,7 +121,14 @@ def build(
 
         beside.extend((forked(work), forked(epochs)))
 
-    study = read(runs_dir, name=name, jobs=jobs, config=config, measured=measured)
+    def plotting() -> None:
+        # matplotlib's import (half a second) here, while the reading processes work: the
+        # processes forked after it (the predictions' writer, the figures' pool) inherit it
+        # instead of each importing it again
+        import trainscale.report.figures  # noqa: F401
+
+    study = read(runs_dir, name=name, jobs=jobs, config=config, measured=measured,
+                 while_reading=plotting)  # fmt: skip
     tables: dict = {}
 
     def meanwhile() -> None:  # in this process while the pool draws the figures

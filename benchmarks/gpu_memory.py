@@ -17,17 +17,20 @@ as the train rule starts it (trainscale.gpu.paths.train). Printed per cell:
 
 The bars of issue 45: gpt2-124m under torch within 5 %, gpt2-774m under torch-fsdp within 10 %
 (allocated). Cells are run one after another, never beside each other; the DeepSpeed cells
-come last (their first run JIT-builds DeepSpeed's fused Adam). Results also go to
+come last (their first run JIT-builds DeepSpeed's fused Adam; an offload cell's CPU Adam is
+built first, as the `deepspeed_cpu_adam` rule builds it). `--env NAME=VALUE` sets a variable
+for every run (`PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`, say). Results also go to
 OUT/gpu-memory.json.
 
     python3 benchmarks/gpu_memory.py [--cells torch,torch-fsdp,...] [--steps 10]
-        [--out results/gpu-memory] [--predict-only]
+        [--out results/gpu-memory] [--env NAME=VALUE ...] [--predict-only]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -59,6 +62,9 @@ CELLS: dict[str, dict] = {
     "deepspeed-zero1": {"strategy": "deepspeed-zero1", **GPT},
     "deepspeed-zero2": {"strategy": "deepspeed-zero2", **GPT},
     "deepspeed-zero3": {"strategy": "deepspeed-zero3", **GPT},
+    "deepspeed-zero2-offload": {"strategy": "deepspeed-zero2", **GPT, "offload": "optimizer"},
+    "deepspeed-zero3-offload": {"strategy": "deepspeed-zero3", **GPT, "offload": "params"},
+    "torch-fsdp-offload": {"strategy": "torch-fsdp", **GPT, "offload": "params"},
 }
 GIB = 2**30
 
@@ -101,11 +107,22 @@ def last_line(text: str) -> str:
     return lines[-1][:200] if lines else ""
 
 
-def measure(name: str, keys: dict, answer: dict, out: Path) -> dict:
+def build_cpu_adam(env: dict[str, str]) -> None:
+    """DeepSpeed's CPU Adam built as the `deepspeed_cpu_adam` rule builds it, so the offload
+    cells load that build (their logs then show whether a run compiled anything)."""
+    build = ["trainscale.runners.torch.deepspeed_zero", "--build-ops", "cpu-adam"]
+    cmd = [sys.executable, "-m", *build]
+    t0 = time.perf_counter()
+    p = subprocess.run(cmd, env=gpu_paths.child_env(**env), capture_output=True, text=True)
+    print(f"CPU Adam build: exit {p.returncode} in {time.perf_counter() - t0:.0f} s: "
+          f"{last_line(p.stdout + p.stderr)}", flush=True)  # fmt: skip
+
+
+def measure(name: str, keys: dict, answer: dict, out: Path, env: dict[str, str]) -> dict:
     ctx = gpu_paths.Context(out=out, timeout_minutes=keys["timeout_minutes"])
     t0 = time.perf_counter()
     try:
-        rec = gpu_paths.train(ctx, name, keys=keys, **cell_values(name)).record
+        rec = gpu_paths.train(ctx, name, env, keys=keys, **cell_values(name)).record
     except gpu_paths.CheckFailed as e:
         rec = {"status": "no record", "error": str(e)}
     mem = rec.get("memory") or {}
@@ -138,8 +155,12 @@ def main() -> None:
     p.add_argument("--cells", default=",".join(CELLS), help="comma-separated: " + ", ".join(CELLS))
     p.add_argument("--steps", type=int, default=10, help="steps an epoch (2 epochs)")
     p.add_argument("--out", type=Path, default=ROOT / "results" / "gpu-memory")
+    p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                   help="a variable every run gets (repeatable)")  # fmt: skip
     p.add_argument("--predict-only", action="store_true")
     a = p.parse_args()
+    env = dict(kv.split("=", 1) for kv in a.env)
+    env.setdefault("TORCH_EXTENSIONS_DIR", str(ROOT / ".cache" / "torch_extensions"))
     names = [c for c in a.cells.split(",") if c]
     if unknown := set(names) - set(CELLS):
         p.error(f"--cells: unknown {sorted(unknown)}; known: {', '.join(CELLS)}")
@@ -153,7 +174,9 @@ def main() -> None:
         return
     print(f"{'cell':<22}{'status':<10}{'pred':>7}{'meas':>7} {'err':>7}{'pred r':>7}"
           f"{'res':>7}{'nvml':>7} {'err r':>7}{'samples/s':>11} {'MFU':>6} wall")  # fmt: skip
-    rows = [measure(name, keys, answers[name], a.out) for name in names]
+    if any(CELLS[n].get("offload") == "optimizer" for n in names):
+        build_cpu_adam(env)
+    rows = [measure(name, keys, answers[name], a.out, env) for name in names]
     (a.out / "gpu-memory.json").write_text(json.dumps(rows, indent=1))
 
 

@@ -109,6 +109,7 @@ def as_gpu_run(run: gpu_check.Run) -> gpu_check.Run:
     rec["device"].update(kind="cuda", utilization_mean=80.0, energy_joules=12.0)
     rec["memory"]["peak_device_bytes"] = 8 * rec["model"]["params"]
     rec["memory"]["peak_reserved_bytes"] = 10 * rec["model"]["params"]
+    rec["memory"]["peak_nvml_process_bytes"] = 11 * rec["model"]["params"]
     return gpu_check.Run(rec, run.log, run.spec)
 
 
@@ -133,6 +134,11 @@ def test_what_the_verdict_names(cpu_run):
     run = as_gpu_run(cpu_run)  # the allocator's reserved peak, as lightning-ddp lacked it
     run.record["memory"]["peak_reserved_bytes"] = None
     assert "peak_reserved_bytes None missing" in gpu_check.gpu_run_problems(run)
+
+    run = as_gpu_run(cpu_run)  # NVML read after Lightning's teardown emptied the cache
+    run.record["memory"]["peak_nvml_process_bytes"] = 2 * run.record["model"]["params"]
+    assert "peak_nvml_process_bytes" in gpu_check.gpu_run_problems(run)
+    assert gpu_check.gpu_run_problems(run, nvml=False) is None  # no NVML, nothing to compare
 
     run = as_gpu_run(cpu_run)
     run.record.update(status="oom", error="out of memory\nCUDA out of memory. Tried to allocate")

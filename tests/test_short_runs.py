@@ -124,6 +124,22 @@ def test_phase_peaks_keep_an_evaluations_allocation_out_of_trainings_peak():
     assert memory.memory_block([1.0, 0, 0, 0], device=False)["eval_peak_host_rss_bytes"] is None
 
 
+def test_training_ends_keeps_what_the_process_held_before_its_cache_is_emptied():
+    """Lightning's teardown empties CUDA's cache between `fit` and evaluation: NVML's figure for
+    the process, read at evaluation's start, is then its leftovers, not training's."""
+    nvml = iter([20.0, 2.0, 2.0, 2.0])  # training's blocks, then the emptied cache
+    before = memory.PhasePeaks(reserved_peak=lambda: 19.0, process_bytes=lambda: next(nvml))
+    before.training_ends()
+    before.evaluation_starts()
+    before.evaluation_ends()
+    before.finish()
+    assert before.gpu_held() == [19.0, 20.0]
+    nvml = iter([2.0, 2.0, 2.0])
+    after = memory.PhasePeaks(reserved_peak=lambda: 19.0, process_bytes=lambda: next(nvml))
+    after.evaluation_starts()  # without it: the leftovers, below the reserved peak
+    assert after.gpu_held() == [19.0, 2.0]
+
+
 def test_the_ranks_peaks_are_maxed_and_an_unread_figure_stays_unread():
     """Every rank's row (PhasePeaks.finish, then gpu_held), as the runners gather them: a
     figure one rank could not read (NaN) is the others' maximum, and null where none read it."""

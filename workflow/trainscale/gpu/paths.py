@@ -177,6 +177,11 @@ def gpu_run_problems(run: Run, nvml: bool = True) -> str | None:
         # the caching allocator's reserved peak, at least the allocated one: what memory.check's
         # prediction is measured against (lightning-ddp recorded none on an H200)
         problems.append(f"peak_reserved_bytes {reserved} missing or below the allocated {peak}")
+    process = r["memory"].get("peak_nvml_process_bytes")
+    if nvml and reserved and process and process < reserved:
+        # NVML counts the allocator's blocks and the context: read below the reserved peak, it
+        # was read after the blocks were freed (lightning-ddp's, after its teardown, on an H200)
+        problems.append(f"peak_nvml_process_bytes {process} below the reserved peak {reserved}")
     if nvml and (dev["utilization_mean"] is None or dev["energy_joules"] is None):
         problems.append(
             f"NVML readings missing: utilization_mean {dev['utilization_mean']}, "

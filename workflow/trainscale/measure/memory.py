@@ -66,19 +66,31 @@ class PhasePeaks:
 
     def _take(self) -> list[int]:
         peak = [rss_high_water_bytes(), int(self._device_peak()) if self._device_peak else 0]
-        read = [r() if r is not None else None for r in self._readers]
-        self._now = [math.nan if v is None else float(v) for v in read]
+        self._now = self._read_held()
         self._resettable = reset_rss_high_water() and self._resettable
         if self._device_reset:
             self._device_reset()
         return peak
 
+    def _read_held(self) -> list[float]:
+        read = [r() if r is not None else None for r in self._readers]
+        return [math.nan if v is None else float(v) for v in read]
+
+    def _add_held(self, now: list[float]) -> None:
+        self.held = [b if math.isnan(a) else a if math.isnan(b) else max(a, b)
+                     for a, b in zip(self.held, now, strict=True)]  # fmt: skip
+
     def _add_training(self, peak: list[int]) -> None:
         if self._resettable or self.eval is None:  # else the host mark holds evaluation's
             self.train[0] = max(self.train[0], peak[0])
         self.train[1] = max(self.train[1], peak[1])
-        self.held = [b if math.isnan(a) else a if math.isnan(b) else max(a, b)
-                     for a, b in zip(self.held, self._now, strict=True)]  # fmt: skip
+        self._add_held(self._now)
+
+    def training_ends(self) -> None:
+        """Read training's reserved and NVML figures now, for a framework that frees the
+        allocator's cache before evaluation starts (Lightning's teardown empties it after
+        `fit`): read after that, NVML's figure would be the process's leftovers."""
+        self._add_held(self._read_held())
 
     def evaluation_starts(self) -> None:
         self._add_training(self._take())

@@ -160,6 +160,9 @@ class EpochClock(pl.Callback):
         if not self.run.epoch_done(epoch, seconds, self.losses, self.timer.seconds()):
             trainer.should_stop = True  # diverged: on every rank (the losses are all-reduced)
 
+    def on_train_end(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
+        self.run.memory.training_ends()  # before the Trainer's teardown empties CUDA's cache
+
 
 class LightningRun:
     """One rank's run: data, model, the Trainer, and rank 0's record."""

@@ -109,14 +109,15 @@ def test_a_rival_10_percent_behind_is_stopped_by_runs_sized_to_resolve_it():
 
 def test_more_runs_go_to_the_best_and_a_rival_the_next_look_could_resolve():
     """Look 1 of three cells, 3 runs each: a rival 12 % behind, resolvable at 7 runs (at most
-    GROWTH × 3), gets 4 more, as does the best estimate; a cell tied with it gets one."""
+    GROWTH × 3), gets 4 more, as does the best estimate; a cell tied with it gets the fewest a
+    look gives (RUNS_A_LOOK, 3)."""
     spread = np.array([0.0, 0.05, -0.05])
     y = np.concatenate([spread, spread, spread - 0.13])
     names = np.repeat(["c0", "c1", "c2"], 3)
     runs = pd.DataFrame({"cell": names, "y": y, "w": np.nan, "k": np.nan})
     out = race.decide(panel(3), runs, DEFAULTS)
     assert (out["decision"] == race.GO_ON).all()
-    assert out["next_runs"].tolist() == [4, 1, 4]
+    assert out["next_runs"].tolist() == [4, race.RUNS_A_LOOK, 4]
 
 
 def test_runs_without_batch_means_race_on_their_repeats():
@@ -187,7 +188,7 @@ def test_the_cap_cuts_cells_that_could_still_be_the_best():
     out = race.decide(panel(9), draw(rng, np.zeros(9), 0.12, 2), race.Settings(cap=True))
     cut = out[out["reason"].str.startswith("cut by the cap; could still be the best")]
     assert len(cut) == 6 and (cut["decision"] == race.STOPPED).all()
-    assert (out["next_runs"][out["decision"] == race.GO_ON] == 1).all()
+    assert (out["next_runs"][out["decision"] == race.GO_ON] == race.RUNS_A_LOOK).all()
 
 
 def test_the_race_and_a_studys_repeats_share_one_looks_level_and_one_tost():

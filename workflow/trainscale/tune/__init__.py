@@ -18,10 +18,10 @@ method, as the report's Methods states it:
   variance limits a comparison, and only more runs shrink it.
 - rounds: round 1 runs every cell twice (more in a panel of fewer than 4 cells, so that the
   run-to-run variance pooled over its cells has at least 4 degrees of freedom); each later
-  round runs every cell still going on once more, all cells in the same round (drift falls on
-  all alike), except that the best estimate and a rival whose shortfall from it, as observed,
-  the next look could resolve with at most 3 times its runs (80 % power at the look's level)
-  get as many runs as that takes: runs raised only where the look is promising, which keeps
+  round runs every cell still going on three more times, all cells in the same round (drift
+  falls on all alike), except that the best estimate and a rival whose shortfall from it, as
+  observed, the next look could resolve with at most 3 times its runs (80 % power at the look's
+  level) get more where that takes more: runs raised only where the look is promising, which keeps
   each look's level (Chen, DeMets & Lan 2004; Mehta & Pocock 2011). A cell's repeats are
   numbered across the rounds; every run of every round is evidence, and a failed or invalid
   run is counted as spent.

@@ -109,11 +109,14 @@ def last_line(text: str) -> str:
 
 def build_cpu_adam(env: dict[str, str]) -> None:
     """DeepSpeed's CPU Adam built as the `deepspeed_cpu_adam` rule builds it, so the offload
-    cells load that build (their logs then show whether a run compiled anything)."""
+    cells load that build (their logs then show whether a run compiled anything): into
+    $PWD/.cache/torch_extensions, where the launcher points every DeepSpeed run."""
     build = ["trainscale.runners.torch.deepspeed_zero", "--build-ops", "cpu-adam"]
     cmd = [sys.executable, "-m", *build]
+    where = {"TORCH_EXTENSIONS_DIR": str(Path.cwd() / ".cache" / "torch_extensions")}
     t0 = time.perf_counter()
-    p = subprocess.run(cmd, env=gpu_paths.child_env(**env), capture_output=True, text=True)
+    p = subprocess.run(cmd, env=gpu_paths.child_env(**{**env, **where}), capture_output=True,
+                       text=True)  # fmt: skip
     print(f"CPU Adam build: exit {p.returncode} in {time.perf_counter() - t0:.0f} s: "
           f"{last_line(p.stdout + p.stderr)}", flush=True)  # fmt: skip
 
@@ -160,7 +163,6 @@ def main() -> None:
     p.add_argument("--predict-only", action="store_true")
     a = p.parse_args()
     env = dict(kv.split("=", 1) for kv in a.env)
-    env.setdefault("TORCH_EXTENSIONS_DIR", str(ROOT / ".cache" / "torch_extensions"))
     names = [c for c in a.cells.split(",") if c]
     if unknown := set(names) - set(CELLS):
         p.error(f"--cells: unknown {sorted(unknown)}; known: {', '.join(CELLS)}")

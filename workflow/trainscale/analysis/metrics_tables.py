@@ -289,7 +289,10 @@ def _in_pool(
         return parts
     from concurrent.futures import ProcessPoolExecutor
 
-    metrics._fast_check()  # compiled once here, inherited by forked workers
+    # built once here, inherited by forked workers: the types, or where the schema says what
+    # they cannot, the compiled validator (else compiled in a worker only if a file needs it)
+    if metrics_types.decoder() is None:
+        metrics._fast_check()
     size = min(CHUNK, math.ceil(len(paths) / jobs))
     chunks = [paths[i : i + size] for i in range(0, len(paths), size)]
     with ProcessPoolExecutor(jobs, mp_context=mp_context()) as ex:

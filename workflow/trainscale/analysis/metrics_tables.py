@@ -237,7 +237,7 @@ _as_values = msgspec.json.Decoder().decode
 def _read_checked(path: str, checked: Callable[[bytes], object]) -> dict | None:
     """The record of `path` as JSON values where the schema's types accept it (parsed and
     checked in C, then parsed again into dicts and lists, for the tables: two passes in C
-    take a fifth of orjson and the compiled validator's time); None where they do not."""
+    take about a quarter of orjson and the compiled validator's time); None where they do not."""
     try:
         with open(path, "rb") as f:
             data = f.read()

@@ -3,8 +3,9 @@ each in one C call instead of orjson and then the compiled validator (about half
 
 The types are derived from workflow/schemas/metrics.schema.yaml, not written by hand. They only
 ever refuse more than the schema does: a record they decode is one the schema accepts, and one
-they refuse (an extra field in an object that allows it, NaN, an integer written as 2.0, any
-keyword they cannot express) goes to `metrics.read`, whose verdict and message stand. A field
+they refuse (NaN as json writes it, an integer written as 2.0, one beyond 64 bits) goes to
+`metrics.read`, whose verdict and message stand. Where the schema uses a keyword they cannot
+express, there are no types (`decoder` is None) and every file goes to `metrics.read`. A field
 absent from a file is `msgspec.UNSET`, never None, so absent and null stay apart.
 """
 

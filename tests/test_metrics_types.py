@@ -196,3 +196,45 @@ def test_a_file_with_nan_is_refused_by_the_types_and_read_by_metrics_read(tmp_pa
     path = Path(tmp_path / "metrics.json")
     path.write_bytes(text)
     assert math.isnan(metrics.read(path)["epochs"][1]["test_loss"])
+
+
+@pytest.mark.parametrize(
+    ("node", "values"),
+    [
+        ({"type": "string", "enum": ["a", None]}, ["a", None, "b", 1]),  # null: not a string
+        ({"type": ["integer", "null"], "minimum": 0}, [0, -1, None, 1.5, True, "0"]),
+        ({"type": "number", "exclusiveMinimum": 0, "minimum": 0}, [0, 0.1, 1, -1, None]),
+        ({"type": "array", "items": {"type": "integer"}, "minItems": 1, "maxItems": 2},
+         [[], [1], [1, 2, 3], ["x"], [1.5]]),
+        ({"enum": ["auto", True, False]}, ["auto", True, False, "true", 0, None]),
+        ({"type": "string", "minLength": 1}, ["", "x", None]),
+    ],
+)  # fmt: skip
+def test_a_field_s_type_accepts_only_what_its_schema_accepts(node, values):
+    """Each keyword's msgspec form, on the values beside and across its edges."""
+    import jsonschema
+
+    schema = {"type": "object", "required": ["x"], "properties": {"x": node}}
+    decode = msgspec.json.Decoder(metrics_types._top_type(schema)).decode
+    for value in values:
+        by_schema = jsonschema.Draft202012Validator(schema).is_valid({"x": value})
+        try:
+            decode(orjson.dumps({"x": value}))
+            by_types = True
+        except msgspec.DecodeError:
+            by_types = False
+        assert by_types == by_schema, (node, value)
+
+
+@pytest.mark.parametrize(
+    "node",
+    [
+        {"type": "string", "enum": ["", "x"], "minLength": 1},  # a bound beside an enum
+        {"type": "string", "format": "date-time"},  # a keyword the types do not state
+        {"type": "object", "required": ["a"], "additionalProperties": False},
+    ],
+)
+def test_what_the_types_cannot_state_is_refused_when_they_are_built(node):
+    schema = {"type": "object", "properties": {"x": node}}
+    with pytest.raises(metrics_types.Unexpressible):
+        metrics_types._top_type(schema)

@@ -26,6 +26,18 @@ _HANDLED = {"type", "properties", "required", "additionalProperties", "items", "
             "description", "$ref", "default"}  # fmt: skip
 
 
+_BOUNDS = {"minimum", "maximum", "exclusiveMinimum", "minItems", "maxItems", "minLength"}
+
+
+def _of_kind(value: object, kind: str) -> bool:
+    """Whether a JSON value is of JSON Schema type `kind` (a boolean is no number)."""
+    if isinstance(value, bool):
+        return kind == "boolean"
+    return {"null": value is None, "string": isinstance(value, str),
+            "integer": isinstance(value, int),
+            "number": isinstance(value, int | float)}.get(kind, False)  # fmt: skip
+
+
 class Unexpressible(ValueError):
     """A schema construct the msgspec types cannot state."""
 
@@ -68,6 +80,8 @@ def _union(members: list[Any]) -> Any:
 
 
 def _enum_type(values: list) -> Any:
+    if not values:
+        raise Unexpressible("an enum no value of its type meets")
     members: list[Any] = []
     text = [v for v in values if isinstance(v, str)]
     if text:
@@ -90,10 +104,14 @@ def _type(node: dict, defs: dict, name: str) -> Any:
     unknown = set(node) - _HANDLED
     if unknown:
         raise Unexpressible(f"{name}: {sorted(unknown)}")
-    if "const" in node:
-        return _enum_type([node["const"]])
-    if "enum" in node:
-        return _enum_type(node["enum"])
+    if "const" in node or "enum" in node:
+        values = [node["const"]] if "const" in node else node["enum"]
+        bounded = set(node) & _BOUNDS
+        if bounded:  # a value the bound refuses would pass as one of the listed
+            raise Unexpressible(f"{name}: {sorted(bounded)} beside enum or const")
+        if "type" in node:  # both hold: only the listed values of the listed types
+            values = [v for v in values if any(_of_kind(v, k) for k in _kinds(node))]
+        return _enum_type(values)
     kinds = _kinds(node)
     if not kinds:
         raise Unexpressible(f"{name}: no type")

@@ -1,6 +1,7 @@
-"""Metrics files to tables: find a study's metrics.json files, read and validate them (JSON, then
-the schema with the compiled validator of `trainscale.measure.metrics`) in a process pool, and turn
-them into the runs table (one flat row per run) and the epochs table (one row per run and epoch).
+"""Metrics files to tables: find a study's metrics.json files, read and validate them (parsed and
+checked in one pass by the schema's msgspec types, `trainscale.measure.metrics_types`; a file they
+refuse by `trainscale.measure.metrics.read`) in a process pool, and turn them into the runs table
+(one flat row per run) and the epochs table (one row per run and epoch).
 
 A file that is not valid JSON or breaks the schema is listed as invalid, never silently dropped,
 and never stops the rest. The pool's workers build each chunk's tables themselves and send back
@@ -271,7 +272,7 @@ def gc_paused() -> Iterator[None]:
 
 
 def mp_context() -> multiprocessing.context.BaseContext | None:
-    """fork where the platform has it: workers inherit the compiled validator and the imports."""
+    """fork where the platform has it: workers inherit the schema's types and the imports."""
     methods = multiprocessing.get_all_start_methods()
     return multiprocessing.get_context("fork") if "fork" in methods else None
 

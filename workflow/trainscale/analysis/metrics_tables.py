@@ -207,10 +207,15 @@ def _metrics_files(top: str) -> Iterator[str]:
 
 
 def run_id(path: str | Path) -> str:
-    """The run path (`strategy~…/repeat~N`) from a metrics file's location."""
-    parts = os.path.dirname(os.fspath(path)).split(os.sep)  # strings: 100,000 paths add up
-    start = next((i for i, p in enumerate(parts) if p.startswith("strategy~")), len(parts) - 1)
-    return "/".join(parts[start:])
+    """The run path (`strategy~…/repeat~N`) from a metrics file's location: from its first
+    folder named strategy~…, else its own folder's name."""
+    folder = os.path.dirname(os.fspath(path))  # strings: 100,000 paths add up
+    if folder.startswith("strategy~"):
+        start = 0
+    else:
+        found = folder.find(os.sep + "strategy~")
+        start = (found if found >= 0 else folder.rfind(os.sep)) + 1
+    return folder[start:].replace(os.sep, "/")
 
 
 def _read_valid(paths: Sequence[str]) -> tuple[list[dict], Invalid]:
@@ -331,11 +336,14 @@ def read_tables(
         return runs, pd.concat(epochs, ignore_index=True), invalid
 
 
-def _flatten(d: dict, prefix: str = "", out: dict | None = None) -> dict:
-    """Nested fields as dotted columns. A list of numbers or names (per-rank figures, hosts)
-    becomes its space-separated values; a list of lists or objects, its JSON text."""
+def _flatten(d: dict, prefix: str = "", out: dict | None = None, skip: Iterable = ()) -> dict:
+    """Nested fields as dotted columns, but the top-level keys in `skip`. A list of numbers or
+    names (per-rank figures, hosts) becomes its space-separated values; a list of lists or
+    objects, its JSON text."""
     out = {} if out is None else out
     for k, v in d.items():
+        if k in skip:
+            continue
         kind = type(v)  # JSON's own types: exact checks are faster than isinstance
         if kind is dict:
             _flatten(v, f"{prefix}{k}.", out)  # an empty dict has no leaves: no column
@@ -384,7 +392,7 @@ def runs_frame(records: list[dict]) -> pd.DataFrame:
     rows = []
     for rec in records:
         epochs = rec["epochs"]
-        flat = _flatten({k: v for k, v in rec.items() if k not in NOT_FLATTENED})
+        flat = _flatten(rec, skip=NOT_FLATTENED)
         flat["epochs_done"] = len(epochs)
         flat["train_loss_last"] = epochs[-1]["train_loss"] if epochs else None
         flat["samples_trained"] = sum(e["samples"] for e in epochs) if epochs else None

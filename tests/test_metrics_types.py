@@ -1,6 +1,6 @@
-"""The metrics schema's msgspec types (the report's fast check): they refuse whatever the schema
-refuses, mutation by mutation (they may refuse more: metrics.read decides those files), and the
-tables read through them equal the tables read through metrics.read."""
+"""The metrics schema's msgspec types (metrics.read's first check): they refuse whatever the schema
+refuses, mutation by mutation (they may refuse more: the schema's validators decide those files),
+and the tables read through them equal the tables read without them."""
 
 from __future__ import annotations
 
@@ -84,7 +84,7 @@ def accepted_by_schema(record: object) -> bool:
 
 
 def accepted_by_types(record: object) -> bool:
-    decode = metrics_types.decoder()
+    decode = metrics._typed_check()
     assert decode is not None
     try:
         decode(orjson.dumps(record))
@@ -128,11 +128,11 @@ def mutants(record: dict) -> Iterator[tuple[str, dict]]:
 
 
 def test_the_shipped_schema_is_expressed_as_types():
-    """decoder() is None where a schema keyword has no msgspec form: every file would then
+    """The types are None where a schema keyword has no msgspec form: every file would then
     take the slow path. (A YAML slip such as `description: x, if any` inside a flow mapping
     makes a key `if any`; the types refuse the unknown keyword, so this test finds it.)"""
-    msgspec.json.Decoder(metrics_types.record_type())  # raises, saying which keyword
-    assert metrics_types.decoder() is not None
+    msgspec.json.Decoder(metrics_types.record_type(metrics._schema()))  # raises, saying which
+    assert metrics._typed_check() is not None
 
 
 @pytest.mark.parametrize("kind", ["ok", "failed", "every field"])
@@ -154,7 +154,7 @@ def test_the_types_never_accept_what_the_schema_refuses(kind):
     assert tried > 200 and refused > tried / 2  # the mutations reach the checks
 
 
-def test_the_tables_equal_those_read_through_metrics_read(tmp_path, monkeypatch):
+def test_the_tables_equal_those_read_without_the_types(tmp_path, monkeypatch):
     runs = tmp_path / "runs"
     paths = []
     for strategy, workers in (("torch", 1), ("torch-ddp", 2)):
@@ -178,7 +178,7 @@ def test_the_tables_equal_those_read_through_metrics_read(tmp_path, monkeypatch)
     files = [str(p) for p in paths]
 
     fast = metrics_tables._tables_of(files)
-    monkeypatch.setattr(metrics_types, "decoder", lambda: None)
+    monkeypatch.setattr(metrics, "_typed_check", lambda: None)
     slow = metrics_tables._tables_of(files)
     pd.testing.assert_frame_equal(fast[0], slow[0])
     pd.testing.assert_frame_equal(fast[1], slow[1])
@@ -186,13 +186,13 @@ def test_the_tables_equal_those_read_through_metrics_read(tmp_path, monkeypatch)
     assert len(fast[0]) == 6 and fast[0]["status"].tolist().count("ok") == 5
 
 
-def test_a_file_with_nan_is_refused_by_the_types_and_read_by_metrics_read(tmp_path):
+def test_a_file_with_nan_is_refused_by_the_types_and_read_by_the_validators(tmp_path):
     s = spec_for("torch", 1)
     rec = ok_record(s, [0.5, 0.6])
     rec["epochs"][1]["test_loss"] = math.nan
     text = json.dumps(rec).encode()
     with pytest.raises(msgspec.DecodeError):
-        metrics_types.decoder()(text)  # type: ignore[misc]
+        metrics._typed_check()(text)  # type: ignore[misc]
     path = Path(tmp_path / "metrics.json")
     path.write_bytes(text)
     assert math.isnan(metrics.read(path)["epochs"][1]["test_loss"])

@@ -1,7 +1,7 @@
-"""Metrics files to tables: find a study's metrics.json files, read and validate them (parsed and
-checked in one pass by the schema's msgspec types, `trainscale.measure.metrics_types`; a file they
-refuse by `trainscale.measure.metrics.read`) in a process pool, and turn them into the runs table
-(one flat row per run) and the epochs table (one row per run and epoch).
+"""Metrics files to tables: find a study's metrics.json files, read and validate them
+(`trainscale.measure.metrics.read`: the schema's msgspec types, its validators for a file they
+refuse) in a process pool, and turn them into the runs table (one flat row per run) and the
+epochs table (one row per run and epoch).
 
 A file that is not valid JSON or breaks the schema is listed as invalid, never silently dropped,
 and never stops the rest. The pool's workers build each chunk's tables themselves and send back
@@ -21,12 +21,11 @@ import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
-import msgspec
 import pandas as pd
 
 from trainscale.analysis.cells import CELL
 from trainscale.analysis.interval import within_variance
-from trainscale.measure import metrics, metrics_types
+from trainscale.measure import metrics
 from trainscale.plan.matrix import RunSpec
 
 #: Columns first in runs.csv, in this order; every other flattened field follows.
@@ -221,36 +220,17 @@ def run_id(path: str | Path) -> str:
 def _read_valid(paths: Sequence[str]) -> tuple[list[dict], Invalid]:
     """(valid records with their `run` id, [(path, why invalid)]) of `paths`, in order."""
     records, invalid = [], []
-    checked = metrics_types.decoder()
     for p in paths:
-        rec = _read_checked(p, checked) if checked else None
-        if rec is None:  # refused by the types, or unreadable: metrics.read's verdict stands
-            try:
-                rec = metrics.read(p)
-            except metrics.MetricsError as e:
-                invalid.append((p, str(e).removeprefix(f"{p}: ")))  # listed beside its path
-                continue
+        try:
+            rec = metrics.read(p)
+        except metrics.MetricsError as e:
+            invalid.append((p, str(e).removeprefix(f"{p}: ")))  # the path is listed beside it
+            continue
         rec["run"] = run_id(p)
         rec["spec"].setdefault("seq_len", 0)  # written before the axis: an image run
         rec["spec"].setdefault("tp", 1)  # written before the axis: no tensor parallelism
         records.append(rec)
     return records, invalid
-
-
-_as_values = msgspec.json.Decoder().decode
-
-
-def _read_checked(path: str, checked: Callable[[bytes], object]) -> dict | None:
-    """The record of `path` as JSON values where the schema's types accept it (parsed and
-    checked in C, then parsed again into dicts and lists, for the tables: two passes in C
-    take about a quarter of orjson and the compiled validator's time); None where they do not."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-        checked(data)
-    except (OSError, msgspec.DecodeError):
-        return None
-    return _as_values(data)
 
 
 def _tables_of(paths: Sequence[str]) -> tuple[pd.DataFrame, pd.DataFrame, Invalid]:
@@ -277,7 +257,7 @@ def gc_paused() -> Iterator[None]:
 
 
 def mp_context() -> multiprocessing.context.BaseContext | None:
-    """fork where the platform has it: workers inherit the schema's types and the imports."""
+    """fork where the platform has it: workers inherit the schema's checks and the imports."""
     methods = multiprocessing.get_all_start_methods()
     return multiprocessing.get_context("fork") if "fork" in methods else None
 
@@ -297,7 +277,7 @@ def _in_pool(
 
     # built once here, inherited by forked workers: the types, or where the schema says what
     # they cannot, the compiled validator (else compiled in a worker only if a file needs it)
-    if metrics_types.decoder() is None:
+    if metrics._typed_check() is None:
         metrics._fast_check()
     size = min(CHUNK, math.ceil(len(paths) / jobs))
     chunks = [paths[i : i + size] for i in range(0, len(paths), size)]

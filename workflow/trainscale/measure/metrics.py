@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import orjson
 import yaml
 
@@ -28,6 +29,7 @@ from trainscale.measure import (
     datawait,
     divergence,
     flops,
+    metrics_types,
     node_state,
     timeline,
     variables,
@@ -110,11 +112,32 @@ def parse(data: bytes) -> Any:
         return json.loads(data)
 
 
+@functools.cache
+def _typed_check():
+    """The schema as msgspec types (trainscale.measure.metrics_types): parse and check in one
+    C call; None where the schema says what they cannot."""
+    return metrics_types.decoder(_schema())
+
+
+_as_values = msgspec.json.Decoder().decode
+
+
 def read(path: str | Path) -> dict:
-    """Load and validate one metrics file."""
+    """Load and validate one metrics file: checked by the schema's msgspec types, then parsed
+    (two passes in C: a quarter of orjson and the compiled validator's time); a file they refuse
+    (NaN, 2.0 for an integer) is validated as `write` validates, whose verdict stands."""
     try:
         with open(path, "rb") as f:
-            record = parse(f.read())
+            data = f.read()
+        checked = _typed_check()
+        if checked is not None:
+            try:
+                checked(data)
+            except msgspec.DecodeError:
+                pass
+            else:
+                return _as_values(data)
+        record = parse(data)
     except (OSError, ValueError) as e:  # ValueError: not JSON, or not UTF-8
         raise MetricsError(f"{path}: not readable JSON ({e})") from e
     try:

@@ -1,23 +1,20 @@
-"""The metrics schema as msgspec types, so that a report reading 100,000 files parses and checks
-each in one C call instead of orjson and then the compiled validator (about half of reading).
+"""A JSON Schema (the metrics schema, workflow/schemas/metrics.schema.yaml) as msgspec types, so
+that `metrics.read` parses and checks a file in one C call instead of orjson and then the compiled
+validator (about half of reading, for a report of 100,000 files).
 
-The types are derived from workflow/schemas/metrics.schema.yaml, not written by hand. They only
-ever refuse more than the schema does: a record they decode is one the schema accepts, and one
-they refuse (NaN as json writes it, an integer written as 2.0, one beyond 64 bits) goes to
-`metrics.read`, whose verdict and message stand. Where the schema uses a keyword they cannot
-express, there are no types (`decoder` is None) and every file goes to `metrics.read`. A field
-absent from a file is `msgspec.UNSET`, never None, so absent and null stay apart.
+The types are derived from the schema, not written by hand. They only ever refuse more than the
+schema does: a record they decode is one the schema accepts, and one they refuse (NaN as json
+writes it, an integer written as 2.0, one beyond 64 bits) is for the schema's validators to
+judge. Where the schema uses a keyword they cannot express there are no types (`decoder` gives
+None). A field absent from a file is `msgspec.UNSET`, never None, so absent and null stay apart.
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Annotated, Any, Literal, Union
 
 import msgspec
-
-from trainscale.measure import metrics
 
 #: the schema keywords the types express; a node with any other makes the whole schema
 #: unexpressible (`decoder` returns None and every file takes metrics.read)
@@ -229,18 +226,17 @@ def _only_property(node: dict) -> tuple[str, dict]:
     return next(iter(props.items()))
 
 
-@functools.cache
-def decoder() -> Callable[[bytes], Any] | None:
-    """A function from a metrics file's bytes to its record as msgspec structs, raising
-    msgspec.DecodeError (msgspec.ValidationError among them) where the schema might refuse
-    it; None where the schema uses something the types cannot express."""
+def decoder(schema: dict) -> Callable[[bytes], Any] | None:
+    """A function from a file's bytes to its record as msgspec structs, raising
+    msgspec.DecodeError (msgspec.ValidationError among them) where `schema` might refuse it;
+    None where the schema uses something the types cannot express."""
     try:
-        return msgspec.json.Decoder(record_type()).decode
+        return msgspec.json.Decoder(record_type(schema)).decode
     except (TypeError, ValueError):  # Unexpressible, or a union msgspec cannot tell apart
         return None
 
 
-def record_type() -> Any:
-    """The metrics schema as a msgspec type; raises Unexpressible (or msgspec's TypeError)
-    where the schema says what the types cannot."""
-    return _top_type(metrics._schema())
+def record_type(schema: dict) -> Any:
+    """`schema` as a msgspec type; raises Unexpressible (or msgspec's TypeError) where it says
+    what the types cannot."""
+    return _top_type(schema)

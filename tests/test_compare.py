@@ -22,6 +22,9 @@ from trainscale.measure import metrics
 
 from conftest import PYTHON, ROOT, run_env, snakemake
 
+# a planted 2x slowdown must stand out of the repeats' spread: measured with nothing beside it
+pytestmark = pytest.mark.alone
+
 #: Steady epochs of about a second each (scale 4, epochs 2..3): on a busy 2-core machine the
 #: repeats of a 0.1 s epoch differed by 2.1×, more than the 2× slowdown the tests look for.
 STUDY = {

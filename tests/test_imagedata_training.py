@@ -167,6 +167,7 @@ def test_a_two_worker_epoch_trains_on_every_sample_exactly_once(tmp_path, layout
 # --- the data wait against loader processes ---------------------------------------------------
 
 
+@pytest.mark.alone
 def test_loader_processes_cut_the_data_wait_on_decode_heavy_images(tmp_path):
     """Large noise PNGs (no DCT shortcut) trained small, with a simulated step as long as
     decoding one batch takes in the training process: with 2 loader processes the decode

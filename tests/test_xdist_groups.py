@@ -81,3 +81,17 @@ def test_a_study_fetched_by_name_fails_the_test_that_fetches_it(tmp_path: Path) 
     )  # fmt: skip
     assert "1 failed, 1 passed" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
     assert "reads the session fixture(s) study without naming them in its signature" in done.stdout
+
+
+def test_every_test_marked_alone_is_in_a_file_the_alone_phase_runs() -> None:
+    """`make test` runs `-m alone` over the Makefile's ALONE files only (collecting the whole
+    suite again would cost ~10 s): a marked test elsewhere would run in neither phase."""
+    import re
+
+    listed = re.search(r"^ALONE := (.*)$", (ROOT / "Makefile").read_text(), re.M).group(1)
+    marked = {
+        f"tests/{path.name}"
+        for path in (ROOT / "tests").glob("test_*.py")
+        if re.search(r"^(pytestmark = |@)pytest\.mark\.alone\b", path.read_text(), re.M)
+    }
+    assert marked == set(listed.split())

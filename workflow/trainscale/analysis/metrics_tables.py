@@ -275,10 +275,7 @@ def _in_pool(
         return parts
     from concurrent.futures import ProcessPoolExecutor
 
-    # built once here, inherited by forked workers: the types, or where the schema says what
-    # they cannot, the compiled validator (else compiled in a worker only if a file needs it)
-    if metrics._typed_check() is None:
-        metrics._fast_check()
+    metrics.build_checks()  # once here, inherited by the forked workers
     size = min(CHUNK, math.ceil(len(paths) / jobs))
     chunks = [paths[i : i + size] for i in range(0, len(paths), size)]
     with ProcessPoolExecutor(jobs, mp_context=mp_context()) as ex:

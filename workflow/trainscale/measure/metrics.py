@@ -122,6 +122,13 @@ def _typed_check():
 _as_values = msgspec.json.Decoder().decode
 
 
+def build_checks() -> None:
+    """Build what `read` checks with, once (a pool forked after it inherits them): the types,
+    or where the schema says what they cannot, the compiled validator."""
+    if _typed_check() is None:
+        _fast_check()
+
+
 def read(path: str | Path) -> dict:
     """Load and validate one metrics file: checked by the schema's msgspec types, then parsed
     (two passes in C: a quarter of orjson and the compiled validator's time); a file they refuse

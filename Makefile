@@ -80,7 +80,7 @@ dryrun: $(STAMP) bytecode
 # run-to-run spread, which beside another test's training reached a factor of 1.5 (a 95% CI of
 # [0.43, 2.31] on a copy), and the loader processes' cut of the data wait needs a free core for
 # the processes (beside the other worker's training it measured 0.63x against a 0.6x bar).
-# ALONE lists the files that hold them (tests/test_make.py checks the list is whole).
+# ALONE lists the files that hold them (tests/test_xdist_groups.py checks the list is whole).
 PYTEST_WORKERS ?= 2
 SLURM_TESTS := tests/test_slurm.py tests/test_slurm_affinity.py tests/test_slurm_containers.py
 ALONE := tests/test_compare.py tests/test_imagedata.py tests/test_imagedata_training.py
